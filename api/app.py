@@ -1,0 +1,204 @@
+"""The write API: Starlette routes, and the lifespan that owns every pool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import select, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from api import metrics
+from api.errors import ApiError
+from api.openapi import OPENAPI
+from api.ratelimit import RateLimiter
+from api.validation import parse_history_query, parse_message
+from chat import auth
+from chat.settings import Settings
+from db import mongo
+from db.retention import run_sweeper
+from db.sql import conversation_key, make_engine, messages
+from db.writer import ClientIdConflict, MessageWriter, WriterOverloaded, WriteUnavailable, row_to_message
+
+log = logging.getLogger("chat.api")
+
+
+def json_response(data, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(orjson.dumps(data), status, headers, media_type="application/json")
+
+
+@dataclass
+class State:
+    settings: Settings
+    engine: Engine
+    mongo_client: object
+    writer: MessageWriter
+    limiter: RateLimiter
+
+
+def _state(request: Request) -> State:
+    return request.app.state.chat
+
+
+def authenticate(request: Request, settings: Settings) -> str:
+    try:
+        return auth.verify(settings.jwt_secret.get_secret_value(), auth.bearer(request.headers.get("authorization")))
+    except auth.AuthError as exc:
+        raise ApiError(401, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 as soon as it is known to exceed ``limit``."""
+    too_big = ApiError(413, "body_too_large", f"request body is larger than {limit} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big  # read no further
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def post_message(request: Request) -> Response:
+    st = _state(request)
+    sender = authenticate(request, st.settings)
+    raw = await read_body(request, st.settings.request_max_bytes)
+    wait = st.limiter.allow(sender)
+    if wait:
+        raise ApiError(429, "rate_limited", "too many messages; retry after the given seconds",
+                       headers={"Retry-After": str(max(1, round(wait + 0.5)))})
+    draft = parse_message(raw, sender, st.settings.body_max_chars)
+    try:
+        msg, created = await st.writer.submit(draft)
+    except (WriteUnavailable, WriterOverloaded) as exc:
+        kind = "overloaded" if isinstance(exc, WriterOverloaded) else "mysql_unavailable"
+        raise ApiError(503, kind, "the permanent store is unavailable; nothing was stored, retry",
+                       headers={"Retry-After": "1"}) from None
+    except ClientIdConflict:
+        raise ApiError(409, "client_msg_id_conflict",
+                       "client_msg_id was already used by this sender for a different message",
+                       field="client_msg_id") from None
+    metrics.MESSAGES.labels("created" if created else "replayed").inc()
+    return json_response(msg.to_public(), 201 if created else 200)
+
+
+async def get_history(request: Request) -> Response:
+    st = _state(request)
+    user = authenticate(request, st.settings)
+    peer, before, limit = parse_history_query(request.query_params)
+    query = (select(messages).where(messages.c.conversation == conversation_key(user, peer))
+             .order_by(messages.c.id.desc()).limit(limit + 1))
+    if before is not None:
+        query = query.where(messages.c.id < before)
+
+    def run():
+        with st.engine.connect() as conn:
+            return conn.execute(query).all()
+
+    try:
+        rows = await asyncio.to_thread(run)
+    except SQLAlchemyError:
+        raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
+                       headers={"Retry-After": "1"}) from None
+    page = [row_to_message(r).to_public() for r in rows[:limit]]
+    next_before = page[-1]["id"] if len(rows) > limit else None
+    return json_response({"messages": page, "next_before": next_before})
+
+
+async def healthz(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    st = _state(request)
+    checks = {}
+
+    def mysql_ping():
+        with st.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    try:
+        await asyncio.wait_for(asyncio.to_thread(mysql_ping), st.settings.db_timeout_seconds)
+        checks["mysql"] = "ok"
+    except Exception as exc:
+        checks["mysql"] = f"down: {exc.__class__.__name__}"
+    try:
+        await asyncio.wait_for(st.mongo_client.admin.command("ping"), st.settings.db_timeout_seconds)
+        checks["mongo"] = "ok"
+    except Exception as exc:
+        checks["mongo"] = f"down: {exc.__class__.__name__}"
+    ok = all(v == "ok" for v in checks.values())
+    return json_response({"status": "ok" if ok else "unavailable", "checks": checks}, 200 if ok else 503)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi(request: Request) -> Response:
+    return json_response(OPENAPI)
+
+
+async def api_error(request: Request, exc: ApiError) -> Response:
+    metrics.ERRORS.labels(exc.code).inc()
+    return exc.response()
+
+
+async def not_found(request: Request, exc) -> Response:
+    return ApiError(404, "not_found", f"no route {request.url.path}").response()
+
+
+async def method_not_allowed(request: Request, exc) -> Response:
+    return ApiError(405, "method_not_allowed", f"{request.method} is not allowed here").response()
+
+
+ROUTES = [
+    Route("/v1/messages", post_message, methods=["POST"]),
+    Route("/v1/messages", get_history, methods=["GET"]),
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+    Route("/metrics", metrics_endpoint, methods=["GET"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
+]
+
+
+def create_app(settings: Settings) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
+        client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+        db = client[settings.mongo_db]
+        writer = MessageWriter(engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
+                               queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
+                               retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch)
+        app.state.chat = State(settings, engine, client,  writer,
+                               RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst))
+        tasks = [asyncio.create_task(writer.run(), name="writer"),
+                 asyncio.create_task(run_sweeper(db, settings.retention_seconds, settings.sweep_interval_seconds),
+                                     name="sweeper")]
+        log.info("event=api_started")
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await client.close()
+            engine.dispose()
+
+    app = Starlette(routes=ROUTES, lifespan=lifespan,
+                    exception_handlers={ApiError: api_error, 404: not_found, 405: method_not_allowed})
+    app.add_middleware(metrics.MetricsMiddleware)
+    return app

@@ -1,0 +1,49 @@
+"""Prometheus metrics of the write API, and the ASGI middleware that counts requests."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import Counter, Histogram
+
+REQUESTS = Counter("chat_api_requests_total", "HTTP requests answered", ["route", "status"])
+LATENCY = Histogram("chat_api_request_seconds", "Time to answer a request", ["route"],
+                    buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
+ERRORS = Counter("chat_api_errors_total", "Error answers by kind", ["kind"])
+BATCH_SIZE = Histogram("chat_api_batch_messages", "Messages per group commit",
+                       buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000))
+BATCH_SECONDS = Histogram("chat_api_batch_seconds", "Time of one group commit (MySQL + Mongo)",
+                          buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+MESSAGES = Counter("chat_api_messages_total", "Messages stored (created) or replayed (retry)", ["result"])
+
+
+def observe_batch(size: int, seconds: float) -> None:
+    BATCH_SIZE.observe(size)
+    BATCH_SECONDS.observe(seconds)
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by route template, not by raw path (bounded labels)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            name = getattr(route, "path", "unmatched")
+            REQUESTS.labels(name, str(status)).inc()
+            LATENCY.labels(name).observe(time.perf_counter() - started)

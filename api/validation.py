@@ -1,0 +1,115 @@
+"""Request bodies -> typed values, or an ApiError that names the field. Pure.
+
+400: the bytes are not one sound JSON document (syntax, NaN, duplicate keys,
+     invalid UTF-8, lone surrogates, nesting deeper than MAX_DEPTH).
+422: sound JSON of the wrong shape (unknown or missing field, wrong type,
+     out-of-range value, operator objects like {"$ne": ""} where a string belongs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import orjson
+
+from api.errors import ApiError
+from chat.auth import is_user_id
+from db.writer import Draft
+
+MAX_DEPTH = 16
+CLIENT_MSG_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+MESSAGE_FIELDS = ("to", "body", "client_msg_id")
+
+
+def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ApiError(400, "malformed_json", f"duplicate key {dup!r}", field=dup)
+    return obj
+
+
+def _depth(value: object, limit: int) -> int:
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def parse_json(raw: bytes) -> object:
+    # orjson is strict where the stdlib is lenient: it rejects NaN/Infinity,
+    # invalid UTF-8 and lone surrogates, and caps nesting. It keeps the last of
+    # duplicate keys silently, so a second, stdlib pass catches those.
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "malformed_json", f"request body is not valid JSON: {exc}") from None
+    if _depth(value, MAX_DEPTH) > MAX_DEPTH:
+        raise ApiError(400, "malformed_json", f"JSON nested deeper than {MAX_DEPTH} levels")
+    json.loads(raw, object_pairs_hook=_reject_duplicates)
+    return value
+
+
+def _string(obj: dict, name: str, *, required: bool) -> str | None:
+    if name not in obj or (obj[name] is None and not required):
+        if required:
+            raise ApiError(422, "invalid_field", f"`{name}` is required", field=name)
+        return None
+    value = obj[name]
+    if not isinstance(value, str):
+        raise ApiError(422, "invalid_field", f"`{name}` must be a string, got {type(value).__name__}", field=name)
+    return value
+
+
+def parse_message(raw: bytes, sender: str, body_max_chars: int) -> Draft:
+    obj = parse_json(raw)
+    if not isinstance(obj, dict):
+        raise ApiError(422, "invalid_body", "request body must be a JSON object")
+    unknown = sorted(set(obj) - set(MESSAGE_FIELDS))
+    if unknown:
+        raise ApiError(422, "invalid_field", f"unknown field `{unknown[0]}`; allowed: to, body, client_msg_id",
+                       field=unknown[0])
+    to = _string(obj, "to", required=True)
+    if not is_user_id(to):
+        raise ApiError(422, "invalid_field", "`to` must be a user id: 1-64 chars of [A-Za-z0-9_.-]", field="to")
+    body = _string(obj, "body", required=True)
+    if not body:
+        raise ApiError(422, "invalid_field", "`body` must not be empty", field="body")
+    if len(body) > body_max_chars:
+        raise ApiError(422, "invalid_field", f"`body` is longer than {body_max_chars} characters", field="body")
+    client_msg_id = _string(obj, "client_msg_id", required=False)
+    if client_msg_id is not None and not CLIENT_MSG_ID.fullmatch(client_msg_id):
+        raise ApiError(422, "invalid_field", "`client_msg_id` must be 1-64 chars of [A-Za-z0-9_.:-]",
+                       field="client_msg_id")
+    return Draft(sender=sender, recipient=to, body=body, client_msg_id=client_msg_id)
+
+
+def parse_history_query(params, max_limit: int = 200) -> tuple[str, int | None, int]:
+    unknown = sorted(set(params.keys()) - {"with", "before", "limit"})
+    if unknown:
+        raise ApiError(422, "invalid_field", f"unknown parameter `{unknown[0]}`", field=unknown[0])
+    peer = params.get("with")
+    if not is_user_id(peer):
+        raise ApiError(422, "invalid_field", "`with` must be a user id: 1-64 chars of [A-Za-z0-9_.-]", field="with")
+    before = _int_param(params, "before", 1, 2**63 - 1)
+    limit = _int_param(params, "limit", 1, max_limit)
+    return peer, before, limit if limit is not None else 50
+
+
+def _int_param(params, name: str, lo: int, hi: int) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if not value.isdigit() or not lo <= int(value) <= hi:
+        raise ApiError(422, "invalid_field", f"`{name}` must be an integer from {lo} to {hi}", field=name)
+    return int(value)

@@ -1,0 +1,55 @@
+"""Who is speaking: user ids and the HS256 tokens that carry them.
+
+The embedding app owns its users; we only trust a JWT signed with the shared
+secret whose ``sub`` is a user id and whose ``exp`` is set.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import jwt
+
+USER_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+ALGORITHM = "HS256"
+
+
+class AuthError(Exception):
+    """The token is missing, malformed, forged, expired or names no valid user."""
+
+
+def is_user_id(value: object) -> bool:
+    return isinstance(value, str) and USER_ID.fullmatch(value) is not None
+
+
+def mint(secret: str, user: str, ttl_seconds: int = 3600) -> str:
+    if not is_user_id(user):
+        raise ValueError(f"user id must be 1-64 chars of [A-Za-z0-9_.-], got {user!r}")
+    now = int(time.time())
+    return jwt.encode({"sub": user, "iat": now, "exp": now + ttl_seconds}, secret, algorithm=ALGORITHM)
+
+
+def verify(secret: str, token: str | None) -> str:
+    """Returns the user id the token speaks for, or raises AuthError."""
+    if not token:
+        raise AuthError("missing token")
+    try:
+        # Pinning algorithms rejects `alg: none` and key-confusion tokens.
+        claims = jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": ["exp", "sub"]})
+    except jwt.ExpiredSignatureError:
+        raise AuthError("token expired") from None
+    except jwt.PyJWTError as exc:
+        raise AuthError(f"invalid token: {exc}") from None
+    user = claims["sub"]
+    if not is_user_id(user):
+        raise AuthError("token sub is not a valid user id")
+    return user
+
+
+def bearer(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, if any."""
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None

@@ -1,0 +1,91 @@
+"""The message as it travels: MySQL row -> Mongo document -> oplog entry -> JSON frame.
+
+Pure functions only, so the shapes are tested with plain dicts. A message is
+encoded to bytes once and the same bytes go to every socket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    id: int  # global, gap-free, assigned in commit order (see db/writer.py)
+    sender: str
+    recipient: str
+    body: str
+    created_at: datetime  # UTC, millisecond precision (what BSON keeps)
+    client_msg_id: str | None = None
+
+    def to_doc(self) -> dict:
+        return {
+            "_id": self.id,
+            "from": self.sender,
+            "to": self.recipient,
+            "body": self.body,
+            "created_at": self.created_at,
+            "client_msg_id": self.client_msg_id,
+        }
+
+    def to_public(self) -> dict:
+        """The public JSON shape (README, 'public contract')."""
+        return {
+            "type": "message",
+            "id": str(self.id),
+            "from": self.sender,
+            "to": self.recipient,
+            "body": self.body,
+            "created_at": rfc3339(self.created_at),
+            "client_msg_id": self.client_msg_id,
+        }
+
+    def frame(self) -> bytes:
+        return orjson.dumps(self.to_public())
+
+
+def rfc3339(ts: datetime) -> str:
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return ts.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def now_ms() -> datetime:
+    """Now, truncated to what both MySQL DATETIME(3) and BSON dates keep."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def from_doc(doc: dict) -> Message:
+    created = doc["created_at"]
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=UTC)
+    return Message(
+        id=int(doc["_id"]),
+        sender=doc["from"],
+        recipient=doc["to"],
+        body=doc["body"],
+        created_at=created,
+        client_msg_id=doc.get("client_msg_id"),
+    )
+
+
+def inserted_docs(entry: dict, namespace: str) -> list[dict]:
+    """Message documents inserted by one oplog entry, or [] for anything else.
+
+    A plain insert is ``op: "i"``. On MongoDB, inserts made inside a transaction
+    arrive as one ``op: "c"`` entry on ``admin.$cmd`` whose ``o.applyOps`` holds
+    the inner entries. Updates, deletes (TTL or sweeper) and other namespaces
+    give [] and are never pushed.
+    """
+    op = entry.get("op")
+    if op == "i":
+        return [entry["o"]] if entry.get("ns") == namespace else []
+    if op == "c":
+        inner = entry.get("o", {}).get("applyOps")
+        if isinstance(inner, list):
+            return [d for e in inner if isinstance(e, dict) for d in inserted_docs(e, namespace)]
+    return []

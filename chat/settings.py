@@ -1,0 +1,83 @@
+"""One typed settings object, read once at each entry point.
+
+Values come from ``CHAT_*`` environment variables or a ``.env`` file in the
+working directory. No module reads ``os.environ`` on import: entry points call
+``Settings()`` and pass the object down.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CHAT_", env_file=".env", extra="ignore")
+
+    # --- auth ---------------------------------------------------------------
+    jwt_secret: SecretStr = Field(
+        SecretStr("dev-secret-change-me-0123456789abcdef"),
+        description="HS256 key that signs client tokens. Set a long random value in production.",
+    )
+
+    # --- stores -------------------------------------------------------------
+    mysql_url: SecretStr = Field(
+        SecretStr("mysql+mysqldb://root@localhost/chat?unix_socket=var/mysql/mysqld.sock&charset=utf8mb4"),
+        description="SQLAlchemy URL of the permanent store.",
+    )
+    mongo_url: SecretStr = Field(
+        SecretStr("mongodb://127.0.0.1:27017/?directConnection=true"),
+        description="MongoDB URL of the fast store. Production: the replica set, with w=majority.",
+    )
+    mongo_db: str = Field("chat", description="MongoDB database that holds the `messages` collection.")
+    retention_seconds: int = Field(86_400, ge=60, description="How long the fast store keeps a message.")
+    sweep_interval_seconds: float = Field(
+        30.0, gt=0, le=60, description="Retention sweeper period where TTL indexes are missing (FerretDB)."
+    )
+    oplog_max_docs: int = Field(
+        200, ge=10, description="`max` of the capped local.oplog.rs that `db.init` creates (FerretDB only)."
+    )
+    oplog_size_bytes: int = Field(64 * 1024 * 1024, description="`size` of that capped oplog.")
+
+    # --- write API ------------------------------------------------------------
+    api_host: str = Field("127.0.0.1", description="Write API listen address.")
+    api_port: int = Field(8000, description="Write API port, shared by all API processes (SO_REUSEPORT).")
+    body_max_chars: int = Field(4000, ge=1, description="Longest message body, in characters.")
+    request_max_bytes: int = Field(16 * 1024, description="Largest request body; larger gets 413.")
+    rate_limit_per_second: float = Field(
+        20.0, ge=0, description="Messages per second one sender may post per API process; 0 disables."
+    )
+    rate_limit_burst: int = Field(40, ge=1, description="Burst a sender may post before the limit applies.")
+    batch_max: int = Field(500, ge=1, description="Most messages one group commit writes.")
+    batch_window_ms: float = Field(
+        2.0, ge=0, description="How long a group commit waits for company once a message is queued."
+    )
+    writer_queue_max: int = Field(10_000, ge=1, description="Messages queued for the writer before 503.")
+    db_timeout_seconds: float = Field(2.0, gt=0, description="MySQL lock/statement and Mongo timeouts.")
+
+    # --- delivery daemons ---------------------------------------------------
+    daemon_host: str = Field("127.0.0.1", description="Daemon listen address.")
+    daemon_port: int = Field(8100, description="Daemon port, shared by all daemon processes (SO_REUSEPORT).")
+    max_connections: int = Field(
+        15_000, ge=1, description="Connections one daemon process holds; more get 503 (open-files limit is 20k)."
+    )
+    send_queue_max: int = Field(256, ge=1, description="Frames queued for one slow client before it is closed (4008).")
+    ping_interval_seconds: float = Field(20.0, gt=0, description="Server WebSocket ping period.")
+    ping_timeout_seconds: float = Field(20.0, gt=0, description="Time for a pong before the peer is dropped.")
+    ws_max_frame_bytes: int = Field(4096, ge=64, description="Largest inbound WebSocket frame (1009 past it).")
+    ws_max_frames_per_second: float = Field(10.0, gt=0, description="Inbound frames per second (1008 past it).")
+    allowed_origins: list[str] = Field(
+        default_factory=lambda: ["http://localhost:8000", "http://127.0.0.1:8000"],
+        description="Browser origins allowed to open /v1/ws (JSON list; `*` allows any). No Origin = not a browser.",
+    )
+    poll_max_timeout_seconds: float = Field(30.0, gt=0, le=30, description="Longest /v1/poll wait.")
+    gap_check_seconds: float = Field(
+        1.0, gt=0, description="Period of the query that finds messages the oplog never showed."
+    )
+    tail_silence_seconds: float = Field(30.0, gt=0, description="Watchdog: restart a tail silent this long.")
+    drain_seconds: float = Field(5.0, ge=0, description="On SIGTERM: grace period after closing clients with 1012.")
+    recent_cache_max: int = Field(
+        50_000, ge=0, description="Recent messages each daemon keeps in memory to serve catch-up without a query."
+    )
+
+    log_level: str = Field("INFO", description="Log level of every process.")

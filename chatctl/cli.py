@@ -1,0 +1,81 @@
+"""``chatctl``: tokens for development and tests, and a small client.
+
+    chatctl token alice --ttl 1h
+    chatctl send --as alice bob "hello"
+    chatctl listen --as bob [--since ID]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+
+import httpx
+import orjson
+import typer
+
+from chat import auth
+from chat.settings import Settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+_DURATION = re.compile(r"(\d+)([smhd]?)")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_ttl(text: str) -> int:
+    match = _DURATION.fullmatch(text.strip())
+    if not match:
+        raise typer.BadParameter("use a number with an optional unit: 90s, 15m, 1h, 7d")
+    return int(match.group(1)) * _UNIT[match.group(2)]
+
+
+@app.command()
+def token(user: str, ttl: str = typer.Option("1h", help="Lifetime: 90s, 15m, 1h, 7d")) -> None:
+    """Print a JWT (HS256, signed with CHAT_JWT_SECRET) whose sub is USER."""
+    settings = Settings()
+    try:
+        typer.echo(auth.mint(settings.jwt_secret.get_secret_value(), user, parse_ttl(ttl)))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="USER") from None
+
+
+@app.command()
+def send(to: str, body: str, sender: str = typer.Option(..., "--as", help="Send as this user"),
+         client_msg_id: str = typer.Option(None, help="Idempotency key; a retry with it stores nothing new"),
+         api: str = typer.Option(None, help="API base URL (default from settings)")) -> None:
+    """POST one message and print the stored message as JSON."""
+    settings = Settings()
+    base = api or f"http://{settings.api_host}:{settings.api_port}"
+    tok = auth.mint(settings.jwt_secret.get_secret_value(), sender, 300)
+    payload = {"to": to, "body": body}
+    if client_msg_id:
+        payload["client_msg_id"] = client_msg_id
+    reply = httpx.post(f"{base}/v1/messages", json=payload, headers={"Authorization": f"Bearer {tok}"}, timeout=10)
+    typer.echo(reply.text)
+    if reply.status_code >= 300:
+        raise typer.Exit(1)
+
+
+@app.command()
+def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
+           since: str = typer.Option(None, help="Resume after this message id or cursor"),
+           url: str = typer.Option(None, help="Daemon base URL, ws://host:port (default from settings)"),
+           count: int = typer.Option(0, help="Stop after this many messages (0: never)")) -> None:
+    """Print incoming messages as JSON lines; reconnects and resumes with since."""
+    from chatctl.client import listen as run_listen
+
+    settings = Settings()
+    base = url or f"ws://{settings.daemon_host}:{settings.daemon_port}"
+    tok = auth.mint(settings.jwt_secret.get_secret_value(), user, 86400)
+
+    def show(frame: dict) -> None:
+        sys.stdout.write(orjson.dumps(frame).decode() + "\n")
+        sys.stdout.flush()
+
+    asyncio.run(run_listen(base, tok, since, show, count or None))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,16 @@
+"""Prometheus metrics of a delivery daemon."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CONNECTIONS = Gauge("chat_daemon_connections", "Open WebSocket connections and waiting polls", ["kind"])
+PUSHES = Counter("chat_daemon_pushes_total", "Frames queued to connections")
+SENT = Counter("chat_daemon_frames_sent_total", "Frames written to sockets", ["kind"])
+OPLOG_ENTRIES = Counter("chat_daemon_oplog_entries_total", "Oplog entries read")
+OPLOG_TO_SOCKET = Histogram(
+    "chat_daemon_oplog_to_socket_seconds", "Oplog entry received -> frame written to the socket",
+    buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+TAIL_LAG = Gauge("chat_daemon_tail_lag_seconds", "Now minus created_at of the newest message released")
+POSITION = Gauge("chat_daemon_stream_position", "Highest message id released")
+CATCHUP_QUERIES = Counter("chat_daemon_catchups_total", "Catch-ups and hole fills by source", ["source"])
+CLOSES = Counter("chat_daemon_closes_total", "Connections closed by the server, by reason", ["reason"])
+REJECTS = Counter("chat_daemon_rejects_total", "Handshakes refused, by reason", ["reason"])

@@ -1,0 +1,136 @@
+"""Tails local.oplog.rs. One loop owns the cursor and the resume point.
+
+What it does, after Meteor's oplog tailer:
+- a tailable awaitData cursor from the last ``ts`` seen, narrowed to the
+  messages namespace (and ``admin.$cmd`` for MongoDB transactions);
+- on any error, re-open from that ``ts`` after a capped, jittered backoff;
+- a watchdog re-opens a cursor that has been silent for too long;
+- on every re-open it tells its consumer (``RESTARTED``), which then checks
+  the `messages` collection for anything the oplog did not show: the oplog
+  is the fast path, never the only one.
+
+Only find/getMore commands that FerretDB 1.24 and MongoDB share are used.
+``batchSize: 0`` on the find matters on FerretDB, which closes a tailable
+cursor whose first batch is shorter than the batch size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+
+from bson import Timestamp
+from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
+
+log = logging.getLogger("chat.oplog")
+
+RESTARTED = None  # yielded after a re-open that may have missed entries
+REOPEN_PAUSE = 0.02
+
+
+class Backoff:
+    def __init__(self, base: float = 0.05, cap: float = 5.0):
+        self.base, self.cap, self.attempt = base, cap, 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.base * 2 ** self.attempt)
+        self.attempt += 1
+        return delay * random.uniform(0.5, 1.0)  # jitter: daemons do not retry in lockstep
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class OplogTail:
+    def __init__(self, client: AsyncMongoClient, namespace: str, *, await_ms: int = 500,
+                 silence_seconds: float = 30.0, batch_size: int = 1000):
+        self._local = client["local"]
+        self._namespace = namespace
+        self._await_ms = await_ms
+        self._silence = silence_seconds
+        self._batch = batch_size
+        self.last_ts: Timestamp | None = None
+        self.restarts = 0
+        self.last_activity = time.monotonic()
+        self._suspect = True  # something may have been missed: the consumer checks the truth
+
+    async def newest_ts(self) -> Timestamp | None:
+        doc = await self._local["oplog.rs"].find_one({}, {"ts": 1}, sort=[("$natural", -1)])
+        return doc["ts"] if doc else None
+
+    async def _open(self) -> tuple[int, list[dict]]:
+        if self.last_ts is None:
+            self.last_ts = await self.newest_ts() or Timestamp(0, 0)
+        # `$gte` and `batchSize: 1` re-read the last entry seen (the consumer
+        # drops it as a repeat). Both matter on FerretDB: it closes a tailable
+        # cursor whose first batch is shorter than batchSize, and its getMore
+        # fails unless the cursor has returned a record it can find again.
+        reply = await self._local.command({
+            "find": "oplog.rs",
+            "filter": {"ts": {"$gte": self.last_ts}, "ns": {"$in": [self._namespace, "admin.$cmd"]}},
+            "tailable": True, "awaitData": True, "batchSize": 1,
+        })
+        cursor = reply["cursor"]
+        first = cursor["firstBatch"]
+        if first and self.last_ts.time and first[0]["ts"] != self.last_ts:
+            # The entry we resume from is gone: the oplog moved past us.
+            self._suspect = True
+            log.error("event=oplog_fell_off resume_ts=%s first_ts=%s action=resync_from_messages",
+                      self.last_ts, first[0]["ts"])
+        return cursor["id"], first
+
+    def _seen(self, batch: list[dict]) -> list[dict]:
+        if batch:
+            self.last_ts = batch[-1]["ts"]
+            self.last_activity = time.monotonic()
+        return batch
+
+    async def batches(self) -> AsyncIterator[list[dict] | None]:
+        backoff = Backoff()
+        while True:
+            cursor_id = 0
+            try:
+                cursor_id, first = await self._open()
+                if self._suspect:
+                    self._suspect = False
+                    self.restarts += 1
+                    yield RESTARTED
+                if first:
+                    yield self._seen(first)
+                opened = time.monotonic()
+                while cursor_id:
+                    reply = await self._local.command({
+                        "getMore": cursor_id, "collection": "oplog.rs",
+                        "maxTimeMS": self._await_ms, "batchSize": self._batch})
+                    cursor_id = reply["cursor"]["id"]
+                    batch = reply["cursor"]["nextBatch"]
+                    if batch:
+                        yield self._seen(batch)
+                        backoff.reset()
+                    elif time.monotonic() - max(self.last_activity, opened) > self._silence:
+                        log.info("event=oplog_watchdog silent_s=%.0f action=reopen", self._silence)
+                        self._suspect = True
+                        break
+                if not cursor_id:
+                    # The server closed the cursor (an empty capped collection
+                    # does that): re-open soon, but never in a tight loop.
+                    await asyncio.sleep(REOPEN_PAUSE)
+            except PyMongoError as exc:
+                self._suspect = True
+                delay = backoff.next()
+                log.warning("event=oplog_error error=%s detail=%r retry_in_s=%.2f",
+                            exc.__class__.__name__, str(exc)[-300:], delay)
+                await asyncio.sleep(delay)
+            finally:
+                if cursor_id:
+                    await self._kill(cursor_id)
+
+    async def _kill(self, cursor_id: int) -> None:
+        try:
+            await asyncio.wait_for(self._local.command({"killCursors": "oplog.rs", "cursors": [cursor_id]}), 1)
+        except (PyMongoError, TimeoutError):
+            pass

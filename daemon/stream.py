@@ -1,0 +1,206 @@
+"""The global message stream of one daemon: oplog -> sequencer -> hub.
+
+Owns the stream position (the highest id released), a bounded cache of
+recent messages for fast catch-up, and the reads of the `messages`
+collection that fill holes the oplog left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import PyMongoError
+
+from chat.messages import Message, from_doc, inserted_docs
+from daemon import metrics
+from daemon.hub import Hub
+from daemon.oplog import RESTARTED, OplogTail
+from daemon.sequencer import Sequencer
+from db import mongo
+
+log = logging.getLogger("chat.stream")
+
+PAGE = 1000
+
+
+@dataclass(slots=True)
+class Entry:
+    msg: Message
+    frame: str
+
+
+@dataclass
+class CatchUp:
+    recovered: bool
+    frames: list[tuple[int, str, float | None]]
+
+
+class Stream:
+    def __init__(self, db: AsyncDatabase, tail: OplogTail, hub: Hub, *, retention_seconds: int,
+                 cache_max: int, gap_check_seconds: float):
+        self._db = db
+        self._tail = tail
+        self._hub = hub
+        self._retention = retention_seconds
+        self._cache: deque[Entry] = deque(maxlen=cache_max or None) if cache_max else deque(maxlen=1)
+        self._gap_check = gap_check_seconds
+        self._seq = Sequencer(high=0)
+        self._advanced = asyncio.Condition()
+        self.ready = asyncio.Event()
+
+    @property
+    def position(self) -> int:
+        return self._seq.high
+
+    # --- start-up -------------------------------------------------------
+    async def start(self) -> None:
+        """Sets the position to the newest stored message and fills the cache.
+        The oplog resume point is read first, so nothing lands between the two."""
+        while True:
+            try:
+                self._tail.last_ts = await self._tail.newest_ts()
+                high = await mongo.newest_id(self._db)
+                break
+            except PyMongoError as exc:
+                log.warning("event=stream_start_retry error=%s", exc.__class__.__name__)
+                await asyncio.sleep(1)
+        self._seq = Sequencer(high=high)
+        if self._cache.maxlen and high:
+            docs = await mongo.messages_between(self._db, max(0, high - self._cache.maxlen), high, self._cache.maxlen)
+            self._cache_extend(docs)
+        self.ready.set()
+        log.info("event=stream_ready position=%d cached=%d", high, len(self._cache))
+
+    # --- the loop ---------------------------------------------------------
+    async def run(self) -> None:
+        await self.start()
+        checker = asyncio.create_task(self._periodic_gap_check())
+        try:
+            async for batch in self._tail.batches():
+                if batch is RESTARTED:
+                    await self._fill_from_truth()
+                    continue
+                received = time.perf_counter()
+                docs = [d for entry in batch for d in inserted_docs(entry, self._tail._namespace)]
+                metrics.OPLOG_ENTRIES.inc(len(batch))
+                if docs:
+                    self._release(self._seq.offer(docs), received)
+                    if self._seq.hole:
+                        await self._fill_from_truth()
+        finally:
+            checker.cancel()
+
+    async def _periodic_gap_check(self) -> None:
+        # Covers an oplog entry that never comes (FerretDB can store a document
+        # without writing its oplog entry) when no later entry reveals the hole.
+        while True:
+            await asyncio.sleep(self._gap_check)
+            try:
+                newest = await mongo.newest_id(self._db)
+                if newest > self.position:
+                    await asyncio.sleep(0.2)  # still in flight on the oplog?
+                    if newest > self.position:
+                        await self._fill_from_truth()
+            except PyMongoError as exc:
+                log.warning("event=gap_check_failed error=%s", exc.__class__.__name__)
+
+    async def _fill_from_truth(self) -> None:
+        """Reads every message after the position from `messages`, in pages."""
+        while True:
+            try:
+                docs = await mongo.messages_between(self._db, self.position, None, PAGE)
+            except PyMongoError as exc:
+                log.warning("event=fill_failed error=%s", exc.__class__.__name__)
+                return
+            if not docs:
+                hole = self._seq.hole
+                if hole:  # held documents above a range that no longer exists
+                    self._skip(hole[1])
+                return
+            first = int(docs[0]["_id"])
+            if first > self.position + 1:
+                self._skip(first - 1)
+            metrics.CATCHUP_QUERIES.labels("stream").inc()
+            log.info("event=stream_fill after=%d got=%d", self.position, len(docs))
+            self._release(self._seq.offer(docs), time.perf_counter())
+            if len(docs) < PAGE:
+                return
+
+    def _skip(self, upto: int) -> None:
+        log.error("event=stream_skip after=%d upto=%d reason=expired_or_deleted", self.position, upto)
+        self._cache.clear()  # it must stay contiguous
+        self._release(self._seq.skip_to(upto), time.perf_counter())
+
+    def _release(self, docs: list[dict], received: float) -> None:
+        if not docs:
+            return
+        for doc in docs:
+            msg = from_doc(doc)
+            frame = msg.frame().decode()
+            self._cache.append(Entry(msg, frame))
+            delivered = self._hub.dispatch(msg, frame, received)
+            metrics.PUSHES.inc(delivered)
+        metrics.POSITION.set(self.position)
+        metrics.TAIL_LAG.set(max(0.0, time.time() - docs[-1]["created_at"].timestamp()))
+        self._notify()
+
+    def _cache_extend(self, docs: list[dict]) -> None:
+        for doc in docs:
+            msg = from_doc(doc)
+            self._cache.append(Entry(msg, msg.frame().decode()))
+
+    def _notify(self) -> None:
+        async def notify():
+            async with self._advanced:
+                self._advanced.notify_all()
+        asyncio.get_running_loop().create_task(notify())
+
+    async def wait_for(self, position: int, timeout: float) -> bool:
+        if self.position >= position:
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._advanced:
+                    await self._advanced.wait_for(lambda: self.position >= position)
+            return True
+        except TimeoutError:
+            return False
+
+    # --- catch-up -----------------------------------------------------------
+    async def catch_up(self, user: str, since: int, upto: int) -> CatchUp:
+        """The user's messages with since < id <= upto, and whether that is all
+        of them (False: some expired, so the client must reload history)."""
+        if since >= upto:
+            return CatchUp(True, [])
+        cutoff = mongo.expired_before(self._retention)
+        if self._cache and self._cache[0].msg.id <= since + 1 and self._cache[-1].msg.id >= upto:
+            metrics.CATCHUP_QUERIES.labels("cache").inc()
+            start = since + 1 - self._cache[0].msg.id
+            recovered, frames = True, []
+            for e in itertools.islice(self._cache, start, start + (upto - since)):
+                if e.msg.recipient == user or e.msg.sender == user:
+                    if e.msg.created_at < cutoff:
+                        recovered = False
+                    else:
+                        frames.append((e.msg.id, e.frame, None))
+            return CatchUp(recovered, frames)
+        metrics.CATCHUP_QUERIES.labels("mongo").inc()
+        floor = await mongo.retention_floor(self._db)
+        recovered, frames, after = since >= floor, [], since
+        while True:
+            docs = await mongo.messages_for(self._db, user, after, upto, PAGE)
+            for doc in docs:
+                msg = from_doc(doc)
+                if msg.created_at < cutoff:
+                    recovered = False
+                else:
+                    frames.append((msg.id, msg.frame().decode(), None))
+            if len(docs) < PAGE:
+                return CatchUp(recovered, frames)
+            after = int(docs[-1]["_id"])

@@ -1,0 +1,91 @@
+"""The fast store (MongoDB, FerretDB locally): schema and the few queries we run.
+
+``messages`` holds each message for the retention period, keyed by its global
+id. ``local.oplog.rs`` is what the daemons tail.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+from pymongo import ASCENDING, AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import CollectionInvalid, OperationFailure
+
+log = logging.getLogger("chat.mongo")
+
+MESSAGES = "messages"
+META = "meta"  # {_id: "retention", floor: <highest id removed by retention>}
+NOT_IMPLEMENTED = 238
+
+
+def make_client(url: str, timeout_seconds: float) -> AsyncMongoClient:
+    ms = int(timeout_seconds * 1000)
+    return AsyncMongoClient(
+        url,
+        tz_aware=True,
+        serverSelectionTimeoutMS=ms,
+        connectTimeoutMS=ms,
+        socketTimeoutMS=ms * 5,
+    )
+
+
+async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_seconds: int,
+                        oplog_max_docs: int, oplog_size_bytes: int) -> dict:
+    """Creates what the system needs; safe to run again. Returns what it found."""
+    found = {"oplog": "exists", "ttl_index": False}
+    local = client["local"]
+    if "oplog.rs" not in await local.list_collection_names():
+        # Only FerretDB lets us create it; a real replica set has its own.
+        # The small `max` bounds FerretDB's tail cost (../shared/STACK.md).
+        await local.create_collection("oplog.rs", capped=True, size=oplog_size_bytes, max=oplog_max_docs)
+        found["oplog"] = "created"
+    db = client[db_name]
+    try:
+        await db.create_collection(MESSAGES)
+    except CollectionInvalid:
+        pass
+    messages = db[MESSAGES]
+    # Catch-up reads "messages to or from U after id S": one index per side.
+    await messages.create_index([("to", ASCENDING), ("_id", ASCENDING)], name="to_id")
+    await messages.create_index([("from", ASCENDING), ("_id", ASCENDING)], name="from_id")
+    try:
+        await messages.create_index("created_at", name="created_at_ttl", expireAfterSeconds=retention_seconds)
+        found["ttl_index"] = True
+    except OperationFailure as exc:
+        if exc.code != NOT_IMPLEMENTED:
+            raise
+        # FerretDB: no TTL indexes. The retention sweeper (db/retention.py) does it.
+        await messages.create_index("created_at", name="created_at")
+    return found
+
+
+def expired_before(retention_seconds: int, now: datetime | None = None) -> datetime:
+    return (now or datetime.now(UTC)) - timedelta(seconds=retention_seconds)
+
+
+async def newest_id(db: AsyncDatabase) -> int:
+    doc = await db[MESSAGES].find_one({}, {"_id": 1}, sort=[("_id", -1)])
+    return int(doc["_id"]) if doc else 0
+
+
+async def messages_between(db: AsyncDatabase, after: int, upto: int | None, limit: int) -> list[dict]:
+    """All messages with after < id <= upto, oldest first (global stream)."""
+    cond: dict = {"$gt": after}
+    if upto is not None:
+        cond["$lte"] = upto
+    cursor = db[MESSAGES].find({"_id": cond}, sort=[("_id", 1)], limit=limit)
+    return await cursor.to_list(length=limit)
+
+
+async def messages_for(db: AsyncDatabase, user: str, after: int, upto: int, limit: int) -> list[dict]:
+    """A user's messages (either side) with after < id <= upto, oldest first."""
+    query = {"$or": [{"to": user}, {"from": user}], "_id": {"$gt": after, "$lte": upto}}
+    cursor = db[MESSAGES].find(query, sort=[("_id", 1)], limit=limit)
+    return await cursor.to_list(length=limit)
+
+
+async def retention_floor(db: AsyncDatabase) -> int:
+    doc = await db[META].find_one({"_id": "retention"})
+    return int(doc["floor"]) if doc else 0

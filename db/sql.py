@@ -1,0 +1,80 @@
+"""The permanent store's schema (MySQL/MariaDB) as SQLAlchemy Core tables.
+
+Migrations in db/migrations create exactly these tables; a test compares them.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+)
+from sqlalchemy.dialects.mysql import DATETIME
+from sqlalchemy.engine import Engine
+
+metadata = MetaData()
+
+# Ids are assigned by the writer under one lock (db/writer.py), not by
+# AUTO_INCREMENT: they must be gap-free and in commit order so that the
+# daemons can tell a missed message from one that was never written.
+messages = Table(
+    "messages",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("sender", String(64, collation="utf8mb4_bin"), nullable=False),
+    Column("recipient", String(64, collation="utf8mb4_bin"), nullable=False),
+    # "a\x00b" with a <= b: one key per one-to-one conversation, for history.
+    Column("conversation", String(129, collation="utf8mb4_bin"), nullable=False),
+    Column("body", Text(collation="utf8mb4_bin"), nullable=False),
+    Column("client_msg_id", String(64, collation="utf8mb4_bin"), nullable=True),
+    Column("created_at", DATETIME(fsp=3), nullable=False),
+    UniqueConstraint("sender", "client_msg_id", name="uq_messages_sender_client_msg_id"),
+    Index("ix_messages_conversation_id", "conversation", "id"),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+    mysql_collate="utf8mb4_bin",
+)
+
+# One row. last_id: highest id written to MySQL. mirrored_upto: highest id
+# known to be in MongoDB; everything in (mirrored_upto, last_id] is the outbox
+# that the repair step copies before any newer message (db/writer.py).
+stream_state = Table(
+    "stream_state",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("last_id", BigInteger, nullable=False),
+    Column("mirrored_upto", BigInteger, nullable=False),
+    mysql_engine="InnoDB",
+)
+
+
+def conversation_key(a: str, b: str) -> str:
+    return f"{a}\x00{b}" if a <= b else f"{b}\x00{a}"
+
+
+def make_engine(url: str, timeout_seconds: float, pool_size: int = 4) -> Engine:
+    # connect_timeout keeps "MySQL down" a fast 503 rather than a hang;
+    # max_statement_time (MariaDB) does the same for "MySQL slow".
+    timeout = max(1, int(round(timeout_seconds)))
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=2,
+        pool_timeout=timeout_seconds,
+        pool_pre_ping=True,
+        pool_recycle=3600,
+        connect_args={
+            "connect_timeout": timeout,
+            "read_timeout": timeout + 1,
+            "write_timeout": timeout + 1,
+            "init_command": f"SET SESSION max_statement_time={timeout_seconds:g}",
+        },
+    )

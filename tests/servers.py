@@ -1,0 +1,136 @@
+"""Private MariaDB and FerretDB instances on free ports, for tests and benchmarks.
+
+Each instance lives in its own folder and is stopped (and its folder left for
+post-mortems) when the context exits. Nothing here is a fake: these are the
+real servers that `make run` starts under supervisord.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FERRETDB = ROOT / ".cache/ferretdb/bin/ferretdb"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None, host: str = "127.0.0.1") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class MariaDB:
+    dir: Path
+    port: int
+    proc: subprocess.Popen | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "mysqld.sock"
+
+    def url(self, database: str = "chat") -> str:
+        return f"mysql+mysqldb://root@localhost/{database}?unix_socket={self.socket}&charset=utf8mb4"
+
+    def start(self) -> None:
+        data = self.dir / "data"
+        if not data.exists():
+            subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+                            "--auth-root-authentication-method=normal", "--skip-test-db"],
+                           check=True, capture_output=True)
+        log = open(self.dir / "mariadb.log", "ab")
+        self.proc = subprocess.Popen(
+            ["mariadbd", "--no-defaults", f"--datadir={data}", f"--socket={self.socket}", f"--port={self.port}",
+             "--bind-address=127.0.0.1", "--user=root", "--skip-log-bin", "--innodb-buffer-pool-size=128M",
+             "--max-connections=500", f"--pid-file={self.dir / 'mariadb.pid'}"],
+            stdout=log, stderr=log)
+        wait_port(self.port, 60, self.proc)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc:
+            stop(self.proc, sig)
+
+
+@dataclass
+class FerretDB:
+    dir: Path
+    port: int
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
+
+    def start(self) -> None:
+        data = self.dir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        log = open(self.dir / "ferretdb.log", "ab")
+        self.proc = subprocess.Popen(ferretdb_command(data, self.port), stdout=log, stderr=log)
+        wait_port(self.port, 30, self.proc)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc:
+            stop(self.proc, sig)
+
+
+def ferretdb_command(data: Path, port: int) -> list[str]:
+    # Flags from ../shared/STACK.md: no debug port (a second instance would
+    # clash on 8088), state beside the data, fast capped-collection cleanup
+    # so the small oplog stays small.
+    return [str(FERRETDB), "--handler=sqlite", f"--sqlite-url=file:{data}/", f"--listen-addr=127.0.0.1:{port}",
+            "--repl-set-name=rs0", "--telemetry=disable", "--log-level=warn", "--debug-addr=-",
+            f"--state-dir={data}", "--test-capped-cleanup-interval=200ms"]
+
+
+@contextlib.contextmanager
+def running(server) -> Iterator:
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def fresh_dir(base: Path, name: str) -> Path:
+    path = base / name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def env_for(mariadb: MariaDB, ferretdb: FerretDB, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAT_")}
+    env.update({"CHAT_MYSQL_URL": mariadb.url(), "CHAT_MONGO_URL": ferretdb.url,
+                "CHAT_JWT_SECRET": "test-secret-0123456789abcdef0123456789"})
+    env.update(extra)
+    return env
