@@ -81,3 +81,18 @@ class Settings(BaseSettings):
     )
 
     log_level: str = Field("INFO", description="Log level of every process.")
+
+
+def markdown_table() -> str:
+    """The README's settings table, generated so that it cannot drift."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default_factory() if field.default_factory else field.default
+        if isinstance(default, SecretStr):
+            default = default.get_secret_value()
+        rows.append(f"| `CHAT_{name.upper()}` | `{default}` | {field.description} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -20,18 +20,20 @@ class Sequencer:
 
     def offer(self, docs: list[dict]) -> list[dict]:
         """Returns the documents that can be released now, in id order."""
-        for doc in docs:
+        released = []
+        for doc in sorted(docs, key=lambda d: d["_id"]):
             i = int(doc["_id"])
             if i <= self.high or i in self._held:
                 self.repeats += 1
-                continue
-            if len(self._held) < self.max_held:
+            elif i == self.high + 1:
+                released.append(doc)
+                self.high = i
+                while (nxt := self.high + 1) in self._held:
+                    released.append(self._held.pop(nxt))
+                    self.high = nxt
+            elif len(self._held) < self.max_held:
                 self._held[i] = doc
             # else: dropped; the hole it leaves is read back by query
-        released = []
-        while (nxt := self.high + 1) in self._held:
-            released.append(self._held.pop(nxt))
-            self.high = nxt
         return released
 
     @property
@@ -47,4 +49,8 @@ class Sequencer:
         for i in [i for i in self._held if i <= upto]:
             del self._held[i]
         self.high = max(self.high, upto)
-        return self.offer([])
+        released = []
+        while (nxt := self.high + 1) in self._held:
+            released.append(self._held.pop(nxt))
+            self.high = nxt
+        return released

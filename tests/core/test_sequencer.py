@@ -1,0 +1,53 @@
+from daemon.sequencer import Sequencer
+
+
+def docs(*ids):
+    return [{"_id": i} for i in ids]
+
+
+def ids(released):
+    return [d["_id"] for d in released]
+
+
+def test_in_order_entries_are_released_at_once():
+    s = Sequencer(high=10)
+    assert ids(s.offer(docs(11, 12, 13))) == [11, 12, 13]
+    assert s.high == 13 and s.hole is None
+
+
+def test_repeats_are_dropped_and_counted():
+    s = Sequencer(high=10)
+    s.offer(docs(11, 12))
+    assert ids(s.offer(docs(11, 12, 13))) == [13]
+    assert s.repeats == 2
+
+
+def test_out_of_order_entries_wait_for_the_missing_one():
+    s = Sequencer(high=10)
+    assert ids(s.offer(docs(13, 12))) == []
+    assert s.hole == (10, 13)
+    assert ids(s.offer(docs(11))) == [11, 12, 13]
+    assert s.hole is None
+
+
+def test_hole_filled_from_the_truth_releases_in_order_without_repeats():
+    s = Sequencer(high=0)
+    s.offer(docs(3, 5))
+    assert s.hole == (0, 5)
+    # the shell reads (0, ...] from the messages collection: 1..5
+    assert ids(s.offer(docs(1, 2, 3, 4, 5))) == [1, 2, 3, 4, 5]
+    assert s.repeats == 2  # 3 and 5 were held already
+
+
+def test_skip_past_expired_range_releases_what_is_held():
+    s = Sequencer(high=0)
+    s.offer(docs(7, 8))
+    assert ids(s.skip_to(6)) == [7, 8]
+    assert s.high == 8
+
+
+def test_held_documents_are_bounded_and_the_overflow_is_read_back():
+    s = Sequencer(high=0, max_held=3)
+    s.offer(docs(5, 6, 7, 8, 9))
+    assert s.hole == (0, 7)  # 8 and 9 were dropped, not buffered
+    assert ids(s.offer(docs(1, 2, 3, 4, 5, 6, 7, 8, 9))) == list(range(1, 10))

@@ -1,0 +1,67 @@
+"""Small async helpers the e2e tests share: a real HTTP client and a real WebSocket client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import orjson
+import pymongo
+import websockets
+from sqlalchemy import create_engine, text
+
+from tests.system import System
+
+
+async def post(system: System, sender: str, to: str, body: str, client_msg_id: str | None = None,
+               client: httpx.AsyncClient | None = None) -> httpx.Response:
+    payload = {"to": to, "body": body}
+    if client_msg_id is not None:
+        payload["client_msg_id"] = client_msg_id
+    headers = {"Authorization": f"Bearer {system.token(sender)}"}
+    if client is not None:
+        return await client.post(f"{system.api_url}/v1/messages", json=payload, headers=headers)
+    async with httpx.AsyncClient(timeout=10) as c:
+        return await c.post(f"{system.api_url}/v1/messages", json=payload, headers=headers)
+
+
+async def connect(system: System, user: str, since: str | None = None, **kwargs):
+    """Opens /v1/ws as ``user``; returns (websocket, hello frame)."""
+    url = f"{system.ws_url}/v1/ws?token={system.token(user)}" + (f"&since={since}" if since else "")
+    ws = await websockets.connect(url, **kwargs)
+    hello = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert hello["type"] == "hello"
+    return ws, hello
+
+
+async def receive(ws, count: int, timeout: float = 10) -> list[dict]:
+    frames = []
+    async with asyncio.timeout(timeout):
+        while len(frames) < count:
+            frames.append(orjson.loads(await ws.recv()))
+    return frames
+
+
+async def nothing_more(ws, wait: float = 0.5) -> bool:
+    try:
+        await asyncio.wait_for(ws.recv(), wait)
+    except TimeoutError:
+        return True
+    return False
+
+
+def mysql_rows(system: System, where: str, **params) -> list:
+    engine = create_engine(system.dbs.mariadb.url())
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(f"SELECT * FROM messages WHERE {where} ORDER BY id"), params).all()
+    finally:
+        engine.dispose()
+
+
+def mongo_docs(system: System, query: dict) -> list[dict]:
+    client = pymongo.MongoClient(system.dbs.ferretdb.url, tz_aware=True)
+    try:
+        return list(client["chat"]["messages"].find(query).sort("_id", 1))
+    finally:
+        client.close()

@@ -1,0 +1,125 @@
+"""The system under test as real processes: API and daemons on free ports,
+talking to a private MariaDB and FerretDB. Used by the e2e tests and by the
+benchmarks in loadtest/."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from chat import auth
+from chat.settings import Settings
+from db.init import init_all
+from tests.servers import ROOT, FerretDB, MariaDB, env_for, free_port, fresh_dir, stop, wait_port
+
+
+@dataclass
+class Databases:
+    mariadb: MariaDB
+    ferretdb: FerretDB
+
+    def settings(self, **overrides) -> Settings:
+        return Settings(mysql_url=self.mariadb.url(), mongo_url=self.ferretdb.url, **overrides)
+
+
+@contextlib.contextmanager
+def databases(base: Path) -> Iterator[Databases]:
+    mariadb = MariaDB(fresh_dir(base, "mariadb"), free_port())
+    ferretdb = FerretDB(fresh_dir(base, "ferretdb"), free_port())
+    mariadb.start()
+    try:
+        ferretdb.start()
+        try:
+            dbs = Databases(mariadb, ferretdb)
+            init_all(dbs.settings())
+            yield dbs
+        finally:
+            ferretdb.stop()
+    finally:
+        mariadb.stop()
+
+
+@dataclass
+class System:
+    dbs: Databases
+    logdir: Path
+    env_extra: dict[str, str] = field(default_factory=dict)
+    api_port: int = field(default_factory=free_port)
+    daemon_port: int = field(default_factory=free_port)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return env_for(self.dbs.mariadb, self.dbs.ferretdb, CHAT_API_PORT=str(self.api_port),
+                       CHAT_DAEMON_PORT=str(self.daemon_port), **self.env_extra)
+
+    @property
+    def secret(self) -> str:
+        return self.env["CHAT_JWT_SECRET"]
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.daemon_port}"
+
+    @property
+    def poll_url(self) -> str:
+        return f"http://127.0.0.1:{self.daemon_port}/v1/poll"
+
+    def token(self, user: str, ttl: int = 3600) -> str:
+        return auth.mint(self.secret, user, ttl)
+
+    def start(self, name: str) -> subprocess.Popen:
+        module = name.split("_")[0]
+        log = open(self.logdir / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", module], env=self.env, cwd=ROOT, stdout=log, stderr=log)
+        self.procs[name] = proc
+        port = self.api_port if module == "api" else self.daemon_port
+        wait_port(port, 20, proc)
+        self.wait_ready(name)
+        return proc
+
+    def wait_ready(self, name: str, timeout: float = 20) -> None:
+        url = (f"{self.api_url}/readyz" if name.startswith("api")
+               else f"http://127.0.0.1:{self.daemon_port}/healthz")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                r = httpx.get(url, timeout=2)
+                if r.status_code == 200 and r.json()["status"] == "ok":
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"{name} not ready")
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        stop(self.procs.pop(name), sig)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+
+@contextlib.contextmanager
+def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, **env: str) -> Iterator[System]:
+    logdir = Path(tempfile.mkdtemp(prefix="chat-system-"))
+    system = System(dbs, logdir, {k: str(v) for k, v in env.items()})
+    try:
+        for i in range(apis):
+            system.start(f"api_{i}")
+        for i in range(daemons):
+            system.start(f"daemon_{i}")
+        yield system
+    finally:
+        system.stop_all()
