@@ -1,0 +1,161 @@
+"""Every bad input gets a clear JSON error naming the field, and nothing is written."""
+
+import asyncio
+import time
+
+import httpx
+import jwt
+import pytest
+
+from tests.e2e.helpers import mongo_docs, mysql_rows, post
+
+GOOD = b'{"to": "bob", "body": "x"}'
+
+
+def raw_post(system, body: bytes, token: str | None, **headers) -> httpx.Response:
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    headers.setdefault("Content-Type", "application/json")
+    return httpx.post(f"{system.api_url}/v1/messages", content=body, headers=headers, timeout=10)
+
+
+def nothing_stored(system, sender):
+    return not mysql_rows(system, "sender = :s", s=sender) and not mongo_docs(system, {"from": sender})
+
+
+def forged(system, sender):
+    return {
+        "bad signature": jwt.encode({"sub": sender, "exp": int(time.time()) + 60}, "wrong" * 8, algorithm="HS256"),
+        "expired": jwt.encode({"sub": sender, "exp": int(time.time()) - 5}, system.secret, algorithm="HS256"),
+        "alg none": jwt.encode({"sub": sender, "exp": int(time.time()) + 60}, None, algorithm="none"),
+        "no exp": jwt.encode({"sub": sender}, system.secret, algorithm="HS256"),
+        "garbage": "not.a.jwt",
+    }
+
+
+def test_unauthorised_requests_get_401_and_store_nothing(system, users):
+    sender = users("mallory")
+    r = raw_post(system, GOOD, None)
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    assert r.headers["www-authenticate"] == "Bearer"
+    for name, token in forged(system, sender).items():
+        r = raw_post(system, GOOD, token)
+        assert r.status_code == 401, name
+        assert r.json()["error"] == "unauthorized", name
+    assert nothing_stored(system, sender)
+
+
+BAD_SHAPE = [
+    (b'{"body": "x"}', "to"),
+    (b'{"to": "not a user!", "body": "x"}', "to"),
+    (b'{"to": {"$ne": ""}, "body": "x"}', "to"),
+    (b'{"to": "bob", "body": ""}', "body"),
+    (b'{"to": "bob", "body": 42}', "body"),
+    (b'{"to": "bob", "body": {"$ne": ""}}', "body"),
+    (b'{"to": "bob", "body": "' + b"y" * 4001 + b'"}', "body"),
+    (b'{"to": "bob", "body": "x", "from": "admin"}', "from"),
+    (b'{"to": "bob", "body": "x", "client_msg_id": ["a"]}', "client_msg_id"),
+]
+
+
+@pytest.mark.parametrize("body,field", BAD_SHAPE)
+def test_wrong_shape_gets_422_naming_the_field(system, users, body, field):
+    sender = users("s")
+    r = raw_post(system, body, system.token(sender))
+    assert r.status_code == 422
+    assert r.json()["field"] == field and field in r.json()["message"]
+    assert nothing_stored(system, sender)
+
+
+MALFORMED = [b"{", b'{"to": "bob", "body": NaN}', b'{"to": "bob", "to": "eve", "body": "x"}',
+             b'{"to": "bob", "body": "\\udc00"}', b'{"to": "bob", "body": "\xc3\x28"}',
+             b"[" * 5000 + b"]" * 5000, b'{"to": "bob", "body": "x", "a": ' + b"[" * 20 + b"]" * 20 + b"}"]
+
+
+@pytest.mark.parametrize("body", MALFORMED)
+def test_malformed_json_gets_400(system, users, body):
+    sender = users("s")
+    r = raw_post(system, body, system.token(sender))
+    assert r.status_code == 400 and r.json()["error"] == "malformed_json"
+    assert nothing_stored(system, sender)
+
+
+def test_body_over_16_kib_gets_413_without_reading_it(system, users):
+    sender = users("s")
+    big = b'{"to": "bob", "body": "' + b"z" * (16 * 1024) + b'"}'
+    r = raw_post(system, big, system.token(sender))
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+
+    def chunks():  # no Content-Length: the limit applies while streaming
+        yield b'{"to": "bob", "body": "'
+        for _ in range(64):
+            yield b"z" * 1024
+        yield b'"}'
+
+    r = httpx.post(f"{system.api_url}/v1/messages", content=chunks(),
+                   headers={"Authorization": f"Bearer {system.token(sender)}"}, timeout=10)
+    assert r.status_code == 413
+    assert nothing_stored(system, sender)
+
+
+@pytest.mark.parametrize("body", [
+    "<script>alert(1)</script> & <img src=x onerror=alert(1)>",
+    "'; DROP TABLE messages; -- \" OR 1=1",
+    "emoji 😀👩‍👩‍👧 and flags 🇫🇷, zero-width \u200d joiner",
+    "مرحبا بالعالم \u202e RTL override שלום",
+    "tab\tnewline\nnull-ish \\u0000 backslash \\",
+])
+async def test_hostile_and_unicode_text_is_stored_and_returned_byte_for_byte(system, users, body):
+    alice, bob = users("alice"), users("bob")
+    r = await post(system, alice, bob, body)
+    assert r.status_code == 201 and r.json()["body"] == body
+    [row] = mysql_rows(system, "sender = :s", s=alice)
+    assert row.body.encode() == body.encode()
+    [doc] = mongo_docs(system, {"from": alice})
+    assert doc["body"] == body
+    history = httpx.get(f"{system.api_url}/v1/messages", params={"with": alice},
+                        headers={"Authorization": f"Bearer {system.token(bob)}"}).json()
+    assert [m["body"] for m in history["messages"]] == [body]
+
+
+async def test_racing_retries_store_exactly_one_message(system, users):
+    alice, bob = users("alice"), users("bob")
+    async with httpx.AsyncClient(timeout=10) as c:
+        replies = await asyncio.gather(*[post(system, alice, bob, "once", "retry-1", client=c) for _ in range(20)])
+    assert sorted(r.status_code for r in replies) == [200] * 19 + [201]
+    assert len({r.json()["id"] for r in replies}) == 1
+    assert len(mysql_rows(system, "sender = :s", s=alice)) == 1
+    assert len(mongo_docs(system, {"from": alice})) == 1
+    again = await post(system, alice, bob, "once", "retry-1")
+    assert again.status_code == 200 and again.json() == replies[0].json()
+
+
+async def test_reused_client_msg_id_for_another_message_is_409(system, users):
+    alice, bob = users("alice"), users("bob")
+    assert (await post(system, alice, bob, "first", "k")).status_code == 201
+    r = await post(system, alice, bob, "different", "k")
+    assert r.status_code == 409 and r.json()["field"] == "client_msg_id"
+    assert [row.body for row in mysql_rows(system, "sender = :s", s=alice)] == ["first"]
+
+
+async def test_same_client_msg_id_from_another_sender_is_a_new_message(system, users):
+    alice, carol, bob = users("alice"), users("carol"), users("bob")
+    a = await post(system, alice, bob, "x", "same")
+    c = await post(system, carol, bob, "x", "same")
+    assert a.status_code == c.status_code == 201 and a.json()["id"] != c.json()["id"]
+
+
+async def test_history_pages_newest_first_and_only_for_participants(system, users):
+    alice, bob, eve = users("alice"), users("bob"), users("eve")
+    sent = [(await post(system, alice if i % 2 else bob, bob if i % 2 else alice, f"m{i}")).json()["id"]
+            for i in range(7)]
+    await post(system, alice, eve, "not for bob")
+    headers = {"Authorization": f"Bearer {system.token(bob)}"}
+    page1 = httpx.get(f"{system.api_url}/v1/messages", params={"with": alice, "limit": 4}, headers=headers).json()
+    assert [m["id"] for m in page1["messages"]] == sent[::-1][:4]
+    page2 = httpx.get(f"{system.api_url}/v1/messages",
+                      params={"with": alice, "limit": 4, "before": page1["next_before"]}, headers=headers).json()
+    assert [m["id"] for m in page2["messages"]] == sent[::-1][4:] and page2["next_before"] is None
+    # eve's conversation with alice is invisible to bob: he can only ask about his own
+    theirs = httpx.get(f"{system.api_url}/v1/messages", params={"with": eve}, headers=headers).json()
+    assert theirs["messages"] == []

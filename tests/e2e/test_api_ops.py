@@ -1,0 +1,53 @@
+"""Operations endpoints, the OpenAPI document, and the per-sender rate limit."""
+
+import httpx
+
+from api.app import ROUTES
+from api.openapi import OPENAPI
+from tests.e2e.helpers import mysql_rows, post
+from tests.system import running_system
+
+
+def test_healthz_and_readyz(system):
+    assert httpx.get(f"{system.api_url}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{system.api_url}/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"mysql": "ok", "mongo": "ok"}
+
+
+async def test_metrics_count_requests_batches_and_errors(system, users):
+    await post(system, users("a"), users("b"), "x")
+    httpx.post(f"{system.api_url}/v1/messages", content=b"{", headers={"Authorization": "Bearer x"})
+    text = httpx.get(f"{system.api_url}/metrics").text
+    assert 'chat_api_requests_total{route="/v1/messages",status="201"}' in text
+    assert "chat_api_request_seconds_bucket" in text
+    assert "chat_api_batch_messages_count" in text
+    assert 'chat_api_errors_total{kind="unauthorized"}' in text
+
+
+def test_unknown_route_and_method_are_json_errors(system):
+    r = httpx.get(f"{system.api_url}/nope")
+    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    r = httpx.delete(f"{system.api_url}/v1/messages")
+    assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+
+
+def test_openapi_document_matches_the_routes(system):
+    served = httpx.get(f"{system.api_url}/openapi.json").json()
+    assert served == OPENAPI
+    documented = {(path, method.upper()) for path, ops in OPENAPI["paths"].items() for method in ops}
+    routed = {(r.path, m) for r in ROUTES for m in r.methods if m != "HEAD"}
+    assert documented == routed
+    # the answers the tests observe for POST /v1/messages are the documented ones
+    assert set(OPENAPI["paths"]["/v1/messages"]["post"]["responses"]) == {
+        "200", "201", "400", "401", "409", "413", "422", "429", "503"}
+
+
+async def test_rate_limit_429_with_retry_after_and_other_senders_unaffected(dbs, users):
+    with running_system(dbs, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND=1, CHAT_RATE_LIMIT_BURST=3) as s:
+        spammer, polite, bob = users("spammer"), users("polite"), users("bob")
+        codes = [(await post(s, spammer, bob, f"m{i}")).status_code for i in range(5)]
+        assert codes[:3] == [201] * 3 and codes[3:] == [429, 429]
+        limited = await post(s, spammer, bob, "again")
+        assert limited.json()["error"] == "rate_limited" and int(limited.headers["retry-after"]) >= 1
+        assert (await post(s, polite, bob, "hi")).status_code == 201
+        assert len(mysql_rows(s, "sender = :s", s=spammer)) == 3
