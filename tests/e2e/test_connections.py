@@ -1,0 +1,142 @@
+"""What each socket gets for unauthorised, hostile, oversized, slow and dead
+peers: refused handshakes with clear statuses, documented close codes, and
+no effect on other clients."""
+
+import asyncio
+import base64
+import os
+import socket
+import time
+
+import httpx
+import pytest
+import websockets
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests.e2e.helpers import connect, post, receive
+from tests.system import running_system
+
+
+@pytest.fixture(scope="module")
+def strict(dbs):
+    """A system with small limits, so that each one can be reached quickly."""
+    with running_system(dbs, daemons=1, apis=1, CHAT_SEND_QUEUE_MAX=8, CHAT_PING_INTERVAL_SECONDS=1,
+                        CHAT_PING_TIMEOUT_SECONDS=1, CHAT_WS_MAX_FRAME_BYTES=1024,
+                        CHAT_WS_MAX_FRAMES_PER_SECOND=5, CHAT_RATE_LIMIT_PER_SECOND=0,
+                        CHAT_ALLOWED_ORIGINS='["https://chat.example"]') as s:
+        yield s
+
+
+def connections(system) -> int:
+    return httpx.get(f"http://127.0.0.1:{system.daemon_port}/healthz").json()["connections"]
+
+
+async def refused(url: str, **kwargs) -> int:
+    with pytest.raises(InvalidStatus) as info:
+        await websockets.connect(url, **kwargs)
+    return info.value.response.status_code
+
+
+async def test_bad_tokens_and_origins_are_refused_before_accepting(strict, users):
+    url = f"{strict.ws_url}/v1/ws"
+    assert await refused(url) == 401
+    assert await refused(f"{url}?token=garbage") == 401
+    assert await refused(f"{url}?token={strict.token(users('u'), ttl=-10)}") == 401
+    token = strict.token(users("u"))
+    assert await refused(f"{url}?token={token}", origin="https://evil.example") == 403
+    ws = await websockets.connect(f"{url}?token={token}", origin="https://chat.example")
+    await ws.close()
+    ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {token}"})
+    await ws.close()
+    await asyncio.sleep(0.2)
+    assert connections(strict) == 0  # nothing left behind by the refusals
+
+
+async def test_oversized_inbound_frame_closes_with_1009(strict, users):
+    ws, _ = await connect(strict, users("u"))
+    await ws.send("x" * 2048)
+    with pytest.raises(ConnectionClosed) as info:
+        await asyncio.wait_for(ws.recv(), 5)
+    assert info.value.rcvd.code == 1009
+
+
+async def test_inbound_frame_flood_closes_with_1008(strict, users):
+    ws, _ = await connect(strict, users("u"))
+    with pytest.raises(ConnectionClosed) as info:
+        for _ in range(50):
+            await ws.send("hi")
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(ws.recv(), 5)
+    assert info.value.rcvd.code == 1008
+
+
+async def test_slow_consumer_is_closed_with_4008_and_others_are_unaffected(strict, users):
+    alice, slow, carol = users("alice"), users("slow"), users("carol")
+    # This client stops reading (max_queue=1, a small receive buffer), so TCP
+    # backpressure reaches the daemon and its queue for the client fills.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", strict.daemon_port))
+    sluggish, _ = await connect(strict, slow, max_queue=1, sock=sock)
+    healthy, _ = await connect(strict, carol)
+    big = "😀" * 3990  # 16 KB frames: a few hundred overrun the kernel's buffers
+    async with httpx.AsyncClient(timeout=10) as c:
+        for batch in range(10):
+            await asyncio.gather(*(post(strict, alice, slow, f"{batch}.{i}:{big}", client=c) for i in range(40)))
+            await post(strict, alice, carol, f"c{batch}", client=c)
+    assert [f["body"] for f in await receive(healthy, 10)] == [f"c{i}" for i in range(10)]
+    with pytest.raises(ConnectionClosed) as info:
+        async with asyncio.timeout(20):
+            while True:
+                await sluggish.recv()
+    assert info.value.rcvd.code == 4008
+    await healthy.close()
+
+
+async def test_half_open_peer_is_dropped_within_ping_interval_plus_timeout(strict, users):
+    before = connections(strict)
+    sock = socket.create_connection(("127.0.0.1", strict.daemon_port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall((f"GET /v1/ws?token={strict.token(users('ghost'))} HTTP/1.1\r\nHost: x\r\n"
+                  f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                  "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+    assert b"101" in sock.recv(4096).split(b"\r\n")[0]
+    # ...and never answers a ping again (the peer vanished without a FIN)
+    await asyncio.sleep(0.3)
+    assert connections(strict) == before + 1
+    started = time.monotonic()
+    while connections(strict) > before:
+        assert time.monotonic() - started < 1 + 1 + 2  # interval + timeout + slack
+        await asyncio.sleep(0.1)
+    sock.close()
+
+
+async def test_over_capacity_gets_503_try_again_later(dbs, users):
+    with running_system(dbs, daemons=1, apis=0, CHAT_MAX_CONNECTIONS=2) as s:
+        a, _ = await connect(s, users("a"))
+        b, _ = await connect(s, users("b"))
+        url = f"{s.ws_url}/v1/ws?token={s.token(users('c'))}"
+        assert await refused(url) == 503
+        await a.close()
+        await asyncio.sleep(0.2)
+        c, _ = await connect(s, users("c"))  # room again
+        await b.close()
+        await c.close()
+
+
+async def test_sigterm_closes_clients_with_1012_and_they_resume_elsewhere(dbs, users):
+    with running_system(dbs, daemons=1, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0) as s:
+        alice, bob = users("alice"), users("bob")
+        ws, _ = await connect(s, bob)
+        first = (await post(s, alice, bob, "before")).json()
+        assert (await receive(ws, 1))[0]["id"] == first["id"]
+        s.stop("daemon_0")
+        with pytest.raises(ConnectionClosed) as info:
+            await asyncio.wait_for(ws.recv(), 10)
+        assert info.value.rcvd.code == 1012
+        await post(s, alice, bob, "while restarting")
+        s.start("daemon_0")
+        ws, hello = await connect(s, bob, since=first["id"])
+        assert hello["recovered"] is True
+        assert [f["body"] for f in await receive(ws, 1)] == ["while restarting"]
+        await ws.close()

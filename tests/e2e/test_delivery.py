@@ -1,0 +1,150 @@
+"""Delivery guarantees seen by real WebSocket and long-poll clients:
+exactly once, in order, on every device, with catch-up and resume points."""
+
+import asyncio
+
+import httpx
+import orjson
+
+from tests.e2e.helpers import connect, nothing_more, post, receive
+
+
+async def test_concurrent_senders_every_device_gets_each_message_once_in_order(system, users):
+    bob = users("bob")
+    senders = [users(f"s{i}") for i in range(5)]
+    per_sender = 20
+    bob_phone, _ = await connect(system, bob)
+    bob_laptop, _ = await connect(system, bob)
+    s0_other_device, _ = await connect(system, senders[0])
+    try:
+        async def send_all(sender):
+            async with httpx.AsyncClient(timeout=10) as c:
+                for i in range(per_sender):  # each sender waits for its 201: that is send order
+                    r = await post(system, sender, bob, f"{sender}:{i}", client=c)
+                    assert r.status_code == 201
+
+        await asyncio.gather(*(send_all(s) for s in senders))
+        total = len(senders) * per_sender
+        for device in (bob_phone, bob_laptop):
+            frames = await receive(device, total)
+            assert len({f["id"] for f in frames}) == total  # no duplicate
+            ids = [int(f["id"]) for f in frames]
+            assert ids == sorted(ids)
+            for s in senders:  # per-conversation send order
+                assert [f["body"] for f in frames if f["from"] == s] == [f"{s}:{i}" for i in range(per_sender)]
+            assert await nothing_more(device)
+        mine = await receive(s0_other_device, per_sender)
+        assert [f["body"] for f in mine] == [f"{senders[0]}:{i}" for i in range(per_sender)]
+    finally:
+        for ws in (bob_phone, bob_laptop, s0_other_device):
+            await ws.close()
+
+
+async def test_reconnect_with_since_gets_exactly_what_was_missed_then_live(system, users):
+    alice, bob = users("alice"), users("bob")
+    ws, _ = await connect(system, bob)
+    for i in range(3):
+        await post(system, alice, bob, f"a{i}")
+    got = await receive(ws, 3)
+    await ws.close()
+    for i in range(3, 8):  # sent while bob is away
+        await post(system, alice, bob, f"a{i}")
+    ws, hello = await connect(system, bob, since=got[-1]["id"])
+    try:
+        assert hello["recovered"] is True
+        missed = await receive(ws, 5)
+        assert [f["body"] for f in missed] == [f"a{i}" for i in range(3, 8)]
+        await post(system, alice, bob, "live")
+        [live] = await receive(ws, 1)
+        assert live["body"] == "live"
+        assert await nothing_more(ws)
+    finally:
+        await ws.close()
+
+
+async def test_client_that_never_received_anything_resumes_from_the_hello_cursor(system, users):
+    alice, bob = users("alice"), users("bob")
+    ws, hello = await connect(system, bob)
+    assert hello["recovered"] is False  # no since given
+    await ws.close()
+    for i in range(4):
+        await post(system, alice, bob, f"b{i}")
+    ws, hello2 = await connect(system, bob, since=hello["cursor"])
+    try:
+        assert hello2["recovered"] is True
+        assert [f["body"] for f in await receive(ws, 4)] == [f"b{i}" for i in range(4)]
+        assert await nothing_more(ws)
+    finally:
+        await ws.close()
+
+
+async def test_messages_that_commit_while_catch_up_runs_are_not_lost(system, users):
+    alice, bob = users("alice"), users("bob")
+    first = (await post(system, alice, bob, "c0")).json()["id"]
+
+    async def keep_sending():
+        async with httpx.AsyncClient(timeout=10) as c:
+            for i in range(1, 40):
+                await post(system, alice, bob, f"c{i}", client=c)
+
+    sender = asyncio.create_task(keep_sending())
+    sockets = []
+    try:
+        for _ in range(5):  # reconnect repeatedly while messages commit
+            await asyncio.sleep(0.03)
+            ws, _ = await connect(system, bob, since=first)
+            sockets.append(ws)
+        await sender
+        for ws in sockets:
+            frames = await receive(ws, 39)
+            assert [f["body"] for f in frames] == [f"c{i}" for i in range(1, 40)]
+            assert await nothing_more(ws, 0.2)
+    finally:
+        for ws in sockets:
+            await ws.close()
+
+
+async def test_unknown_since_says_recovered_false(system, users):
+    bob = users("bob")
+    for since in ("not-an-id", "99999999999"):
+        ws, hello = await connect(system, bob, since=since)
+        assert hello["recovered"] is False
+        await ws.close()
+
+
+async def test_long_poll_answers_at_once_waits_for_new_and_times_out_empty(system, users):
+    alice, bob = users("alice"), users("bob")
+    headers = {"Authorization": f"Bearer {system.token(bob)}"}
+    async with httpx.AsyncClient(timeout=40) as c:
+        start = (await c.get(system.poll_url, params={"timeout": 0}, headers=headers)).json()
+        assert start["messages"] == [] and start["recovered"] is False
+        await post(system, alice, bob, "p0")
+        got = (await c.get(system.poll_url, params={"since": start["cursor"], "timeout": 5}, headers=headers)).json()
+        assert [m["body"] for m in got["messages"]] == ["p0"] and got["recovered"] is True
+
+        waiting = asyncio.create_task(c.get(system.poll_url, params={"since": got["cursor"], "timeout": 10},
+                                            headers=headers))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await post(system, alice, bob, "p1")
+        woke = (await asyncio.wait_for(waiting, 5)).json()
+        assert [m["body"] for m in woke["messages"]] == ["p1"]
+
+        empty = await c.get(system.poll_url, params={"since": woke["cursor"], "timeout": 0.5}, headers=headers)
+        assert empty.status_code == 200 and empty.json()["messages"] == []
+        bad = await c.get(system.poll_url, params={"timeout": 31}, headers=headers)
+        assert bad.status_code == 422
+        assert (await c.get(system.poll_url)).status_code == 401
+
+
+async def test_poll_and_websocket_see_the_same_stream(system, users):
+    alice, bob = users("alice"), users("bob")
+    ws, hello = await connect(system, bob)
+    try:
+        ids = [(await post(system, alice, bob, f"x{i}")).json()["id"] for i in range(3)]
+        assert [f["id"] for f in await receive(ws, 3)] == ids
+        r = httpx.get(system.poll_url, params={"since": hello["cursor"], "timeout": 0},
+                      headers={"Authorization": f"Bearer {system.token(bob)}"})
+        assert [m["id"] for m in orjson.loads(r.content)["messages"]] == ids
+    finally:
+        await ws.close()
