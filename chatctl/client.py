@@ -42,8 +42,9 @@ class Inbox:
 
 
 async def listen(base_url: str, token: str, since: str | None, on_message: Callable[[dict], None],
-                 count: int | None = None, max_backoff: float = 5.0) -> Inbox:
-    inbox = Inbox(since)
+                 count: int | None = None, max_backoff: float = 5.0, inbox: Inbox | None = None) -> Inbox:
+    """Receives until ``count`` messages (or forever); ``inbox`` lets the caller watch progress."""
+    inbox = inbox or Inbox(since)
     attempt = 0
     while count is None or len(inbox.ids) < count:
         query = f"token={token}" + (f"&since={inbox.since}" if inbox.since else "")
