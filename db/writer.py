@@ -1,25 +1,31 @@
 """Group commit of new messages into MySQL, then MongoDB, in one global order.
 
-Every API process funnels its requests into one ``MessageWriter``. A batch
-(all requests queued within a few milliseconds) is written under the MySQL
-named lock ``chat.writer``, which all API processes share:
+Every API process funnels its requests into one ``MessageWriter``. Requests
+queued within a few milliseconds form a batch. Batches are written in
+*sessions* under the MySQL named lock ``chat.writer``, which all API
+processes share:
 
 1. lock; read ``stream_state`` (last_id, mirrored_upto);
 2. repair: copy any outbox rows (mirrored_upto, last_id] to Mongo first;
-3. resolve retries by (sender, client_msg_id); give new messages the ids
-   last_id+1, last_id+2, ... and commit them to MySQL in one transaction;
-4. ``insert_many`` the new documents into Mongo, in id order;
-5. advance mirrored_upto; unlock.
+3. per batch: resolve retries by (sender, client_msg_id), give new messages
+   the ids last_id+1, last_id+2, ... and commit them to MySQL in one
+   transaction; then ``insert_many`` them into Mongo, in id order, and answer;
+4. when the queue is empty (or the session has held the lock long enough):
+   record mirrored_upto, unlock.
 
 Why a lock across both stores: ids are gap-free and become visible in Mongo
 (and its oplog) strictly in id order. A daemon that has seen id N therefore
 knows every id <= N is readable, and a gap in the ids it sees is a message it
 missed, never one that is still in flight. That is what makes catch-up exact.
 
-MySQL commits first, so a message is never in Mongo but not in MySQL. If the
-Mongo write fails or the process dies before it, the committed rows are the
-outbox; the next batch (or the idle repair tick) copies them before anything
-newer, so the order above still holds.
+Within a session the stores are pipelined: batch N+1 commits to MySQL while
+batch N is being inserted into Mongo. Mongo inserts still start in id order.
+
+MySQL commits first, so a message is never in Mongo but not in MySQL. If a
+Mongo write fails, or the process dies before it, the committed rows are the
+outbox: the session stops writing to Mongo (order!), its requests still get
+their 201 (the message is stored), and the next session, in any process, or
+the idle repair tick copies the outbox before anything newer.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import UTC
 
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, PyMongoError
+from pymongo.errors import PyMongoError
 from sqlalchemy import select, text, tuple_
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -45,6 +51,7 @@ log = logging.getLogger("chat.writer")
 
 LOCK_NAME = "chat.writer"
 REPAIR_PAGE = 2000
+SESSION_MAX_SECONDS = 0.25  # then let other API processes have the lock
 
 
 class WriteUnavailable(Exception):
@@ -78,17 +85,32 @@ class _Pending:
 
 
 @dataclass(slots=True)
-class _Planned:
-    """What the MySQL step decided, handed to the Mongo step."""
-    repair_docs: list[dict]
+class _Committed:
+    """One batch after its MySQL commit: what to insert into Mongo and whom to answer."""
     new_messages: list[Message]
-    last_id: int
     answers: list[tuple[_Pending, Message, bool]]
+    started: float
 
 
 def row_to_message(row) -> Message:
     created = row.created_at.replace(tzinfo=UTC)
     return Message(row.id, row.sender, row.recipient, row.body, created, row.client_msg_id)
+
+
+def _answer(pending: _Pending, msg: Message, created: bool) -> None:
+    if pending.future.done():
+        return
+    d = pending.draft
+    if not created and (msg.recipient, msg.body) != (d.recipient, d.body):
+        pending.future.set_exception(ClientIdConflict(msg))
+    else:
+        pending.future.set_result((msg, created))
+
+
+def _fail(batch: list[_Pending], exc: Exception) -> None:
+    for p in batch:
+        if not p.future.done():
+            p.future.set_exception(exc)
 
 
 class MessageWriter:
@@ -103,7 +125,6 @@ class MessageWriter:
         self._timeout = timeout_seconds
         self._retention = retention_seconds
         self._observe_batch = observe_batch
-        self._outbox_suspected = True  # check at start: a previous process may have died mid-batch
 
     # --- the request side -------------------------------------------------
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
@@ -121,69 +142,80 @@ class MessageWriter:
             try:
                 first = await asyncio.wait_for(self._queue.get(), timeout=repair_every)
             except TimeoutError:
-                if self._outbox_suspected:
-                    await self._safe_batch([])
-                continue
-            if self._window:
-                await asyncio.sleep(self._window)  # let concurrent requests join the batch
-            batch = [first]
-            while len(batch) < self._batch_max and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            await self._safe_batch(batch)
+                first = None  # idle: a session with no batch repairs any outbox
+            batch = await self._next_batch(first) if first else []
+            try:
+                await self._session(batch)
+            except Exception as exc:  # one guard: every waiting request gets an answer
+                if not isinstance(exc, WriteUnavailable):
+                    log.exception("event=writer_session_failed")
+                    exc = WriteUnavailable(str(exc))
+                _fail(batch, exc)
 
-    async def _safe_batch(self, batch: list[_Pending]) -> None:
-        started = time.perf_counter()
-        try:
-            await self._write(batch)
-        except Exception as exc:  # one guard: every waiting request gets an answer
-            if not isinstance(exc, WriteUnavailable):
-                log.exception("event=batch_failed size=%d", len(batch))
-                exc = WriteUnavailable(str(exc))
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(exc)
-        finally:
-            if batch:
-                self._observe_batch(len(batch), time.perf_counter() - started)
+    async def _next_batch(self, first: _Pending | None) -> list[_Pending]:
+        if first is None:
+            if self._queue.empty():
+                return []
+            first = self._queue.get_nowait()
+        if self._window:
+            await asyncio.sleep(self._window)  # let concurrent requests join the batch
+        batch = [first]
+        while len(batch) < self._batch_max and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        return batch
 
-    async def _write(self, batch: list[_Pending]) -> None:
+    async def _session(self, batch: list[_Pending]) -> None:
         try:
             conn = await asyncio.to_thread(self._engine.connect)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
+        mirrored = None
         try:
-            try:
-                plan = await asyncio.to_thread(self._commit_to_mysql, conn, batch)
-            except SQLAlchemyError as exc:
-                raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
-            # The rows are committed: from here on every request succeeds,
-            # whatever happens to Mongo (the outbox covers it).
-            mirrored = await self._copy_to_mongo(plan)
-            for pending, msg, created in plan.answers:
-                _answer(pending, msg, created)
-            if mirrored is not None:
+            last_id, mirrored = await self._mysql(self._lock_and_read_state, conn)
+            mongo_ok = True
+            if mirrored < last_id:
+                mirrored, mongo_ok = await self._repair(conn, mirrored, last_id)
+            started = time.monotonic()
+            inserting: asyncio.Task | None = None  # the previous batch's Mongo insert
+            while batch:
+                inserted_upto = last_id
                 try:
-                    await asyncio.to_thread(self._mark_mirrored, conn, mirrored)
-                except SQLAlchemyError:
-                    log.warning("event=mark_mirrored_failed upto=%d", mirrored)
-                    self._outbox_suspected = True
+                    committed, last_id = await self._mysql(self._commit_batch, conn, batch, last_id)
+                except WriteUnavailable as exc:
+                    _fail(batch, exc)
+                    break
+                if inserting is not None:
+                    mongo_ok = await inserting
+                    mirrored = inserted_upto if mongo_ok else mirrored
+                inserting = asyncio.create_task(self._insert_and_answer(committed, mongo_ok))
+                if time.monotonic() - started > SESSION_MAX_SECONDS:
+                    break
+                batch = await self._next_batch(None)
+            if inserting is not None and await inserting:
+                mirrored = last_id
         finally:
-            await asyncio.to_thread(self._release, conn)
+            await asyncio.to_thread(self._mark_and_release, conn, mirrored)
 
-    def _commit_to_mysql(self, conn: Connection, batch: list[_Pending]) -> _Planned:
+    async def _mysql(self, fn, *args):
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except SQLAlchemyError as exc:
+            raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
+
+    # --- MySQL steps (run in a thread) -------------------------------------------
+    def _lock_and_read_state(self, conn: Connection) -> tuple[int, int]:
         got = conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": LOCK_NAME, "t": self._timeout}).scalar()
+        conn.commit()
         if got != 1:
-            conn.rollback()
             raise WriteUnavailable("mysql: writer lock timeout")
         state = conn.execute(select(stream_state.c.last_id, stream_state.c.mirrored_upto)
                              .where(stream_state.c.id == 1)).one()
-        last_id, mirrored = state.last_id, state.mirrored_upto
-        repair_docs: list[dict] = []
-        if mirrored < last_id:
-            rows = conn.execute(select(messages).where(messages.c.id > mirrored)
-                                .order_by(messages.c.id).limit(REPAIR_PAGE)).all()
-            repair_docs = [row_to_message(r).to_doc() for r in rows]
-        known = self._existing(conn, batch)  # (sender, client_msg_id) -> (message, stored before?)
+        conn.commit()
+        return state.last_id, state.mirrored_upto
+
+    def _commit_batch(self, conn: Connection, batch: list[_Pending], last_id: int) -> tuple[_Committed, int]:
+        started = time.perf_counter()
+        known = self._existing(conn, batch)  # (sender, client_msg_id) -> original
         new: list[Message] = []
         answers: list[tuple[_Pending, Message, bool]] = []
         created_at = now_ms()
@@ -199,15 +231,19 @@ class MessageWriter:
             answers.append((p, msg, True))
             if key:
                 known[key] = msg
-        if new:
-            conn.execute(messages.insert(), [
-                {"id": m.id, "sender": m.sender, "recipient": m.recipient,
-                 "conversation": conversation_key(m.sender, m.recipient), "body": m.body,
-                 "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None)}
-                for m in new])
-            conn.execute(stream_state.update().where(stream_state.c.id == 1).values(last_id=last_id))
-        conn.commit()
-        return _Planned(repair_docs, new, last_id, answers)
+        try:
+            if new:
+                conn.execute(messages.insert(), [
+                    {"id": m.id, "sender": m.sender, "recipient": m.recipient,
+                     "conversation": conversation_key(m.sender, m.recipient), "body": m.body,
+                     "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None)}
+                    for m in new])
+                conn.execute(stream_state.update().where(stream_state.c.id == 1).values(last_id=last_id))
+            conn.commit()
+        except SQLAlchemyError:
+            conn.rollback()
+            raise
+        return _Committed(new, answers, started), last_id
 
     @staticmethod
     def _existing(conn: Connection, batch: list[_Pending]) -> dict[tuple[str, str], Message]:
@@ -218,59 +254,61 @@ class MessageWriter:
             tuple_(messages.c.sender, messages.c.client_msg_id).in_(list(keys)))).all()
         return {(r.sender, r.client_msg_id): row_to_message(r) for r in rows}
 
-    async def _copy_to_mongo(self, plan: _Planned) -> int | None:
-        """Inserts repair rows then new rows, in id order. Returns the new
-        mirrored_upto, or None if Mongo failed (the rows stay in the outbox)."""
-        coll = self._mongo[mongo.MESSAGES]
-        docs = plan.repair_docs
+    def _mark_and_release(self, conn: Connection, mirrored: int | None) -> None:
         try:
-            if docs:
-                # Part of the outbox may already be in Mongo (a crash mid-insert):
-                # insert only what is missing, still in id order.
-                lo, hi = docs[0]["_id"], docs[-1]["_id"]
-                present = {d["_id"] async for d in coll.find({"_id": {"$gte": lo, "$lte": hi}}, {"_id": 1})}
-                cutoff = mongo.expired_before(self._retention)
-                missing = [d for d in docs if d["_id"] not in present and d["created_at"] >= cutoff]
-                log.warning("event=outbox_repair rows=%d missing=%d from_id=%d to_id=%d",
-                            len(docs), len(missing), lo, hi)
-                if missing:
-                    await asyncio.wait_for(coll.insert_many(missing, ordered=True), self._timeout)
-                if plan.new_messages and hi < plan.new_messages[0].id - 1:
-                    # The outbox is longer than one page: keep order, leave the
-                    # new rows to the next batch's repair.
-                    self._outbox_suspected = True
-                    return hi
-            if plan.new_messages:
-                await asyncio.wait_for(
-                    coll.insert_many([m.to_doc() for m in plan.new_messages], ordered=True), self._timeout)
-            self._outbox_suspected = False
-            return plan.last_id
-        except (PyMongoError, BulkWriteError, TimeoutError) as exc:
-            log.warning("event=mongo_write_failed error=%s outbox_upto=%d", exc.__class__.__name__, plan.last_id)
-            self._outbox_suspected = True
-            return None
-
-    def _mark_mirrored(self, conn: Connection, upto: int) -> None:
-        conn.execute(stream_state.update().where(stream_state.c.id == 1)
-                     .where(stream_state.c.mirrored_upto < upto).values(mirrored_upto=upto))
-        conn.commit()
-
-    @staticmethod
-    def _release(conn: Connection) -> None:
-        try:
+            if mirrored is not None:
+                conn.execute(stream_state.update().where(stream_state.c.id == 1)
+                             .where(stream_state.c.mirrored_upto < mirrored).values(mirrored_upto=mirrored))
+                conn.commit()
             conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
             conn.commit()
         except SQLAlchemyError:
-            pass  # the lock dies with the session anyway
+            log.warning("event=release_failed mirrored_upto=%s", mirrored)  # the lock dies with the session
         finally:
             conn.close()
 
+    # --- Mongo steps ------------------------------------------------------------
+    async def _insert_and_answer(self, committed: _Committed, mongo_ok: bool) -> bool:
+        """Inserts one committed batch into Mongo (unless an earlier one failed),
+        then answers its requests: they are stored either way."""
+        ok = mongo_ok
+        if mongo_ok and committed.new_messages:
+            ok = await self._insert([m.to_doc() for m in committed.new_messages])
+        for pending, msg, created in committed.answers:
+            _answer(pending, msg, created)
+        self._observe_batch(len(committed.answers), time.perf_counter() - committed.started)
+        return ok
 
-def _answer(pending: _Pending, msg: Message, created: bool) -> None:
-    if pending.future.done():
-        return
-    d = pending.draft
-    if not created and (msg.recipient, msg.body) != (d.recipient, d.body):
-        pending.future.set_exception(ClientIdConflict(msg))
-    else:
-        pending.future.set_result((msg, created))
+    async def _insert(self, docs: list[dict]) -> bool:
+        try:
+            await asyncio.wait_for(self._mongo[mongo.MESSAGES].insert_many(docs, ordered=True), self._timeout)
+            return True
+        except (PyMongoError, TimeoutError) as exc:
+            log.warning("event=mongo_write_failed error=%s outbox_from=%d outbox_to=%d",
+                        exc.__class__.__name__, docs[0]["_id"], docs[-1]["_id"])
+            return False
+
+    async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:
+        """Copies outbox rows to Mongo, oldest first. Returns (mirrored_upto, ok)."""
+        while mirrored < last_id:
+            rows = await self._mysql(lambda c: c.execute(select(messages).where(messages.c.id > mirrored)
+                                                         .order_by(messages.c.id).limit(REPAIR_PAGE)).all(), conn)
+            if not rows:
+                return last_id, True
+            docs = [row_to_message(r).to_doc() for r in rows]
+            lo, hi = docs[0]["_id"], docs[-1]["_id"]
+            try:
+                # Part of the outbox may already be in Mongo (a crash mid-insert):
+                # insert only what is missing, still in id order.
+                coll = self._mongo[mongo.MESSAGES]
+                present = {d["_id"] async for d in coll.find({"_id": {"$gte": lo, "$lte": hi}}, {"_id": 1})}
+            except PyMongoError as exc:
+                log.warning("event=outbox_repair_failed error=%s", exc.__class__.__name__)
+                return mirrored, False
+            cutoff = mongo.expired_before(self._retention)
+            missing = [d for d in docs if d["_id"] not in present and d["created_at"] >= cutoff]
+            log.warning("event=outbox_repair rows=%d missing=%d from_id=%d to_id=%d", len(docs), len(missing), lo, hi)
+            if missing and not await self._insert(missing):
+                return mirrored, False
+            mirrored = hi
+        return mirrored, True

@@ -1,0 +1,47 @@
+-- Least-privilege accounts for chat-delivery. Run as an administrator, AFTER
+-- the migrations have created the tables (table-level grants need the tables),
+-- with the two passwords passed as session variables so they never live in a
+-- file or in shell history:
+--
+--   read -rs API_PW; read -rs MIGRATE_PW
+--   mariadb -u root -p --init-command="SET @api_pw='$API_PW', @migrate_pw='$MIGRATE_PW'" \
+--     < deploy/mysql/grants.sql
+--
+-- (A password containing a single quote must be escaped for that SET.)
+-- Safe to run again: it (re)sets both passwords and re-applies the grants.
+-- Unset variables make the PREPARE below fail (CONCAT with NULL is NULL),
+-- so the script cannot create an account with an empty password.
+
+-- ---- chat_migrate: runs `python -m db.init` / `alembic upgrade head` ----------
+-- Schema changes (CREATE, ALTER, DROP, INDEX, REFERENCES), plus the row
+-- privileges Alembic needs for alembic_version and for data migrations such as
+-- 0001's INSERT into stream_state. CREATE on chat.* also covers db.init's
+-- `CREATE DATABASE IF NOT EXISTS chat`. Not used by any running service.
+SET @sql = CONCAT('CREATE USER IF NOT EXISTS ''chat_migrate''@''%'' IDENTIFIED BY ', QUOTE(@migrate_pw));
+PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
+SET @sql = CONCAT('ALTER USER ''chat_migrate''@''%'' IDENTIFIED BY ', QUOTE(@migrate_pw));
+PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
+GRANT ALTER, CREATE, DROP, INDEX, REFERENCES, SELECT, INSERT, UPDATE, DELETE
+  ON chat.* TO 'chat_migrate'@'%';
+
+-- ---- chat_api: the API processes ---------------------------------------------------
+-- Exactly what db/writer.py and api/app.py execute:
+--   messages      SELECT (history, retries by client_msg_id, outbox repair), INSERT
+--   stream_state  SELECT (last_id, mirrored_upto), UPDATE (advance them)
+-- UPDATE on messages is not used today; it is granted so that a repair or a
+-- future edit feature does not need an emergency grant. No DELETE: messages
+-- are permanent, and a compromised API cannot erase history.
+-- The writer's lock is GET_LOCK('chat.writer', t) / RELEASE_LOCK: user-level
+-- locks need no privilege at all (they are not table locks). The per-session
+-- `SET SESSION max_statement_time` needs none either.
+-- The daemons have no MySQL account: they read only MongoDB.
+SET @sql = CONCAT('CREATE USER IF NOT EXISTS ''chat_api''@''%'' IDENTIFIED BY ', QUOTE(@api_pw));
+PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
+SET @sql = CONCAT('ALTER USER ''chat_api''@''%'' IDENTIFIED BY ', QUOTE(@api_pw));
+PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
+GRANT SELECT, INSERT, UPDATE ON chat.messages     TO 'chat_api'@'%';
+GRANT SELECT, INSERT, UPDATE ON chat.stream_state TO 'chat_api'@'%';
+
+-- '%' because API hosts come and go; restrict it to your app subnet
+-- (e.g. 'chat_api'@'10.0.1.%') where the network layout is stable, and keep
+-- port 3306 closed to everything else.
