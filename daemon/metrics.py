@@ -1,6 +1,12 @@
 """Prometheus metrics of a delivery daemon."""
 
+import os
+
 from prometheus_client import Counter, Gauge, Histogram
+
+# Several daemons share one port: the pid label tells their scrapes apart.
+INFO = Gauge("chat_daemon_info", "One per daemon process", ["pid"])
+INFO.labels(str(os.getpid())).set(1)
 
 CONNECTIONS = Gauge("chat_daemon_connections", "Open WebSocket connections and waiting polls", ["kind"])
 PUSHES = Counter("chat_daemon_pushes_total", "Frames queued to connections")

@@ -37,7 +37,8 @@ log = logging.getLogger("chat.daemon")
 
 CLOSE_RATE = 1008
 CLOSE_ERROR = 1011
-FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
+FUTURE_SINCE_WAIT = 2.0
+POLL_MAX_MESSAGES = 1000  # a `since` from a daemon that is ahead of this one
 
 
 @dataclass
@@ -215,9 +216,12 @@ async def poll(request: Request) -> Response:
         st.hub.unregister(sub)
         st.polls.discard(sub)
         metrics.CONNECTIONS.labels("poll").dec()
+    if len(items) > POLL_MAX_MESSAGES:  # bounded answers: the client pages with the cursor
+        items = items[:POLL_MAX_MESSAGES]
+        sub.last_id = items[-1][0]
     metrics.SENT.labels("poll").inc(len(items))
     recovered = catch.recovered and raw_since is not None and since is not None
-    last = max(cursor, sub.last_id)
+    last = max(cursor, sub.last_id) if len(items) < POLL_MAX_MESSAGES else sub.last_id
     body = (b'{"messages":[' + ",".join(frame for _i, frame, _r in items).encode() + b'],"cursor":"'
             + str(last).encode() + b'","recovered":' + (b"true" if recovered else b"false") + b"}")
     return Response(body, media_type="application/json")

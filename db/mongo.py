@@ -16,7 +16,9 @@ from pymongo.errors import CollectionInvalid, OperationFailure
 log = logging.getLogger("chat.mongo")
 
 MESSAGES = "messages"
-META = "meta"  # {_id: "retention", floor: <highest id removed by retention>}
+META = "meta"
+# meta documents: {_id: "retention", floor: <highest id removed by retention>}
+#                 {_id: "head", id: <highest id known to be in `messages`>}
 NOT_IMPLEMENTED = 238
 
 
@@ -66,8 +68,18 @@ def expired_before(retention_seconds: int, now: datetime | None = None) -> datet
 
 
 async def newest_id(db: AsyncDatabase) -> int:
+    """The highest message id stored. Cheap everywhere: the writer records it
+    in meta.head (a lookup by string _id, which even FerretDB answers without
+    a scan); the sorted query is only the fallback for a store without it."""
+    head = await db[META].find_one({"_id": "head"})
+    if head:
+        return int(head["id"])
     doc = await db[MESSAGES].find_one({}, {"_id": 1}, sort=[("_id", -1)])
     return int(doc["_id"]) if doc else 0
+
+
+async def advance_head(db: AsyncDatabase, upto: int) -> None:
+    await db[META].update_one({"_id": "head"}, {"$max": {"id": upto}}, upsert=True)
 
 
 async def messages_between(db: AsyncDatabase, after: int, upto: int | None, limit: int) -> list[dict]:

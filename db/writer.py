@@ -172,6 +172,7 @@ class MessageWriter:
         mirrored = None
         try:
             last_id, mirrored = await self._mysql(self._lock_and_read_state, conn)
+            head_before = mirrored
             mongo_ok = True
             if mirrored < last_id:
                 mirrored, mongo_ok = await self._repair(conn, mirrored, last_id)
@@ -193,6 +194,8 @@ class MessageWriter:
                 batch = await self._next_batch(None)
             if inserting is not None and await inserting:
                 mirrored = last_id
+            if mirrored > head_before:
+                await self._advance_head(mirrored)
         finally:
             await asyncio.to_thread(self._mark_and_release, conn, mirrored)
 
@@ -287,6 +290,12 @@ class MessageWriter:
             log.warning("event=mongo_write_failed error=%s outbox_from=%d outbox_to=%d",
                         exc.__class__.__name__, docs[0]["_id"], docs[-1]["_id"])
             return False
+
+    async def _advance_head(self, upto: int) -> None:
+        try:
+            await asyncio.wait_for(mongo.advance_head(self._mongo, upto), self._timeout)
+        except (PyMongoError, TimeoutError):
+            pass  # only a hint for the daemons' gap check; the next session writes it again
 
     async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:
         """Copies outbox rows to Mongo, oldest first. Returns (mirrored_upto, ok)."""

@@ -25,12 +25,13 @@ GRANT ALTER, CREATE, DROP, INDEX, REFERENCES, SELECT, INSERT, UPDATE, DELETE
   ON chat.* TO 'chat_migrate'@'%';
 
 -- ---- chat_api: the API processes ---------------------------------------------------
--- Exactly what db/writer.py and api/app.py execute:
+-- What db/writer.py and api/app.py execute:
 --   messages      SELECT (history, retries by client_msg_id, outbox repair), INSERT
 --   stream_state  SELECT (last_id, mirrored_upto), UPDATE (advance them)
--- UPDATE on messages is not used today; it is granted so that a repair or a
--- future edit feature does not need an emergency grant. No DELETE: messages
--- are permanent, and a compromised API cannot erase history.
+-- plus UPDATE on messages and INSERT on stream_state, which today's code does
+-- not use (the migration inserts the stream_state row); they keep the grant
+-- uniform per table. Drop them for the tightest set. No DELETE on either:
+-- messages are permanent, and a compromised API host cannot erase history.
 -- The writer's lock is GET_LOCK('chat.writer', t) / RELEASE_LOCK: user-level
 -- locks need no privilege at all (they are not table locks). The per-session
 -- `SET SESSION max_statement_time` needs none either.

@@ -1,0 +1,139 @@
+"""`make bench` (quick, < 5 min) and `make bench-full`: every benchmark, one report.
+
+Starts its own private MariaDB, FerretDB, API and daemons on free ports
+(loopback only), runs bounded scenarios, checks what it sent (a run that
+loses or duplicates a message fails loudly), and writes
+loadtest/results/latest.json, report.md and PNG plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import typer
+
+from loadtest import ab, machine, probe, scrape, wsload
+from loadtest.report import write_report
+from tests.system import databases, running_system
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SEED = {  # the seed experiment: phpDaemon / Node.js behind ab -k, requests/s
+    10: (54.36, 64.0), 100: (75.15, 64.12), 500: (67.73, 61.71), 1000: (56.99, 75.02)}
+
+app = typer.Typer(add_completion=False)
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+class Writer(threading.Thread):
+    """Posts messages to one user at a fixed rate through the API while ab runs."""
+
+    def __init__(self, system, to: str, rate: float):
+        super().__init__(daemon=True)
+        self.system, self.to, self.rate, self.sent = system, to, rate, 0
+        self.stop = threading.Event()
+
+    def run(self):
+        headers = {"Authorization": f"Bearer {self.system.token('bench-writer')}"}
+        with httpx.Client(timeout=10) as c:
+            start = time.monotonic()
+            while not self.stop.is_set():
+                c.post(f"{self.system.api_url}/v1/messages", headers=headers, json={"to": self.to, "body": "tick"})
+                self.sent += 1
+                time.sleep(max(0.0, start + self.sent / self.rate - time.monotonic()))
+
+
+def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
+    body = Path(tempfile.mkdtemp()) / "body.json"
+    body.write_text('{"to": "ab-reader", "body": "hello from ab, a typical short chat message"}')
+    out = {"post": [], "poll": []}
+    for c in levels:
+        runs = []
+        for i in range(iterations):
+            log(f"ab POST /v1/messages -c {c} -t {seconds} ({i + 1}/{iterations})")
+            runs.append(ab.run(f"{system.api_url}/v1/messages", c, seconds, system.token("ab-writer"), body))
+        out["post"].append(average(c, runs))
+    reader = system.token("ab-reader")
+    cursor = httpx.get(f"{system.poll_url}?timeout=0", headers={"Authorization": f"Bearer {reader}"}).json()["cursor"]
+    for c in levels:
+        runs = []
+        for i in range(iterations):
+            writer = Writer(system, "ab-reader", poll_rate)
+            writer.start()
+            log(f"ab GET /v1/poll -c {c} -t {seconds} while a writer posts {poll_rate}/s ({i + 1}/{iterations})")
+            runs.append(ab.run(f"{system.poll_url}?since={cursor}&timeout=1", c, seconds, reader))
+            writer.stop.set()
+            writer.join()
+        row = average(c, runs)
+        row["seed_rps"] = SEED.get(c)
+        row["ratio_vs_best_seed"] = round(row["rps"] / max(SEED[c]), 1) if c in SEED else None
+        out["poll"].append(row)
+    return out
+
+
+def average(c: int, runs: list[dict]) -> dict:
+    keys = ["complete", "rps", "tpr_all_ms", "min_ms", "p50_ms", "p99_ms", "max_ms", "errors"]
+    row = {k: round(sum(r[k] for r in runs) / len(runs), 2) for k in keys}
+    row["max_ms"] = max(r["max_ms"] for r in runs)
+    row.update(concurrency=c, iterations=len(runs), command=runs[0]["command"])
+    return row
+
+
+def ws_runs(system, sizes, rate, seconds) -> list[dict]:
+    out = []
+    name = "chat_daemon_oplog_to_socket_seconds"
+    daemons = sum(1 for n in system.procs if n.startswith("daemon"))
+    metrics_url = f"http://127.0.0.1:{system.daemon_port}/metrics"
+    for n in sizes:
+        log(f"WebSocket load: {n} clients, {rate} msg/s for {seconds} s")
+        before = scrape.histograms(metrics_url, name, daemons)
+        probe_result: list[float] = []
+        t = threading.Thread(target=lambda: probe_result.extend(
+            asyncio.run(probe.measure(system.dbs.ferretdb.url, 20, seconds + 2))), daemon=True)
+        t.start()
+        result = wsload.run(system, n, rate, seconds)
+        t.join()
+        fanout = scrape.merged_delta(before, scrape.histograms(metrics_url, name, daemons))
+        result["fanout_ms"] = {q: (None if (v := scrape.quantile(fanout, p)) is None else v * 1000)
+                               for q, p in (("p50", .5), ("p99", .99))}
+        result["ferretdb_tail_ms"] = wsload.percentiles(probe_result)
+        log(f"  -> {orjson.dumps(result).decode()}")
+        if result["lost"] or result["duplicates"]:
+            raise SystemExit(f"FAILED: {result['lost']} lost, {result['duplicates']} duplicated at {n} clients")
+        out.append(result)
+    return out
+
+
+@app.command()
+def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option(False, "--full"),
+         out_dir: Path = typer.Option(RESULTS)) -> None:
+    if full:
+        levels, seconds, iterations = [10, 100, 500, 1000], 20, 5
+        sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, 2
+    else:
+        levels, seconds, iterations = [10, 100, 500, 1000], 5, 1
+        sizes, rate, ws_seconds, daemons = [100, 1000], 300, 10, 2
+    results = {"machine": machine.describe(), "mode": "full" if full else "quick"}
+    with databases(Path(tempfile.mkdtemp(prefix="bench-"))) as dbs:
+        with running_system(dbs, daemons=daemons, apis=2, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_LOG_LEVEL="WARNING",
+                            CHAT_WRITER_QUEUE_MAX=50_000) as system:
+            results["ab"] = ab_matrix(system, levels, seconds, iterations, poll_rate=20)
+            results["ws"] = ws_runs(system, sizes, rate, ws_seconds)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "latest.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    write_report(results, out_dir)
+    log(f"wrote {out_dir}/latest.json, report.md and plots")
+    print((out_dir / "report.md").read_text())
+
+
+if __name__ == "__main__":
+    sys.exit(app())

@@ -1,0 +1,86 @@
+"""Markdown report and PNG plots from a benchmark's JSON result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _fmt(v) -> str:
+    return "–" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def write_report(r: dict, out: Path) -> None:
+    m = r["machine"]
+    lines = [
+        "# Benchmark report", "",
+        f"{r['mode']} run, {m['date']}, commit {m['commit']}, {m['cores']} cores, {m['ram_gib']} GiB RAM.",
+        f"Backing servers: **{m['mongo']}**, {m['mysql']}. Everything on one machine over loopback,"
+        " load generators included. Figures that pass through FerretDB say so.", "",
+        "## ab -k on the daemons' long-poll endpoint (writer at a fixed rate)", "",
+        "| connections | complete requests | requests/s | time per request (ms, across all) | min ms | max ms "
+        "| errors | seed best requests/s | ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in r["ab"]["poll"]:
+        lines.append(f"| {row['concurrency']} | {row['complete']:g} | {row['rps']:g} | {row['tpr_all_ms']:g} | "
+                     f"{row['min_ms']:g} | {row['max_ms']:g} | {row['errors']:g} | "
+                     f"{_fmt(max(row['seed_rps']) if row['seed_rps'] else None)} | {_fmt(row['ratio_vs_best_seed'])}× |")
+    lines += ["", f"Command: `{r['ab']['poll'][0]['command']}`", "",
+              "## ab -k on POST /v1/messages (MySQL + FerretDB in the path)", "",
+              "| connections | complete requests | requests/s | time per request (ms, across all) | min ms "
+              "| p50 ms | p99 ms | max ms | errors |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in r["ab"]["post"]:
+        lines.append(f"| {row['concurrency']} | {row['complete']:g} | {row['rps']:g} | {row['tpr_all_ms']:g} | "
+                     f"{row['min_ms']:g} | {row['p50_ms']:g} | {row['p99_ms']:g} | {row['max_ms']:g} | "
+                     f"{row['errors']:g} |")
+    lines += ["", f"Command: `{r['ab']['post'][0]['command']}`", "",
+              "## WebSocket clients (creation / fan-out / delivery, as delivery servers publish)", "",
+              "creation = POST round trip (API, MySQL, FerretDB); fan-out = oplog entry received → frame written,"
+              " inside the daemon; delivery = send → receive, end to end; FerretDB tail = its own insert → "
+              "tail latency, measured in the same run.", "",
+              "| clients | msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p90/p99/max ms "
+              "| FerretDB tail p50/p99 ms | delivered/s | lost | dup | daemon KB/conn |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for w in r["ws"]:
+        c, f, e, t = w["creation_ms"], w["fanout_ms"], w["e2e_ms"], w["ferretdb_tail_ms"]
+        lines.append(f"| {w['clients']} | {w['rate']:g} | {_fmt(c['p50'])}/{_fmt(c['p99'])} | "
+                     f"{_fmt(f['p50'])}/{_fmt(f['p99'])} | {_fmt(e['p50'])}/{_fmt(e['p90'])}/{_fmt(e['p99'])}/"
+                     f"{_fmt(e['max'])} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | {w['delivered_per_s']:g} | "
+                     f"{w['lost']} | {w['duplicates']} | {w['daemon_rss_kb_per_conn']:g} |")
+    lines += ["", "![latency against connections](latency_vs_connections.png)",
+              "![memory against connections](memory_vs_connections.png)", ""]
+    (out / "report.md").write_text("\n".join(lines))
+    _plots(r, out)
+
+
+def _plots(r: dict, out: Path) -> None:
+    ws = r["ws"]
+    n = [w["clients"] for w in ws]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("e2e_ms", "delivery (end to end)"), ("creation_ms", "creation (API)")):
+        ax.plot(n, [w[key]["p50"] for w in ws], "o-", label=f"{label} p50")
+        ax.plot(n, [w[key]["p99"] for w in ws], "o--", label=f"{label} p99")
+    ax.plot(n, [w["ferretdb_tail_ms"]["p50"] for w in ws], "s:", label="FerretDB insert→tail p50")
+    ax.set_xscale("log")
+    ax.set_xlabel("connected clients")
+    ax.set_ylabel("ms")
+    ax.set_title(f"Latency vs connections ({ws[0]['rate']:g} msg/s, FerretDB 1.24)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "latency_vs_connections.png", dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(n, [w["daemon_rss_mb"] for w in ws], "o-", label="daemons' RSS, MB")
+    ax2 = ax.twinx()
+    ax2.plot(n, [w["daemon_rss_kb_per_conn"] for w in ws], "s--", color="tab:red", label="KB per connection")
+    ax.set_xscale("log")
+    ax.set_xlabel("connected clients")
+    ax.set_ylabel("MB")
+    ax2.set_ylabel("KB per connection")
+    ax.set_title("Daemon memory vs connections")
+    fig.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out / "memory_vs_connections.png", dpi=110)
+    plt.close("all")

@@ -1,0 +1,43 @@
+"""Reads one histogram from every daemon behind the shared port (each answers
+with its own pid label) and merges them."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+BUCKET = re.compile(r'^(\w+)_bucket\{le="([^"]+)"\} ([\d.e+-]+)$', re.M)
+PID = re.compile(r'chat_daemon_info\{pid="(\d+)"\}')
+
+
+def histograms(url: str, name: str, daemons: int, tries: int = 60) -> dict[str, dict[float, float]]:
+    """pid -> {upper bound: cumulative count} for histogram `name`."""
+    seen: dict[str, dict[float, float]] = {}
+    for _ in range(tries):
+        with httpx.Client(timeout=5) as c:  # a new connection: SO_REUSEPORT picks a daemon
+            text = c.get(url, headers={"Connection": "close"}).text
+        pid = PID.search(text).group(1)
+        seen[pid] = {float(le): float(v) for n, le, v in BUCKET.findall(text) if n == name}
+        if len(seen) >= daemons:
+            break
+    return seen
+
+
+def merged_delta(before: dict, after: dict) -> dict[float, float]:
+    total: dict[float, float] = {}
+    for pid, buckets in after.items():
+        for le, v in buckets.items():
+            total[le] = total.get(le, 0.0) + v - before.get(pid, {}).get(le, 0.0)
+    return total
+
+
+def quantile(buckets: dict[float, float], q: float) -> float | None:
+    """Upper bound of the bucket holding quantile q (Prometheus-style, coarse)."""
+    if not buckets or buckets.get(float("inf"), 0) <= 0:
+        return None
+    total = buckets[float("inf")]
+    for le in sorted(buckets):
+        if buckets[le] >= q * total:
+            return le
+    return None

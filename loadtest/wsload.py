@@ -1,0 +1,217 @@
+"""WebSocket load generator: N authenticated clients over several processes
+(each process may open at most 20,000 files) and several source addresses
+(127.0.0.2, .3, ...: ~28k ephemeral ports per address pair), messages sent
+through the API between random pairs at a set rate, with the send time in
+the body. Counts lost and duplicated messages; both must be 0."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import random
+import resource
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+import psutil
+import websockets
+from tqdm import tqdm
+
+from chat import auth
+
+CLIENTS_PER_PROC = 12_000  # under the 20k open-files limit, with room to spare
+
+
+@dataclass
+class Job:
+    users: list[str]
+    ws_url: str
+    secret: str
+    source: str
+    out: str
+
+
+def _client_proc(job: Job, connected, stop) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    asyncio.run(_clients(job, connected, stop))
+
+
+async def _clients(job: Job, connected, stop) -> None:
+    received: dict[str, list[int]] = {u: [] for u in job.users}
+    latencies: list[float] = []
+    failures = 0
+    sockets = []
+    gate = asyncio.Semaphore(200)  # handshakes in flight: stay under somaxconn (4096)
+
+    async def one(user: str):
+        nonlocal failures
+        token = auth.mint(job.secret, user, 7200)
+        for attempt in range(5):
+            try:
+                async with gate:
+                    ws = await websockets.connect(f"{job.ws_url}/v1/ws?token={token}", local_addr=(job.source, 0),
+                                                  open_timeout=30, ping_interval=None, max_queue=None,
+                                                  compression=None)
+                    await ws.recv()  # hello
+                break
+            except Exception:
+                await asyncio.sleep(0.2 * (attempt + 1))
+        else:
+            failures += 1
+            return
+        sockets.append(ws)
+        with connected.get_lock():
+            connected.value += 1
+        mine = received[user]
+        try:
+            async for raw in ws:
+                now = time.time()
+                frame = orjson.loads(raw)
+                mine.append(int(frame["id"]))
+                latencies.append(now - float(frame["body"].split(" ", 1)[0]))
+        except websockets.ConnectionClosed:
+            pass
+
+    tasks = [asyncio.create_task(one(u)) for u in job.users]
+    while not stop.is_set():
+        await asyncio.sleep(0.1)
+    for ws in sockets:
+        ws.transport.abort()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    Path(job.out).write_bytes(orjson.dumps({"received": received, "latencies": latencies, "failures": failures}))
+
+
+def _rss(pids: list[int]) -> int:
+    return sum(psutil.Process(p).memory_info().rss for p in pids)
+
+
+async def _send(api_url: str, secret: str, users: list[str], rate: float, seconds: float, progress: bool):
+    """Posts `rate` messages/s for `seconds` between random pairs; returns
+    (expected: user -> ids, creation latencies in s, errors)."""
+    rng = random.Random(1)
+    expected: dict[str, list[int]] = {}
+    creation: list[float] = []
+    errors = 0
+    tokens = {}
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        gate = asyncio.Semaphore(64)  # requests in flight; more only queue inside httpx's pool
+
+        async def one(i: int):
+            async with gate:
+                await send_one(i)
+
+        async def send_one(i: int):
+            nonlocal errors
+            a, b = rng.sample(users, 2)
+            tok = tokens.get(a) or tokens.setdefault(a, auth.mint(secret, a, 7200))
+            t0 = time.time()
+            for attempt in range(5):
+                try:
+                    r = await client.post(f"{api_url}/v1/messages", headers={"Authorization": f"Bearer {tok}"},
+                                          json={"to": b, "body": f"{t0:.6f} load", "client_msg_id": f"L{i}"})
+                    if r.status_code in (200, 201):
+                        creation.append(time.time() - t0)
+                        msg_id = int(r.json()["id"])
+                        expected.setdefault(b, []).append(msg_id)
+                        expected.setdefault(a, []).append(msg_id)  # the sender's own connection gets it too
+                        return
+                except httpx.HTTPError:
+                    pass
+                errors += 1
+                await asyncio.sleep(0.1 * (attempt + 1))
+
+        total = int(rate * seconds)
+        bar = tqdm(total=total, desc="sending", unit="msg", disable=not progress, leave=False)
+        start = time.monotonic()
+        tasks = []
+        for i in range(total):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+            bar.update(1)
+        await asyncio.gather(*tasks)
+        bar.close()
+    return expected, creation, errors
+
+
+def percentiles(values: list[float], scale: float = 1000.0) -> dict:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "max": None, "n": 0}
+    v = sorted(values)
+
+    def q(p):
+        return round(v[min(len(v) - 1, int(p * len(v)))] * scale, 2)
+
+    return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(v[-1] * scale, 2), "n": len(v)}
+
+
+def run(system, clients: int, rate: float, seconds: float, progress: bool = True, settle: float = 3.0) -> dict:
+    """One load run against a running System; returns its measured figures."""
+    daemon_pids = [p.pid for n, p in system.procs.items() if n.startswith("daemon")]
+    users = [f"load{clients}-{i}" for i in range(clients)]
+    procs_needed = max(1, -(-clients // CLIENTS_PER_PROC))
+    tmp = Path(tempfile.mkdtemp(prefix="wsload-"))
+    ctx = mp.get_context("spawn")
+    connected, stop = ctx.Value("i", 0), ctx.Event()
+    rss_before = _rss(daemon_pids)
+    jobs, procs = [], []
+    for k in range(procs_needed):
+        job = Job(users[k::procs_needed], system.ws_url, system.secret, f"127.0.0.{2 + k}", str(tmp / f"c{k}.json"))
+        proc = ctx.Process(target=_client_proc, args=(job, connected, stop), daemon=True)
+        proc.start()
+        jobs.append(job)
+        procs.append(proc)
+    started = time.monotonic()
+    bar = tqdm(total=clients, desc=f"connecting {clients}", unit="conn", disable=not progress, leave=False)
+    while connected.value < clients and time.monotonic() - started < 60 + clients / 200:
+        bar.n = connected.value
+        bar.refresh()
+        time.sleep(0.2)
+    bar.close()
+    connect_seconds = time.monotonic() - started
+    held = connected.value
+    time.sleep(1.0)
+    rss_after = _rss(daemon_pids)
+    expected, creation, send_errors = asyncio.run(_send(system.api_url, system.secret, users, rate, seconds, progress))
+    time.sleep(settle)
+    stop.set()
+    for p in procs:
+        p.join(60)
+    received: dict[str, list[int]] = {}
+    latencies: list[float] = []
+    failures = 0
+    for job in jobs:
+        data = orjson.loads(Path(job.out).read_bytes())
+        received.update(data["received"])
+        latencies += data["latencies"]
+        failures += data["failures"]
+    lost = dups = 0
+    for user, ids in expected.items():
+        got = received.get(user, [])
+        dups += len(got) - len(set(got))
+        lost += len(set(ids) - set(got))
+    delivered = sum(len(v) for v in received.values())
+    return {
+        "clients": clients, "held": held, "connect_failures": failures, "client_procs": procs_needed,
+        "connect_seconds": round(connect_seconds, 1), "rate": rate, "seconds": seconds,
+        "sent": len(creation), "send_errors": send_errors, "delivered": delivered,
+        "delivered_per_s": round(delivered / seconds, 1), "lost": lost, "duplicates": dups,
+        "e2e_ms": percentiles(latencies), "creation_ms": percentiles(creation),
+        "daemon_rss_kb_per_conn": round((rss_after - rss_before) / max(1, held) / 1024, 1),
+        "daemon_rss_mb": round(rss_after / 2**20, 1),
+    }
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
