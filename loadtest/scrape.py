@@ -15,8 +15,11 @@ def histograms(url: str, name: str, daemons: int, tries: int = 60) -> dict[str, 
     """pid -> {upper bound: cumulative count} for histogram `name`."""
     seen: dict[str, dict[float, float]] = {}
     for _ in range(tries):
-        with httpx.Client(timeout=5) as c:  # a new connection: SO_REUSEPORT picks a daemon
-            text = c.get(url, headers={"Connection": "close"}).text
+        try:
+            with httpx.Client(timeout=30) as c:  # a new connection: SO_REUSEPORT picks a daemon
+                text = c.get(url, headers={"Connection": "close"}).text
+        except httpx.HTTPError:
+            continue  # a daemon busy past the timeout: its figures are left out
         pid = PID.search(text).group(1)
         seen[pid] = {float(le): float(v) for n, le, v in BUCKET.findall(text) if n == name}
         if len(seen) >= daemons:

@@ -91,7 +91,7 @@ class System:
         self.wait_ready(name)
         return proc
 
-    def wait_ready(self, name: str, timeout: float = 20) -> None:
+    def wait_ready(self, name: str, timeout: float = 30) -> None:
         url = (f"{self.api_url}/readyz" if name.startswith("api")
                else f"http://127.0.0.1:{self.daemon_port}/healthz")
         deadline = time.monotonic() + timeout

@@ -1,0 +1,100 @@
+"""The ops runbook's rolling restart, for real: supervisord runs the api and
+daemon programs exactly as supervisord.conf defines them (commands, numprocs,
+stop signal and waits), and `supervisorctl restart daemon:daemon_N` of each
+daemon in turn, while traffic flows, costs clients no message and no repeat."""
+
+import asyncio
+import configparser
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from chatctl.client import Inbox, listen
+from tests.e2e.helpers import post
+from tests.servers import ROOT, free_port, wait_port
+from tests.system import System
+
+
+def supervisor_config(tmp: Path, env: dict[str, str]) -> Path:
+    """supervisord.conf's api and daemon programs, with paths moved to tmp."""
+    real = configparser.RawConfigParser()
+    real.read(ROOT / "supervisord.conf")
+    conf = configparser.RawConfigParser()
+    conf["unix_http_server"] = {"file": str(tmp / "supervisor.sock")}
+    conf["supervisorctl"] = {"serverurl": f"unix://{tmp / 'supervisor.sock'}"}
+    conf["rpcinterface:supervisor"] = dict(real["rpcinterface:supervisor"])
+    conf["supervisord"] = {"logfile": str(tmp / "supervisord.log"), "pidfile": str(tmp / "supervisord.pid"),
+                           "directory": str(ROOT), "nodaemon": "true"}
+    environment = ",".join(f'{k}="{v}"' for k, v in env.items() if k.startswith("CHAT_"))
+    for name in ("program:api", "program:daemon"):
+        section = {k: v.replace("%(here)s", str(ROOT)) for k, v in real[name].items()}
+        section["stdout_logfile"] = str(tmp / "%(program_name)s_%(process_num)d.log")
+        section["environment"] = environment
+        conf[name] = section
+    path = tmp / "supervisord.conf"
+    with path.open("w") as f:
+        conf.write(f)
+    return path
+
+
+def ctl(conf: Path, *args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "supervisor.supervisorctl", "-c", str(conf), *args],
+                          capture_output=True, text=True, timeout=60).stdout
+
+
+async def test_rolling_restart_of_each_daemon_under_traffic_loses_and_repeats_nothing(dbs, users, tmp_path):
+    system = System(dbs, tmp_path, {"CHAT_RATE_LIMIT_PER_SECOND": "0", "CHAT_LOG_LEVEL": "WARNING"},
+                    api_port=free_port(), daemon_port=free_port())
+    conf = supervisor_config(tmp_path, system.env)
+    supervisord = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
+                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(system.api_port, 30)
+        wait_port(system.daemon_port, 30)
+        system.wait_ready("api")
+        system.wait_ready("daemon")
+        deadline = time.monotonic() + 20
+        while (status := ctl(conf, "status")).count("RUNNING") < 4:  # api_0, api_1, daemon_0, daemon_1
+            assert time.monotonic() < deadline, status
+            await asyncio.sleep(0.5)
+
+        receivers = [users(f"r{i}") for i in range(10)]
+        inboxes = {r: Inbox() for r in receivers}
+        tasks = [asyncio.create_task(listen(system.ws_url, system.token(r), None, lambda f: None,
+                                            max_backoff=0.3, inbox=inboxes[r])) for r in receivers]
+        await asyncio.sleep(1.0)
+        expected: dict[str, set[int]] = {r: set() for r in receivers}
+        alice = users("alice")
+
+        async def traffic():
+            async with httpx.AsyncClient(timeout=10) as c:
+                for i in range(300):
+                    to = receivers[i % len(receivers)]
+                    r = await post(system, alice, to, f"m{i}", f"roll-{i}", client=c)
+                    assert r.status_code == 201, r.text
+                    expected[to].add(int(r.json()["id"]))
+                    await asyncio.sleep(0.02)
+
+        sender = asyncio.create_task(traffic())
+        for name in ("daemon:daemon_0", "daemon:daemon_1"):
+            await asyncio.sleep(1.0)
+            out = await asyncio.to_thread(ctl, conf, "restart", name)
+            assert "started" in out, out
+        await sender
+        async with asyncio.timeout(30):
+            while not all(expected[r] <= inboxes[r].seen for r in receivers):
+                await asyncio.sleep(0.2)
+        for r in receivers:
+            assert inboxes[r].duplicates == 0
+            assert inboxes[r].ids == sorted(inboxes[r].ids)
+            assert set(inboxes[r].ids) == expected[r]
+        assert sum(len(h) for i in inboxes.values() for h in [i.hellos]) > len(receivers)  # they did reconnect
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        supervisord.terminate()
+        supervisord.wait(60)
