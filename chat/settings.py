@@ -30,7 +30,7 @@ class Settings(BaseSettings):
         description="MongoDB URL of the fast store. Production: the replica set, with w=majority.",
     )
     mongo_db: str = Field("chat", description="MongoDB database that holds the `messages` collection.")
-    retention_seconds: int = Field(86_400, ge=60, description="How long the fast store keeps a message.")
+    retention_seconds: int = Field(86_400, ge=1, description="How long the fast store keeps a message.")
     sweep_interval_seconds: float = Field(
         30.0, gt=0, le=60, description="Retention sweeper period where TTL indexes are missing (FerretDB)."
     )

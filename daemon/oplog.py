@@ -49,7 +49,7 @@ class OplogTail:
     def __init__(self, client: AsyncMongoClient, namespace: str, *, await_ms: int = 500,
                  silence_seconds: float = 30.0, batch_size: int = 1000):
         self._local = client["local"]
-        self._namespace = namespace
+        self.namespace = namespace
         self._await_ms = await_ms
         self._silence = silence_seconds
         self._batch = batch_size
@@ -71,7 +71,7 @@ class OplogTail:
         # fails unless the cursor has returned a record it can find again.
         reply = await self._local.command({
             "find": "oplog.rs",
-            "filter": {"ts": {"$gte": self.last_ts}, "ns": {"$in": [self._namespace, "admin.$cmd"]}},
+            "filter": {"ts": {"$gte": self.last_ts}, "ns": {"$in": [self.namespace, "admin.$cmd"]}},
             "tailable": True, "awaitData": True, "batchSize": 1,
         })
         cursor = reply["cursor"]

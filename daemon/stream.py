@@ -26,7 +26,8 @@ from db import mongo
 
 log = logging.getLogger("chat.stream")
 
-PAGE = 1000
+PAGE = 5000  # one read of the truth; FerretDB scans the whole collection per query anyway
+TAIL_QUEUE_MAX = 20_000  # oplog entries waiting for the consumer
 
 
 @dataclass(slots=True)
@@ -51,6 +52,11 @@ class Stream:
         self._cache: deque[Entry] = deque(maxlen=cache_max or None) if cache_max else deque(maxlen=1)
         self._gap_check = gap_check_seconds
         self._seq = Sequencer(high=0)
+        # oplog batches (or RESTARTED) from the reader; bounded by entries, not batches
+        self._inbox: asyncio.Queue[tuple[list[dict] | None, float]] = asyncio.Queue()
+        self._queued = 0
+        self._queue_max = TAIL_QUEUE_MAX
+        self._fill_requested = False
         self._advanced = asyncio.Condition()
         self.ready = asyncio.Event()
 
@@ -79,22 +85,47 @@ class Stream:
 
     # --- the loop ---------------------------------------------------------
     async def run(self) -> None:
+        """Two loops: the reader keeps the oplog cursor moving at all times
+        (a tail that pauses falls off a small oplog), the consumer releases,
+        and does every read of the truth. They meet in a bounded queue; past
+        its bound entries are dropped and the hole is read back by query."""
         await self.start()
-        checker = asyncio.create_task(self._periodic_gap_check())
+        reader = asyncio.create_task(self._read_oplog(), name="oplog-reader")
+        checker = asyncio.create_task(self._periodic_gap_check(), name="gap-check")
         try:
-            async for batch in self._tail.batches():
+            while True:
+                batch, received = await self._inbox.get()
                 if batch is RESTARTED:
+                    self._fill_requested = False
                     await self._fill_from_truth()
                     continue
-                received = time.perf_counter()
-                docs = [d for entry in batch for d in inserted_docs(entry, self._tail._namespace)]
+                self._queued -= len(batch)
+                docs = [d for entry in batch for d in inserted_docs(entry, self._tail.namespace)]
                 metrics.OPLOG_ENTRIES.inc(len(batch))
                 if docs:
                     self._release(self._seq.offer(docs), received)
                     if self._seq.hole:
                         await self._fill_from_truth()
         finally:
+            reader.cancel()
             checker.cancel()
+
+    async def _read_oplog(self) -> None:
+        async for batch in self._tail.batches():
+            if batch is RESTARTED:
+                self._request_fill()
+            elif self._queued + len(batch) > self._queue_max:
+                log.warning("event=tail_backlog_full queued=%d action=catch_up_by_query", self._queued)
+                self._request_fill()  # what is dropped here is read back from the truth
+            else:
+                self._queued += len(batch)
+                self._inbox.put_nowait((batch, time.perf_counter()))
+
+    def _request_fill(self) -> None:
+        """Asks the consumer for one read of the truth; requests coalesce until it starts."""
+        if not self._fill_requested:
+            self._fill_requested = True
+            self._inbox.put_nowait((RESTARTED, 0.0))
 
     async def _periodic_gap_check(self) -> None:
         # Covers an oplog entry that never comes (FerretDB can store a document
@@ -106,7 +137,7 @@ class Stream:
                 if newest > self.position:
                     await asyncio.sleep(0.2)  # still in flight on the oplog?
                     if newest > self.position:
-                        await self._fill_from_truth()
+                        self._request_fill()
             except PyMongoError as exc:
                 log.warning("event=gap_check_failed error=%s", exc.__class__.__name__)
 

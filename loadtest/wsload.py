@@ -37,13 +37,13 @@ class Job:
     out: str
 
 
-def _client_proc(job: Job, connected, stop) -> None:
+def _client_proc(job: Job, connected, frames, stop) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    asyncio.run(_clients(job, connected, stop))
+    asyncio.run(_clients(job, connected, frames, stop))
 
 
-async def _clients(job: Job, connected, stop) -> None:
+async def _clients(job: Job, connected, frames, stop) -> None:
     received: dict[str, list[int]] = {u: [] for u in job.users}
     latencies: list[float] = []
     failures = 0
@@ -76,6 +76,8 @@ async def _clients(job: Job, connected, stop) -> None:
                 frame = orjson.loads(raw)
                 mine.append(int(frame["id"]))
                 latencies.append(now - float(frame["body"].split(" ", 1)[0]))
+                with frames.get_lock():
+                    frames.value += 1
         except websockets.ConnectionClosed:
             pass
 
@@ -156,19 +158,19 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict:
     return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(v[-1] * scale, 2), "n": len(v)}
 
 
-def run(system, clients: int, rate: float, seconds: float, progress: bool = True, settle: float = 3.0) -> dict:
+def run(system, clients: int, rate: float, seconds: float, progress: bool = True, settle: float = 10.0) -> dict:
     """One load run against a running System; returns its measured figures."""
     daemon_pids = [p.pid for n, p in system.procs.items() if n.startswith("daemon")]
     users = [f"load{clients}-{i}" for i in range(clients)]
     procs_needed = max(1, -(-clients // CLIENTS_PER_PROC))
     tmp = Path(tempfile.mkdtemp(prefix="wsload-"))
     ctx = mp.get_context("spawn")
-    connected, stop = ctx.Value("i", 0), ctx.Event()
+    connected, frames, stop = ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event()
     rss_before = _rss(daemon_pids)
     jobs, procs = [], []
     for k in range(procs_needed):
         job = Job(users[k::procs_needed], system.ws_url, system.secret, f"127.0.0.{2 + k}", str(tmp / f"c{k}.json"))
-        proc = ctx.Process(target=_client_proc, args=(job, connected, stop), daemon=True)
+        proc = ctx.Process(target=_client_proc, args=(job, connected, frames, stop), daemon=True)
         proc.start()
         jobs.append(job)
         procs.append(proc)
@@ -184,7 +186,14 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
     time.sleep(1.0)
     rss_after = _rss(daemon_pids)
     expected, creation, send_errors = asyncio.run(_send(system.api_url, system.secret, users, rate, seconds, progress))
-    time.sleep(settle)
+    # Wait for delivery to finish: until every expected frame arrived, or no
+    # progress for `settle` seconds (then what is missing counts as lost).
+    want = sum(len(v) for v in expected.values())
+    last, still = frames.value, time.monotonic()
+    while frames.value < want and time.monotonic() - still < settle:
+        time.sleep(0.2)
+        if frames.value != last:
+            last, still = frames.value, time.monotonic()
     stop.set()
     for p in procs:
         p.join(60)

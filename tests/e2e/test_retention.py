@@ -1,0 +1,54 @@
+"""The 24 h fast store on FerretDB: no TTL index there, so the API's sweeper
+deletes expired messages (MySQL keeps them), records the retention floor, and
+a client whose resume point is older hears `recovered: false`. The TTL-index
+path needs a real MongoDB and is not shown here."""
+
+import asyncio
+import time
+
+import pytest
+
+from tests.e2e.helpers import connect, mongo_docs, mysql_rows, nothing_more, post, receive
+from tests.system import databases, running_system
+
+
+@pytest.fixture(scope="module")
+def short_lived(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("retention")) as dbs:
+        with running_system(dbs, daemons=1, apis=1, CHAT_RETENTION_SECONDS=3, CHAT_SWEEP_INTERVAL_SECONDS=0.5,
+                            CHAT_RATE_LIMIT_PER_SECOND=0) as system:
+            yield system
+
+
+def test_ferretdb_has_no_ttl_index_so_the_sweeper_path_is_used(short_lived):
+    import pymongo
+    client = pymongo.MongoClient(short_lived.dbs.ferretdb.url)
+    names = [i["name"] for i in client["chat"]["messages"].list_indexes()]
+    client.close()
+    assert "created_at" in names and "created_at_ttl" not in names
+
+
+async def test_expired_messages_are_swept_from_mongo_kept_in_mysql_and_resume_says_not_recovered(short_lived, users):
+    alice, bob = users("alice"), users("bob")
+    old = (await post(short_lived, alice, bob, "old")).json()
+    await asyncio.sleep(3.5)
+    fresh = (await post(short_lived, alice, bob, "fresh")).json()
+    deadline = time.monotonic() + 5
+    while mongo_docs(short_lived, {"_id": int(old["id"])}):
+        assert time.monotonic() < deadline, "the sweeper did not delete the expired message"
+        await asyncio.sleep(0.2)
+    assert [d["body"] for d in mongo_docs(short_lived, {"from": alice})] == ["fresh"]
+    assert [r.body for r in mysql_rows(short_lived, "sender = :s", s=alice)] == ["old", "fresh"]
+
+    # resuming from before the expired message: not recovered, and no silent partial fill
+    # is claimed, though what is retained is still sent
+    ws, hello = await connect(short_lived, bob, since=str(int(old["id"]) - 1))
+    assert hello["recovered"] is False
+    assert [f["body"] for f in await receive(ws, 1)] == ["fresh"]
+    assert await nothing_more(ws)
+    await ws.close()
+    # resuming from the expired message itself: everything after it is retained
+    ws, hello = await connect(short_lived, bob, since=old["id"])
+    assert hello["recovered"] is True
+    assert [f["id"] for f in await receive(ws, 1)] == [fresh["id"]]
+    await ws.close()
