@@ -125,6 +125,7 @@ class MessageWriter:
         self._timeout = timeout_seconds
         self._retention = retention_seconds
         self._observe_batch = observe_batch
+        self._head_written, self._head_at = 0, 0.0
 
     # --- the request side -------------------------------------------------
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
@@ -145,7 +146,7 @@ class MessageWriter:
                 first = None  # idle: a session with no batch repairs any outbox
             batch = await self._next_batch(first) if first else []
             try:
-                await self._session(batch)
+                await self._session(batch, idle=first is None)
             except Exception as exc:  # one guard: every waiting request gets an answer
                 if not isinstance(exc, WriteUnavailable):
                     log.exception("event=writer_session_failed")
@@ -164,7 +165,7 @@ class MessageWriter:
             batch.append(self._queue.get_nowait())
         return batch
 
-    async def _session(self, batch: list[_Pending]) -> None:
+    async def _session(self, batch: list[_Pending], idle: bool = False) -> None:
         try:
             conn = await asyncio.to_thread(self._engine.connect)
         except SQLAlchemyError as exc:
@@ -172,7 +173,6 @@ class MessageWriter:
         mirrored = None
         try:
             last_id, mirrored = await self._mysql(self._lock_and_read_state, conn)
-            head_before = mirrored
             mongo_ok = True
             if mirrored < last_id:
                 mirrored, mongo_ok = await self._repair(conn, mirrored, last_id)
@@ -194,7 +194,9 @@ class MessageWriter:
                 batch = await self._next_batch(None)
             if inserting is not None and await inserting:
                 mirrored = last_id
-            if mirrored > head_before:
+            # meta.head is only a hint for the daemons' gap check, and every
+            # write of it is one more oplog entry: at most about once a second.
+            if mirrored > self._head_written and (idle or time.monotonic() - self._head_at > 1.0):
                 await self._advance_head(mirrored)
         finally:
             await asyncio.to_thread(self._mark_and_release, conn, mirrored)
@@ -294,6 +296,7 @@ class MessageWriter:
     async def _advance_head(self, upto: int) -> None:
         try:
             await asyncio.wait_for(mongo.advance_head(self._mongo, upto), self._timeout)
+            self._head_written, self._head_at = upto, time.monotonic()
         except (PyMongoError, TimeoutError):
             pass  # only a hint for the daemons' gap check; the next session writes it again
 
