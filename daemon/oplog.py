@@ -5,9 +5,10 @@ What it does, after Meteor's oplog tailer:
   messages namespace (and ``admin.$cmd`` for MongoDB transactions);
 - on any error, re-open from that ``ts`` after a capped, jittered backoff;
 - a watchdog re-opens a cursor that has been silent for too long;
-- on every re-open it tells its consumer (``RESTARTED``), which then checks
-  the `messages` collection for anything the oplog did not show: the oplog
-  is the fast path, never the only one.
+- after an error, a watchdog restart or a fall-off it tells its consumer
+  (``RESTARTED``); what the oplog did not show is read back from the
+  `messages` collection by the consumer: the oplog is the fast path, never
+  the only one.
 
 Only find/getMore commands that FerretDB 1.24 and MongoDB share are used.
 ``batchSize: 0`` on the find matters on FerretDB, which closes a tailable

@@ -28,6 +28,7 @@ log = logging.getLogger("chat.stream")
 
 PAGE = 5000  # one read of the truth; FerretDB scans the whole collection per query anyway
 TAIL_QUEUE_MAX = 20_000  # oplog entries waiting for the consumer
+FILL = object()  # in the consumer's queue: "read the truth now"
 
 
 @dataclass(slots=True)
@@ -52,7 +53,7 @@ class Stream:
         self._cache: deque[Entry] = deque(maxlen=cache_max or None) if cache_max else deque(maxlen=1)
         self._gap_check = gap_check_seconds
         self._seq = Sequencer(high=0)
-        # oplog batches (or RESTARTED) from the reader; bounded by entries, not batches
+        # oplog batches (or FILL) for the consumer; bounded by entries, not batches
         self._inbox: asyncio.Queue[tuple[list[dict] | None, float]] = asyncio.Queue()
         self._queued = 0
         self._queue_max = TAIL_QUEUE_MAX
@@ -95,7 +96,7 @@ class Stream:
         try:
             while True:
                 batch, received = await self._inbox.get()
-                if batch is RESTARTED:
+                if batch is FILL:
                     self._fill_requested = False
                     await self._fill_from_truth()
                     continue
@@ -113,8 +114,11 @@ class Stream:
     async def _read_oplog(self) -> None:
         async for batch in self._tail.batches():
             if batch is RESTARTED:
-                self._request_fill()
-            elif self._queued + len(batch) > self._queue_max:
+                # Nothing to do: ids are gap-free, so whatever a re-opened or
+                # fallen-off tail missed shows up as a hole (or in the gap
+                # check) and is read back then, and only then.
+                continue
+            if self._queued + len(batch) > self._queue_max:
                 log.warning("event=tail_backlog_full queued=%d action=catch_up_by_query", self._queued)
                 self._request_fill()  # what is dropped here is read back from the truth
             else:
@@ -125,7 +129,7 @@ class Stream:
         """Asks the consumer for one read of the truth; requests coalesce until it starts."""
         if not self._fill_requested:
             self._fill_requested = True
-            self._inbox.put_nowait((RESTARTED, 0.0))
+            self._inbox.put_nowait((FILL, 0.0))
 
     async def _periodic_gap_check(self) -> None:
         # Covers an oplog entry that never comes (FerretDB can store a document
