@@ -8,7 +8,7 @@ loadtest/results/latest.json, report.md and PNG plots.
 
 from __future__ import annotations
 
-import asyncio
+import subprocess
 import sys
 import tempfile
 import threading
@@ -19,7 +19,7 @@ import httpx
 import orjson
 import typer
 
-from loadtest import ab, machine, probe, scrape, wsload
+from loadtest import ab, machine, scrape, wsload
 from loadtest.report import write_report
 from tests.system import databases, running_system
 
@@ -96,12 +96,11 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
     for n in sizes:
         log(f"WebSocket load: {n} clients, {rate} msg/s for {seconds} s")
         before = scrape.histograms(metrics_url, name, daemons)
-        probe_result: list[float] = []
-        t = threading.Thread(target=lambda: probe_result.extend(
-            asyncio.run(probe.measure(system.dbs.ferretdb.url, 20, seconds + 2))), daemon=True)
-        t.start()
+        # its own process: in this one it would share the GIL with the sender
+        prober = subprocess.Popen([sys.executable, "-m", "loadtest.probe", system.dbs.ferretdb.url, "20",
+                                   str(seconds + 2)], stdout=subprocess.PIPE)
         result = wsload.run(system, n, rate, seconds)
-        t.join()
+        probe_result = orjson.loads(prober.communicate(timeout=120)[0])
         fanout = scrape.merged_delta(before, scrape.histograms(metrics_url, name, daemons))
         result["fanout_ms"] = {q: (None if (v := scrape.quantile(fanout, p)) is None else v * 1000)
                                for q, p in (("p50", .5), ("p99", .99))}

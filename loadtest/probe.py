@@ -46,3 +46,12 @@ async def measure(url: str, rate: float, seconds: float) -> list[float]:
     await coll.drop()
     await client.close()
     return seen
+
+
+if __name__ == "__main__":
+    import sys
+
+    import orjson
+
+    url, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+    sys.stdout.buffer.write(orjson.dumps(asyncio.run(measure(url, rate, seconds))))
