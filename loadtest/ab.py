@@ -43,5 +43,5 @@ def run(url: str, concurrency: int, seconds: float, token: str, post_file: Path 
     cmd = command(url, concurrency, seconds, token, post_file)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120).stdout
     result = parse(out)
-    result["command"] = " ".join(c if "Bearer" not in c else "-H 'Authorization: Bearer $TOKEN'" for c in cmd)
+    result["command"] = " ".join(c if "Bearer" not in c else "'Authorization: Bearer $TOKEN'" for c in cmd)
     return result
