@@ -81,6 +81,10 @@ class Stream:
         if self._cache.maxlen and high:
             docs = await mongo.messages_between(self._db, max(0, high - self._cache.maxlen), high, self._cache.maxlen)
             self._cache_extend(docs)
+        # meta.head may lag the store by up to a second: read what is past it
+        # now, so that a client resuming here right after a restart finds this
+        # daemon at least as far along as the one it came from.
+        await self._fill_from_truth()
         self.ready.set()
         log.info("event=stream_ready position=%d cached=%d", high, len(self._cache))
 
@@ -178,7 +182,7 @@ class Stream:
         for doc in docs:
             msg = from_doc(doc)
             frame = msg.frame().decode()
-            self._cache.append(Entry(msg, frame))
+            self._cache_append(Entry(msg, frame))
             delivered = self._hub.dispatch(msg, frame, received)
             metrics.PUSHES.inc(delivered)
         metrics.POSITION.set(self.position)
@@ -188,7 +192,13 @@ class Stream:
     def _cache_extend(self, docs: list[dict]) -> None:
         for doc in docs:
             msg = from_doc(doc)
-            self._cache.append(Entry(msg, msg.frame().decode()))
+            self._cache_append(Entry(msg, msg.frame().decode()))
+
+    def _cache_append(self, entry: Entry) -> None:
+        # catch_up() indexes the cache by id: it must hold consecutive ids only
+        if self._cache and entry.msg.id != self._cache[-1].msg.id + 1:
+            self._cache.clear()
+        self._cache.append(entry)
 
     def _notify(self) -> None:
         async def notify():

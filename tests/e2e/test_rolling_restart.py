@@ -84,9 +84,11 @@ async def test_rolling_restart_of_each_daemon_under_traffic_loses_and_repeats_no
             out = await asyncio.to_thread(ctl, conf, "restart", name)
             assert "started" in out, out
         await sender
-        async with asyncio.timeout(30):
-            while not all(expected[r] <= inboxes[r].seen for r in receivers):
-                await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while not all(expected[r] <= inboxes[r].seen for r in receivers):
+            missing = {r: sorted(expected[r] - inboxes[r].seen) for r in receivers if expected[r] - inboxes[r].seen}
+            assert time.monotonic() < deadline, f"not delivered: {missing}; logs in {tmp_path}"
+            await asyncio.sleep(0.2)
         for r in receivers:
             assert inboxes[r].duplicates == 0
             assert inboxes[r].ids == sorted(inboxes[r].ids)
