@@ -1,5 +1,7 @@
 """Operations endpoints, the OpenAPI document, and the per-sender rate limit."""
 
+import asyncio
+
 import httpx
 
 from api.app import ROUTES
@@ -51,3 +53,16 @@ async def test_rate_limit_429_with_retry_after_and_other_senders_unaffected(dbs,
         assert limited.json()["error"] == "rate_limited" and int(limited.headers["retry-after"]) >= 1
         assert (await post(s, polite, bob, "hi")).status_code == 201
         assert len(mysql_rows(s, "sender = :s", s=spammer)) == 3
+
+
+async def test_writer_queue_full_is_503_overloaded_and_nothing_is_half_stored(dbs, users):
+    with running_system(dbs, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_WRITER_QUEUE_MAX=1) as s:
+        alice, bob = users("alice"), users("bob")
+        async with httpx.AsyncClient(timeout=10) as c:
+            replies = await asyncio.gather(*(post(s, alice, bob, f"m{i}", f"q{i}", client=c) for i in range(60)))
+        codes = [r.status_code for r in replies]
+        assert 503 in codes and 201 in codes
+        assert all(r.json()["error"] == "overloaded" and r.headers["retry-after"] == "1"
+                   for r in replies if r.status_code == 503)
+        stored = {row.client_msg_id for row in mysql_rows(s, "sender = :s", s=alice)}
+        assert stored == {f"q{i}" for i, r in enumerate(replies) if r.status_code == 201}
