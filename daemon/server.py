@@ -37,8 +37,7 @@ log = logging.getLogger("chat.daemon")
 
 CLOSE_RATE = 1008
 CLOSE_ERROR = 1011
-FUTURE_SINCE_WAIT = 2.0
-POLL_MAX_MESSAGES = 1000  # a `since` from a daemon that is ahead of this one
+FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
 
 
 @dataclass
@@ -110,8 +109,7 @@ async def ws_endpoint(websocket: WebSocket) -> None:
     if refusal is not None:
         await websocket.send_denial_response(refusal)
         return
-    raw_since = websocket.query_params.get("since")
-    since = parse_since(raw_since)
+    since = parse_since(websocket.query_params.get("since"))
     await websocket.accept()
     wake = asyncio.Event()
     sub: Subscriber | None = None
@@ -119,7 +117,7 @@ async def ws_endpoint(websocket: WebSocket) -> None:
     metrics.CONNECTIONS.labels("ws").inc()
     try:
         sub, catch, cursor = await subscribe(st, user, since, wake.set)
-        hello = {"type": "hello", "recovered": catch.recovered and raw_since is not None and since is not None,
+        hello = {"type": "hello", "recovered": catch.recovered,
                  "cursor": str(cursor), "user": user}
         await websocket.send_text(orjson.dumps(hello).decode())
         sub.go_live(catch.frames)
@@ -190,8 +188,7 @@ async def poll(request: Request) -> Response:
     user, refusal = admit(st, token, None)
     if refusal is not None:
         return refusal
-    raw_since = request.query_params.get("since")
-    since = parse_since(raw_since)
+    since = parse_since(request.query_params.get("since"))
     raw_timeout = request.query_params.get("timeout", "25")
     try:
         timeout = float(raw_timeout)
@@ -216,14 +213,15 @@ async def poll(request: Request) -> Response:
         st.hub.unregister(sub)
         st.polls.discard(sub)
         metrics.CONNECTIONS.labels("poll").dec()
-    if len(items) > POLL_MAX_MESSAGES:  # bounded answers: the client pages with the cursor
-        items = items[:POLL_MAX_MESSAGES]
+    limit = st.settings.poll_max_messages
+    truncated = len(items) > limit
+    if truncated:  # bounded answers: the client pages with the cursor
+        items = items[:limit]
         sub.last_id = items[-1][0]
     metrics.SENT.labels("poll").inc(len(items))
-    recovered = catch.recovered and raw_since is not None and since is not None
-    last = max(cursor, sub.last_id) if len(items) < POLL_MAX_MESSAGES else sub.last_id
+    last = sub.last_id if truncated else max(cursor, sub.last_id)
     body = (b'{"messages":[' + ",".join(frame for _i, frame, _r in items).encode() + b'],"cursor":"'
-            + str(last).encode() + b'","recovered":' + (b"true" if recovered else b"false") + b"}")
+            + str(last).encode() + b'","recovered":' + (b"true" if catch.recovered else b"false") + b"}")
     return Response(body, media_type="application/json")
 
 

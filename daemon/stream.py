@@ -50,7 +50,7 @@ class Stream:
         self._tail = tail
         self._hub = hub
         self._retention = retention_seconds
-        self._cache: deque[Entry] = deque(maxlen=cache_max or None) if cache_max else deque(maxlen=1)
+        self._cache: deque[Entry] = deque(maxlen=cache_max)  # maxlen 0: no cache, catch-up by query
         self._gap_check = gap_check_seconds
         self._seq = Sequencer(high=0)
         # oplog batches (or FILL) for the consumer; bounded by entries, not batches
@@ -58,7 +58,7 @@ class Stream:
         self._queued = 0
         self._queue_max = TAIL_QUEUE_MAX
         self._fill_requested = False
-        self._advanced = asyncio.Condition()
+        self._advanced = asyncio.Event()  # set and replaced each time the position moves
         self.ready = asyncio.Event()
 
     @property
@@ -201,18 +201,14 @@ class Stream:
         self._cache.append(entry)
 
     def _notify(self) -> None:
-        async def notify():
-            async with self._advanced:
-                self._advanced.notify_all()
-        asyncio.get_running_loop().create_task(notify())
+        advanced, self._advanced = self._advanced, asyncio.Event()
+        advanced.set()
 
     async def wait_for(self, position: int, timeout: float) -> bool:
-        if self.position >= position:
-            return True
         try:
             async with asyncio.timeout(timeout):
-                async with self._advanced:
-                    await self._advanced.wait_for(lambda: self.position >= position)
+                while self.position < position:
+                    await self._advanced.wait()
             return True
         except TimeoutError:
             return False

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import os
 import random
 import resource
 import statistics
@@ -221,6 +220,3 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
         "daemon_rss_mb": round(rss_after / 2**20, 1),
     }
 
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -123,3 +123,10 @@ def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, **env: str) 
         yield system
     finally:
         system.stop_all()
+
+
+@contextlib.contextmanager
+def private_system(base: Path, daemons: int = 1, apis: int = 1, **env) -> Iterator[System]:
+    """A system on databases of its own, for tests that stop, restart or age them."""
+    with databases(base) as dbs, running_system(dbs, daemons, apis, **env) as system:
+        yield system

@@ -11,16 +11,15 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.e2e.helpers import connect, mongo_docs, mysql_rows, post, receive
-from tests.system import databases, running_system
+from tests.system import private_system
 
 
 @pytest.fixture(scope="module")
 def private(tmp_path_factory):
     """Databases of this module alone: the tests stop and restart them."""
-    with databases(tmp_path_factory.mktemp("faults")) as dbs:
-        with running_system(dbs, daemons=1, apis=1, CHAT_DB_TIMEOUT_SECONDS=1,
-                            CHAT_RATE_LIMIT_PER_SECOND=0) as system:
-            yield system
+    with private_system(tmp_path_factory.mktemp("faults"), CHAT_DB_TIMEOUT_SECONDS=1,
+                        CHAT_RATE_LIMIT_PER_SECOND=0) as system:
+        yield system
 
 
 async def test_mysql_down_is_a_fast_503_and_nothing_reaches_mongo(private, users):

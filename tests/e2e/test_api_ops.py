@@ -45,7 +45,7 @@ def test_openapi_document_matches_the_routes(system):
 
 
 async def test_rate_limit_429_with_retry_after_and_other_senders_unaffected(dbs, users):
-    with running_system(dbs, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND=1, CHAT_RATE_LIMIT_BURST=3) as s:
+    with running_system(dbs, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0.1, CHAT_RATE_LIMIT_BURST=3) as s:
         spammer, polite, bob = users("spammer"), users("polite"), users("bob")
         codes = [(await post(s, spammer, bob, f"m{i}")).status_code for i in range(5)]
         assert codes[:3] == [201] * 3 and codes[3:] == [429, 429]
@@ -66,3 +66,19 @@ async def test_writer_queue_full_is_503_overloaded_and_nothing_is_half_stored(db
                    for r in replies if r.status_code == 503)
         stored = {row.client_msg_id for row in mysql_rows(s, "sender = :s", s=alice)}
         assert stored == {f"q{i}" for i, r in enumerate(replies) if r.status_code == 201}
+
+
+async def test_group_commit_never_exceeds_batch_max_and_answers_every_request(dbs, users):
+    with running_system(dbs, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_BATCH_MAX=3) as s:
+        alice, bob = users("alice"), users("bob")
+        async with httpx.AsyncClient(timeout=10) as c:
+            replies = await asyncio.gather(*(post(s, alice, bob, f"b{i}", client=c) for i in range(40)))
+        assert all(r.status_code == 201 for r in replies)
+        assert len(mysql_rows(s, "sender = :s", s=alice)) == 40
+        text = httpx.get(f"{s.api_url}/metrics").text
+        def sample(name):
+            return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+        total = sample("chat_api_batch_messages_count")
+        # 40 concurrent requests would share one or two batches; capped at 3, they need 14
+        assert total >= 14
+        assert sample('chat_api_batch_messages_bucket{le="5.0"}') == total

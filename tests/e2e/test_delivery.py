@@ -7,6 +7,7 @@ import httpx
 import orjson
 
 from tests.e2e.helpers import connect, nothing_more, post, receive
+from tests.system import running_system
 
 
 async def test_concurrent_senders_every_device_gets_each_message_once_in_order(system, users):
@@ -156,3 +157,19 @@ async def test_poll_and_websocket_see_the_same_stream(system, users):
         assert got == ids
     finally:
         await ws.close()
+
+
+async def test_poll_answers_are_capped_and_the_cursor_pages_through_the_rest(dbs, users):
+    with running_system(dbs, daemons=1, apis=1, CHAT_POLL_MAX_MESSAGES=5, CHAT_RATE_LIMIT_PER_SECOND=0) as s:
+        alice, bob = users("alice"), users("bob")
+        headers = {"Authorization": f"Bearer {s.token(bob)}"}
+        cursor = httpx.get(s.poll_url, params={"timeout": 0}, headers=headers).json()["cursor"]
+        ids = [(await post(s, alice, bob, f"n{i}")).json()["id"] for i in range(12)]
+        pages = []
+        async with asyncio.timeout(20):
+            while sum(pages, []) != ids:
+                page = httpx.get(s.poll_url, params={"since": cursor, "timeout": 2}, headers=headers).json()
+                assert len(page["messages"]) <= 5
+                pages.append([m["id"] for m in page["messages"]])
+                cursor = page["cursor"]
+        assert [len(p) for p in pages if p][:2] == [5, 5]  # full pages while more were waiting

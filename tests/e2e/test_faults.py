@@ -12,15 +12,14 @@ import pytest
 
 from chatctl.client import Inbox, listen
 from tests.e2e.helpers import post
-from tests.system import databases, running_system
+from tests.system import private_system
 
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
-    with databases(tmp_path_factory.mktemp("faults")) as dbs:
-        with running_system(dbs, daemons=2, apis=2, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_DB_TIMEOUT_SECONDS=1,
-                            CHAT_GAP_CHECK_SECONDS=1) as system:
-            yield system
+    with private_system(tmp_path_factory.mktemp("faults"), daemons=2, apis=2, CHAT_RATE_LIMIT_PER_SECOND=0,
+                        CHAT_DB_TIMEOUT_SECONDS=1, CHAT_GAP_CHECK_SECONDS=1) as system:
+        yield system
 
 
 async def run_traffic(system, users, messages: int, rate: float, faults):

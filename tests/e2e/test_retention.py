@@ -9,15 +9,14 @@ import time
 import pytest
 
 from tests.e2e.helpers import connect, mongo_docs, mysql_rows, nothing_more, post, receive
-from tests.system import databases, running_system
+from tests.system import private_system
 
 
 @pytest.fixture(scope="module")
 def short_lived(tmp_path_factory):
-    with databases(tmp_path_factory.mktemp("retention")) as dbs:
-        with running_system(dbs, daemons=1, apis=1, CHAT_RETENTION_SECONDS=3, CHAT_SWEEP_INTERVAL_SECONDS=0.5,
-                            CHAT_RATE_LIMIT_PER_SECOND=0) as system:
-            yield system
+    with private_system(tmp_path_factory.mktemp("retention"), CHAT_RETENTION_SECONDS=3,
+                        CHAT_SWEEP_INTERVAL_SECONDS=0.5, CHAT_RATE_LIMIT_PER_SECOND=0) as system:
+        yield system
 
 
 def test_ferretdb_has_no_ttl_index_so_the_sweeper_path_is_used(short_lived):
