@@ -61,7 +61,10 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         15_000, ge=1, description="Connections one daemon process holds; more get 503 (open-files limit is 20k)."
     )
-    send_queue_max: int = Field(256, ge=1, description="Frames queued for one slow client before it is closed (4008).")
+    send_buffer_max_bytes: int = Field(
+        256 * 1024, ge=1024,
+        description="Unsent bytes one client may fall behind by before it is closed (4008, slow consumer).",
+    )
     ping_interval_seconds: float = Field(20.0, gt=0, description="Server WebSocket ping period.")
     ping_timeout_seconds: float = Field(20.0, gt=0, description="Time for a pong before the peer is dropped.")
     ws_max_frame_bytes: int = Field(4096, ge=64, description="Largest inbound WebSocket frame (1009 past it).")

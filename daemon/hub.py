@@ -1,73 +1,79 @@
-"""Who gets what: the map from users to open connections. No ``await``.
+"""Who gets what: the map from users to open connections. No I/O, no ``await``.
 
-The stream hands each message here once; ``dispatch`` returns nothing and
-queues the already-encoded frame on every connection of the recipient and
-of the sender (their other devices). A connection that is still catching up
-keeps live frames in its queue until its catch-up frames are put in front.
+The stream hands each message here once, already encoded (the JSON payload
+and its WebSocket frame, built once for every socket). ``dispatch`` offers it
+to every connection of the recipient and of the sender (their other
+devices). A connection that is still catching up holds live frames back
+until its catch-up frames have gone out in front of them.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable
-from enum import Enum
+import itertools
+from collections.abc import Iterable
 
 from chat.messages import Message
 
+SLOW_CONSUMER = 4008  # close code: the connection's buffer filled; reconnect with since
 
-class CloseReason(Enum):
-    SLOW_CONSUMER = 4008
+# (message id, JSON payload, WebSocket frame or None to build it on demand)
+Item = tuple[int, bytes, bytes | None]
 
 
 class Subscriber:
-    """One connection's delivery state. The I/O shell drains ``queue``."""
+    """One connection's delivery bookkeeping. The I/O shell subclasses it and
+    implements ``send`` (write now, without waiting) and ``overflow`` (close
+    with 4008)."""
 
-    __slots__ = ("user", "queue", "last_id", "live", "overflowed", "_wake", "__weakref__")
+    __slots__ = ("user", "last_id", "pending", "pending_bytes", "overflowed")
 
-    # queue items: (message id, JSON text, perf_counter when the oplog entry
-    # arrived, or None for catch-up frames) - the last feeds the latency metric.
-
-    def __init__(self, user: str, wake: Callable[[], None], since: int):
+    def __init__(self, user: str, since: int):
         self.user = user
-        self.queue: deque[tuple[int, str, float | None]] = deque()
         self.last_id = since  # never send an id <= last_id: the per-connection dedup
-        self.live = False  # False while catching up: live frames wait behind catch-up
+        self.pending: list[Item] | None = []  # a list while catching up, None once live
+        self.pending_bytes = 0
         self.overflowed = False
-        self._wake = wake
 
-    def offer(self, msg_id: int, frame: str, received: float | None, limit: int) -> None:
+    # --- implemented by the I/O shell -------------------------------------
+    def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
+        raise NotImplementedError
+
+    def overflow(self) -> None:
+        raise NotImplementedError
+
+    # --- the bookkeeping ----------------------------------------------------
+    def offer(self, msg_id: int, payload: bytes, frame: bytes | None, limit_bytes: int) -> None:
         if self.overflowed:
             return
-        if len(self.queue) >= limit:
-            self.overflowed = True  # the shell closes with 4008; the client resumes with since
-            self._wake()
+        if self.pending is None:
+            if msg_id > self.last_id:
+                self.last_id = msg_id
+                self.send(msg_id, payload, frame)
             return
-        self.queue.append((msg_id, frame, received))
-        if self.live:
-            self._wake()
+        self.pending_bytes += len(payload)
+        if self.pending_bytes > limit_bytes:
+            # What is held stays a gap-free prefix: go_live sends it, then the
+            # shell closes with 4008 and the client resumes after the last id.
+            self.overflowed = True
+            return
+        self.pending.append((msg_id, payload, frame))
 
-    def go_live(self, catch_up: list[tuple[int, str, float | None]]) -> None:
-        """Puts catch-up frames (ids <= the stream position at register time)
-        in front of the live frames queued meanwhile, and starts sending."""
-        self.queue.extendleft(reversed(catch_up))
-        self.live = True
-        self._wake()
-
-    def take(self) -> list[tuple[int, str, float | None]]:
-        """Frames to send now, oldest first, repeats dropped."""
-        out = []
-        while self.queue:
-            item = self.queue.popleft()
-            if item[0] > self.last_id:
-                self.last_id = item[0]
-                out.append(item)
-        return out
+    def go_live(self, catch_up: Iterable[Item]) -> None:
+        """Sends the catch-up frames (ids <= the stream position at register
+        time), then the live frames held meanwhile, each id once, in order."""
+        pending, self.pending, self.pending_bytes = self.pending or [], None, 0
+        for msg_id, payload, frame in itertools.chain(catch_up, pending):
+            if msg_id > self.last_id:
+                self.last_id = msg_id
+                self.send(msg_id, payload, frame)
+        if self.overflowed:
+            self.overflow()
 
 
 class Hub:
-    def __init__(self, send_queue_max: int):
+    def __init__(self, pending_max_bytes: int):
         self._by_user: dict[str, set[Subscriber]] = {}
-        self._limit = send_queue_max
+        self._limit = pending_max_bytes
         self.count = 0
 
     def register(self, sub: Subscriber) -> None:
@@ -85,11 +91,12 @@ class Hub:
     def connections_of(self, user: str) -> int:
         return len(self._by_user.get(user, ()))
 
-    def dispatch(self, msg: Message, frame: str, received: float | None = None) -> int:
-        """Queues ``frame`` for the recipient's and the sender's connections; returns how many."""
-        targets = self._by_user.get(msg.recipient, set())
+    def dispatch(self, msg: Message, payload: bytes, frame: bytes | None) -> int:
+        """Offers the message to the recipient's and the sender's connections; returns how many."""
+        targets = self._by_user.get(msg.recipient, ())
         if msg.sender != msg.recipient and msg.sender in self._by_user:
-            targets = targets | self._by_user[msg.sender]
+            targets = set(targets) | self._by_user[msg.sender]
+        targets = tuple(targets)  # a copy: sending can close a connection, which unregisters it
         for sub in targets:
-            sub.offer(msg.id, frame, received, self._limit)
+            sub.offer(msg.id, payload, frame, self._limit)
         return len(targets)

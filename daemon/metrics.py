@@ -9,8 +9,7 @@ INFO = Gauge("chat_daemon_info", "One per daemon process", ["pid"])
 INFO.labels(str(os.getpid())).set(1)
 
 CONNECTIONS = Gauge("chat_daemon_connections", "Open WebSocket connections and waiting polls", ["kind"])
-PUSHES = Counter("chat_daemon_pushes_total", "Frames queued to connections")
-SENT = Counter("chat_daemon_frames_sent_total", "Frames written to sockets", ["kind"])
+PUSHES = Counter("chat_daemon_pushes_total", "Messages handed to connections: written to a WebSocket at once, or to a poll answer")
 OPLOG_ENTRIES = Counter("chat_daemon_oplog_entries_total", "Oplog entries read")
 OPLOG_TO_SOCKET = Histogram(
     "chat_daemon_oplog_to_socket_seconds", "Oplog entry received -> frame written to the socket",

@@ -1,60 +1,49 @@
-"""The daemon's I/O shell: /v1/ws, /v1/poll, /healthz, /metrics.
+"""The daemon's routes and lifecycle: /v1/ws, /v1/poll, /healthz, /metrics.
 
-It moves data between sockets and the core (hub, stream) and holds no
-delivery rules of its own. Close codes clients can see:
-  1008 inbound frame rate over the limit      1009 inbound frame too big
-  1011 server error                           1012 daemon restarting (reconnect with since)
-  4008 slow consumer: the outgoing queue filled (reconnect with since)
-Refused handshakes: 401 bad token, 403 origin not allowed, 503 at capacity.
+It moves data between sockets (``daemon.connection``) and the core
+(``daemon.hub``, ``daemon.stream``) and holds no delivery rules of its own.
+Refused handshakes: 401 bad token, 403 origin not allowed, 426 not a
+WebSocket handshake, 503 at capacity or restarting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
+import signal
 import time
-from dataclasses import dataclass, field
+import urllib.parse
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route, WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from websockets.datastructures import Headers
+from websockets.http11 import Request as WsRequest
+from websockets.server import ServerProtocol
 
 from chat import auth
+from chat.serve import reuseport_socket
 from chat.settings import Settings
 from daemon import metrics
-from daemon.hub import CloseReason, Hub, Subscriber
+from daemon.connection import CLOSE_RESTART, Connection, Request
+from daemon.hub import Hub, Subscriber
 from daemon.oplog import OplogTail
 from daemon.stream import CatchUp, Stream
+from daemon.wire import text_frame
 from db import mongo
 
 log = logging.getLogger("chat.daemon")
 
-CLOSE_RATE = 1008
-CLOSE_ERROR = 1011
 FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
 
 
-@dataclass
-class DaemonState:
-    settings: Settings
-    hub: Hub
-    stream: Stream
-    draining: asyncio.Event = field(default_factory=asyncio.Event)
-    polls: set[Subscriber] = field(default_factory=set)
+class Refusal(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.code, self.headers = status, code, headers or {}
 
-
-def _json(data, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(orjson.dumps(data), status, headers, media_type="application/json")
-
-
-def _error(status: int, code: str, message: str, headers: dict | None = None) -> Response:
-    return _json({"error": code, "message": message}, status, headers)
+    def body(self) -> bytes:
+        return orjson.dumps({"error": self.code, "message": str(self)})
 
 
 def parse_since(raw: str | None) -> int | None:
@@ -64,210 +53,269 @@ def parse_since(raw: str | None) -> int | None:
     return int(raw)
 
 
-def admit(st: DaemonState, token: str | None, origin: str | None) -> tuple[str | None, Response | None]:
-    """Decides a handshake before anything is registered: (user, None) or (None, refusal)."""
-    try:
-        user = auth.verify(st.settings.jwt_secret.get_secret_value(), token)
-    except auth.AuthError as exc:
-        metrics.REJECTS.labels("auth").inc()
-        return None, _error(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
-    allowed = st.settings.allowed_origins
-    if origin is not None and "*" not in allowed and origin not in allowed:
-        metrics.REJECTS.labels("origin").inc()
-        return None, _error(403, "origin_not_allowed", f"origin {origin!r} is not allowed")
-    if st.hub.count >= st.settings.max_connections or st.draining.is_set():
-        metrics.REJECTS.labels("capacity").inc()
-        return None, _error(503, "try_again_later", "this daemon is full or restarting; retry",
-                            {"Retry-After": "1"})
-    return user, None
+class PollWaiter(Subscriber):
+    """A long-poll: collects what the hub sends until the answer goes out."""
+
+    __slots__ = ("items", "wake")
+
+    def __init__(self, user: str, since: int):
+        super().__init__(user, since)
+        self.items: list[tuple[int, bytes]] = []
+        self.wake = asyncio.Event()
+
+    def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
+        self.items.append((msg_id, payload))
+        self.wake.set()
+
+    def overflow(self) -> None:
+        self.wake.set()  # answer with the gap-free prefix it holds; the cursor resumes there
 
 
-async def subscribe(st: DaemonState, user: str, since: int | None, wake) -> tuple[Subscriber, CatchUp, int]:
-    """Registers a subscriber and computes its catch-up; returns (sub, catch-up, cursor).
+class Daemon:
+    def __init__(self, settings: Settings, hub: Hub, stream: Stream):
+        self.settings = settings
+        self.hub = hub
+        self.stream = stream
+        self.conns: set[Connection] = set()  # every open connection, for the drain
+        self.sockets: set[Connection] = set()  # the WebSockets among them, for heartbeats
+        self.polls: set[PollWaiter] = set()
+        self.draining = False
 
-    The stream position is read and the subscriber registered with no await
-    in between: catch-up covers (since, position], live frames cover the rest.
-    """
-    await st.stream.ready.wait()
-    position = st.stream.position
-    sub = Subscriber(user, wake, since if since is not None else position)
-    st.hub.register(sub)
-    if since is None:
-        return sub, CatchUp(False, []), position
-    recovered = True
-    if since > position:
-        recovered = await st.stream.wait_for(since, FUTURE_SINCE_WAIT)
-    catch = await st.stream.catch_up(user, since, position)
-    catch.recovered = catch.recovered and recovered
-    return sub, catch, max(position, since) if recovered else position
-
-
-async def ws_endpoint(websocket: WebSocket) -> None:
-    st: DaemonState = websocket.app.state.daemon
-    token = websocket.query_params.get("token") or auth.bearer(websocket.headers.get("authorization"))
-    user, refusal = admit(st, token, websocket.headers.get("origin"))
-    if refusal is not None:
-        await websocket.send_denial_response(refusal)
-        return
-    since = parse_since(websocket.query_params.get("since"))
-    await websocket.accept()
-    wake = asyncio.Event()
-    sub: Subscriber | None = None
-    receiver = None
-    metrics.CONNECTIONS.labels("ws").inc()
-    try:
-        sub, catch, cursor = await subscribe(st, user, since, wake.set)
-        hello = {"type": "hello", "recovered": catch.recovered,
-                 "cursor": str(cursor), "user": user}
-        await websocket.send_text(orjson.dumps(hello).decode())
-        sub.go_live(catch.frames)
-        receiver = asyncio.create_task(_receive(websocket, st.settings, wake))
-        await _send_loop(websocket, sub, wake, receiver)
-    except WebSocketDisconnect:
-        pass
-    except Exception:
-        log.exception("event=ws_error user=%s", user)
-        await _close(websocket, CLOSE_ERROR, "server error")
-    finally:
-        if receiver is not None:
-            receiver.cancel()
-        if sub is not None:
-            st.hub.unregister(sub)
-        metrics.CONNECTIONS.labels("ws").dec()
-
-
-async def _send_loop(websocket: WebSocket, sub: Subscriber, wake: asyncio.Event, receiver: asyncio.Task) -> None:
-    while not receiver.done():
-        if sub.overflowed:
-            metrics.CLOSES.labels("slow_consumer").inc()
-            await _close(websocket, CloseReason.SLOW_CONSUMER.value, "slow consumer: reconnect with since")
-            return
-        items = sub.take()
-        if not items:
-            wake.clear()
-            if not sub.queue and not sub.overflowed:
-                await wake.wait()
-            continue
-        for _msg_id, frame, received in items:
-            await websocket.send_text(frame)
-            if received is not None:
-                metrics.OPLOG_TO_SOCKET.observe(time.perf_counter() - received)
-        metrics.SENT.labels("ws").inc(len(items))
-
-
-async def _receive(websocket: WebSocket, settings: Settings, wake: asyncio.Event) -> None:
-    """Reads what the client sends (nothing is expected) and enforces the
-    inbound rate; the frame-size limit is enforced by the protocol (1009)."""
-    window_start, count = time.monotonic(), 0
-    try:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            now = time.monotonic()
-            if now - window_start >= 1.0:
-                window_start, count = now, 0
-            count += 1
-            if count > settings.ws_max_frames_per_second:
-                metrics.CLOSES.labels("frame_rate").inc()
-                await _close(websocket, CLOSE_RATE, "too many frames")
-                return
-    finally:
-        wake.set()  # let the send loop see that the socket is done
-
-
-async def _close(websocket: WebSocket, code: int, reason: str) -> None:
-    if websocket.application_state == WebSocketState.CONNECTED:
-        with contextlib.suppress(Exception):
-            await websocket.close(code, reason)
-
-
-async def poll(request: Request) -> Response:
-    st: DaemonState = request.app.state.daemon
-    token = auth.bearer(request.headers.get("authorization")) or request.query_params.get("token")
-    user, refusal = admit(st, token, None)
-    if refusal is not None:
-        return refusal
-    since = parse_since(request.query_params.get("since"))
-    raw_timeout = request.query_params.get("timeout", "25")
-    try:
-        timeout = float(raw_timeout)
-        if not 0 <= timeout <= st.settings.poll_max_timeout_seconds:
-            raise ValueError
-    except ValueError:
-        return _error(422, "invalid_field", f"`timeout` must be seconds from 0 to "
-                                            f"{st.settings.poll_max_timeout_seconds:g}")
-    wake = asyncio.Event()
-    sub, catch, cursor = await subscribe(st, user, since, wake.set)
-    st.polls.add(sub)
-    metrics.CONNECTIONS.labels("poll").inc()
-    try:
-        sub.go_live(catch.frames)
-        items = sub.take()
-        if not items and timeout > 0 and not st.draining.is_set():
-            wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
-            items = sub.take()
-    finally:
-        st.hub.unregister(sub)
-        st.polls.discard(sub)
-        metrics.CONNECTIONS.labels("poll").dec()
-    limit = st.settings.poll_max_messages
-    truncated = len(items) > limit
-    if truncated:  # bounded answers: the client pages with the cursor
-        items = items[:limit]
-        sub.last_id = items[-1][0]
-    metrics.SENT.labels("poll").inc(len(items))
-    last = sub.last_id if truncated else max(cursor, sub.last_id)
-    body = (b'{"messages":[' + ",".join(frame for _i, frame, _r in items).encode() + b'],"cursor":"'
-            + str(last).encode() + b'","recovered":' + (b"true" if catch.recovered else b"false") + b"}")
-    return Response(body, media_type="application/json")
-
-
-async def healthz(request: Request) -> Response:
-    st: DaemonState = request.app.state.daemon
-    return _json({"status": "ok" if st.stream.ready.is_set() else "starting", "pid": os.getpid(),
-                  "position": str(st.stream.position), "connections": st.hub.count})
-
-
-async def metrics_endpoint(request: Request) -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
-
-def create_app(settings: Settings) -> Starlette:
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
-        client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
-        db = client[settings.mongo_db]
-        hub = Hub(settings.send_queue_max)
-        tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}",
-                         silence_seconds=settings.tail_silence_seconds)
-        stream = Stream(db, tail, hub, retention_seconds=settings.retention_seconds,
-                        cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds)
-        app.state.daemon = DaemonState(settings, hub, stream)
-        task = asyncio.create_task(stream.run(), name="stream")
+    # --- admission ------------------------------------------------------------
+    def admit(self, token: str | None, origin: str | None) -> str:
+        """The user, decided before anything is registered; or a Refusal."""
         try:
-            yield
+            user = auth.verify(self.settings.jwt_secret.get_secret_value(), token)
+        except auth.AuthError as exc:
+            metrics.REJECTS.labels("auth").inc()
+            raise Refusal(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"}) from None
+        if origin is not None and not self.origin_allowed(origin):
+            metrics.REJECTS.labels("origin").inc()
+            raise Refusal(403, "origin_not_allowed", f"origin {origin!r} is not allowed")
+        if self.hub.count >= self.settings.max_connections or self.draining:
+            metrics.REJECTS.labels("capacity").inc()
+            raise Refusal(503, "try_again_later", "this daemon is full or restarting; retry", {"Retry-After": "1"})
+        return user
+
+    def origin_allowed(self, origin: str) -> bool:
+        allowed = self.settings.allowed_origins
+        return "*" in allowed or origin in allowed
+
+    async def subscribe(self, sub: Subscriber, since: int | None) -> tuple[CatchUp, int]:
+        """Registers ``sub`` and computes its catch-up; returns (catch-up, cursor).
+
+        The stream position is read and the subscriber registered with no
+        await in between: catch-up covers (since, position], live frames the rest.
+        """
+        position = self.stream.position
+        sub.last_id = since if since is not None else position
+        self.hub.register(sub)
+        if since is None:
+            return CatchUp(False, []), position
+        recovered = True
+        if since > position:
+            recovered = await self.stream.wait_for(since, FUTURE_SINCE_WAIT)
+        catch = await self.stream.catch_up(sub.user, since, position)
+        catch.recovered = catch.recovered and recovered
+        return catch, max(position, since) if recovered else position
+
+    # --- /v1/ws ---------------------------------------------------------------------
+    async def handle_upgrade(self, conn: Connection, request: Request) -> bool:
+        """The WebSocket handshake; True once the connection is a WebSocket."""
+        path, query = _split(request.target)
+        if path != "/v1/ws":
+            conn.respond(404, _error_body("not_found", f"no route {path}"), False)
+            return False
+        handshake = ServerProtocol(max_size=self.settings.ws_max_frame_bytes)
+        response = handshake.accept(WsRequest(path, Headers(request.headers)))
+        if response.status_code != 101:  # not a valid WebSocket handshake: the library says why
+            conn.respond(response.status_code, _error_body("bad_handshake", response.body.decode().strip()), False)
+            return False
+        try:
+            token = query.get("token") or auth.bearer(request.headers.get("authorization"))
+            user = self.admit(token, request.headers.get("origin"))
+        except Refusal as refusal:
+            conn.respond(refusal.status, refusal.body(), False, refusal.headers)
+            return False
+        await self.stream.ready.wait()
+        if conn.closing:
+            return True
+        conn.upgrade(user, response.serialize())
+        self.sockets.add(conn)
+        metrics.CONNECTIONS.labels("ws").inc()
+        try:
+            catch, cursor = await self.subscribe(conn, parse_since(query.get("since")))
+        except Exception:
+            log.exception("event=ws_error user=%s", user)
+            conn.close(1011, "server error")
+            return True
+        if conn.closing:
+            return True
+        hello = {"type": "hello", "recovered": catch.recovered, "cursor": str(cursor), "user": user}
+        conn.transport.write(text_frame(orjson.dumps(hello)))
+        conn.go_live(catch.frames)
+        return True
+
+    def forget(self, conn: Connection) -> None:
+        """A WebSocket is gone (closed either way); idempotent."""
+        if conn in self.sockets:
+            self.sockets.discard(conn)
+            self.hub.unregister(conn)
+            metrics.CONNECTIONS.labels("ws").dec()
+
+    # --- plain HTTP ------------------------------------------------------------------
+    async def handle_http(self, conn: Connection, request: Request) -> None:
+        path, query = _split(request.target)
+        keep = request.keep_alive
+        route = ROUTES.get(path)
+        if route is None:
+            conn.respond(404, _error_body("not_found", f"no route {path}"), keep)
+        elif request.method != "GET":
+            conn.respond(405, _error_body("method_not_allowed", f"{request.method} is not allowed here"), keep,
+                         {"Allow": "GET"})
+        else:
+            await route(self, conn, request, query)
+
+    async def poll(self, conn: Connection, request: Request, query: dict[str, str]) -> None:
+        keep = request.keep_alive
+        headers = self.cors_headers(request.headers.get("origin"))
+        try:
+            token = auth.bearer(request.headers.get("authorization")) or query.get("token")
+            user = self.admit(token, None)
+            timeout = _poll_timeout(query.get("timeout", "25"), self.settings.poll_max_timeout_seconds)
+        except Refusal as refusal:
+            conn.respond(refusal.status, refusal.body(), keep, headers | refusal.headers)
+            return
+        await self.stream.ready.wait()
+        waiter = PollWaiter(user, 0)
+        self.polls.add(waiter)
+        metrics.CONNECTIONS.labels("poll").inc()
+        try:
+            catch, cursor = await self.subscribe(waiter, parse_since(query.get("since")))
+            waiter.go_live(catch.frames)
+            if not waiter.items and timeout > 0 and not self.draining:
+                waiter.wake.clear()
+                try:
+                    await asyncio.wait_for(waiter.wake.wait(), timeout)
+                except TimeoutError:
+                    pass
         finally:
+            self.hub.unregister(waiter)
+            self.polls.discard(waiter)
+            metrics.CONNECTIONS.labels("poll").dec()
+        items = waiter.items
+        limit = self.settings.poll_max_messages
+        if len(items) > limit:  # bounded answers: the client pages with the cursor
+            items = items[:limit]
+            last = items[-1][0]
+        elif waiter.overflowed:
+            last = waiter.last_id
+        else:
+            last = max(cursor, waiter.last_id)
+        body = (b'{"messages":[' + b",".join(payload for _i, payload in items) + b'],"cursor":"'
+                + str(last).encode() + b'","recovered":' + (b"true" if catch.recovered else b"false") + b"}")
+        conn.respond(200, body, keep, headers)
+
+    def cors_headers(self, origin: str | None) -> dict[str, str]:
+        """Lets an allowed web page read poll answers (its fallback when a
+        WebSocket cannot be held); a token in the query keeps it a simple request."""
+        if origin is None or not self.origin_allowed(origin):
+            return {}
+        return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+
+    async def healthz(self, conn: Connection, request: Request, query: dict[str, str]) -> None:
+        body = orjson.dumps({"status": "ok" if self.stream.ready.is_set() else "starting", "pid": os.getpid(),
+                             "position": str(self.stream.position), "connections": self.hub.count})
+        conn.respond(200, body, request.keep_alive)
+
+    async def metrics_endpoint(self, conn: Connection, request: Request, query: dict[str, str]) -> None:
+        conn.respond(200, generate_latest(), request.keep_alive, content_type=CONTENT_TYPE_LATEST)
+
+    # --- lifecycle -------------------------------------------------------------------
+    async def heartbeats(self) -> None:
+        tick = max(0.1, min(1.0, self.settings.ping_interval_seconds / 4, self.settings.ping_timeout_seconds / 4))
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for conn in list(self.sockets):
+                conn.heartbeat(now)
+
+    async def drain(self) -> None:
+        """SIGTERM: refuse new clients, answer waiting polls now, close every
+        WebSocket with 1012 so that clients reconnect elsewhere, and give
+        them ``drain_seconds`` to go."""
+        self.draining = True
+        for waiter in list(self.polls):
+            waiter.wake.set()
+        for conn in list(self.sockets):
+            conn.close(CLOSE_RESTART, "daemon restarting: reconnect with since")
+        deadline = time.monotonic() + self.settings.drain_seconds
+        while self.polls and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(self.conns):
+            if conn.http is not None and conn.http.task is None:
+                conn.transport.close()  # idle keep-alive HTTP
+        while self.conns and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # close frames flushing, clients answering
+
+
+async def _not_a_handshake(daemon: Daemon, conn: Connection, request: Request, query: dict[str, str]) -> None:
+    conn.respond(426, _error_body("upgrade_required", "/v1/ws is a WebSocket endpoint"), request.keep_alive,
+                 {"Upgrade": "websocket"})
+
+
+ROUTES = {
+    "/v1/poll": Daemon.poll,
+    "/v1/ws": _not_a_handshake,  # a plain GET: the handshake is handle_upgrade's
+    "/healthz": Daemon.healthz,
+    "/metrics": Daemon.metrics_endpoint,
+}
+
+
+def _split(target: bytes) -> tuple[str, dict[str, str]]:
+    url = urllib.parse.urlsplit(target.decode("latin-1"))
+    return url.path, dict(urllib.parse.parse_qsl(url.query))
+
+
+def _error_body(code: str, message: str) -> bytes:
+    return orjson.dumps({"error": code, "message": message})
+
+
+def _poll_timeout(raw: str, limit: float) -> float:
+    try:
+        timeout = float(raw)
+        if 0 <= timeout <= limit:
+            return timeout
+    except ValueError:
+        pass
+    raise Refusal(422, "invalid_field", f"`timeout` must be seconds from 0 to {limit:g}")
+
+
+async def run(settings: Settings) -> None:
+    """One daemon process: the stream, the listening socket, until SIGTERM."""
+    loop = asyncio.get_running_loop()
+    client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+    db = client[settings.mongo_db]
+    hub = Hub(settings.send_buffer_max_bytes)
+    tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds)
+    stream = Stream(db, tail, hub, retention_seconds=settings.retention_seconds,
+                    cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds)
+    daemon = Daemon(settings, hub, stream)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [loop.create_task(stream.run(), name="stream"), loop.create_task(daemon.heartbeats(), name="heartbeats")]
+    server = await loop.create_server(lambda: Connection(daemon), sock=reuseport_socket(
+        settings.daemon_host, settings.daemon_port), backlog=4096)
+    log.info("event=daemon_started port=%d pid=%d", settings.daemon_port, os.getpid())
+    try:
+        await stop.wait()
+        log.info("event=daemon_draining connections=%d", hub.count)
+        server.close()
+        await daemon.drain()
+    finally:
+        for task in tasks:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await client.close()
-
-    return Starlette(routes=[
-        WebSocketRoute("/v1/ws", ws_endpoint),
-        Route("/v1/poll", poll, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-    ], lifespan=lifespan)
-
-
-def start_draining(app: Starlette) -> None:
-    """SIGTERM: refuse new clients, answer waiting polls now; uvicorn then
-    closes every WebSocket with 1012 and the clients reconnect elsewhere."""
-    st: DaemonState | None = getattr(app.state, "daemon", None)
-    if st is None:
-        return
-    st.draining.set()
-    for sub in list(st.polls):
-        sub._wake()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+        log.info("event=daemon_stopped")

@@ -19,9 +19,10 @@ from pymongo.errors import PyMongoError
 
 from chat.messages import Message, from_doc, inserted_docs
 from daemon import metrics
-from daemon.hub import Hub
+from daemon.hub import Hub, Item
 from daemon.oplog import RESTARTED, OplogTail
 from daemon.sequencer import Sequencer
+from daemon.wire import text_frame
 from db import mongo
 
 log = logging.getLogger("chat.stream")
@@ -34,13 +35,13 @@ FILL = object()  # in the consumer's queue: "read the truth now"
 @dataclass(slots=True)
 class Entry:
     msg: Message
-    frame: str
+    payload: bytes  # the message's JSON, encoded once
 
 
 @dataclass
 class CatchUp:
     recovered: bool
-    frames: list[tuple[int, str, float | None]]
+    frames: list[Item]
 
 
 class Stream:
@@ -181,10 +182,13 @@ class Stream:
             return
         for doc in docs:
             msg = from_doc(doc)
-            frame = msg.frame().decode()
-            self._cache_append(Entry(msg, frame))
-            delivered = self._hub.dispatch(msg, frame, received)
-            metrics.PUSHES.inc(delivered)
+            payload = msg.frame()
+            self._cache_append(Entry(msg, payload))
+            delivered = self._hub.dispatch(msg, payload, text_frame(payload))
+            if delivered:
+                metrics.PUSHES.inc(delivered)
+                # dispatch wrote to every socket before returning: this is oplog -> socket
+                metrics.OPLOG_TO_SOCKET.observe(time.perf_counter() - received)
         metrics.POSITION.set(self.position)
         metrics.TAIL_LAG.set(max(0.0, time.time() - docs[-1]["created_at"].timestamp()))
         self._notify()
@@ -192,7 +196,7 @@ class Stream:
     def _cache_extend(self, docs: list[dict]) -> None:
         for doc in docs:
             msg = from_doc(doc)
-            self._cache_append(Entry(msg, msg.frame().decode()))
+            self._cache_append(Entry(msg, msg.frame()))
 
     def _cache_append(self, entry: Entry) -> None:
         # catch_up() indexes the cache by id: it must hold consecutive ids only
@@ -229,7 +233,7 @@ class Stream:
                     if e.msg.created_at < cutoff:
                         recovered = False
                     else:
-                        frames.append((e.msg.id, e.frame, None))
+                        frames.append((e.msg.id, e.payload, None))
             return CatchUp(recovered, frames)
         metrics.CATCHUP_QUERIES.labels("mongo").inc()
         floor = await mongo.retention_floor(self._db)
@@ -241,7 +245,7 @@ class Stream:
                 if msg.created_at < cutoff:
                     recovered = False
                 else:
-                    frames.append((msg.id, msg.frame().decode(), None))
+                    frames.append((msg.id, msg.frame(), None))
             if len(docs) < PAGE:
                 return CatchUp(recovered, frames)
             after = int(docs[-1]["_id"])

@@ -1,3 +1,5 @@
+"""The delivery bookkeeping with no sockets: who gets what, once, in order."""
+
 from datetime import UTC, datetime
 
 from chat.messages import Message
@@ -8,73 +10,106 @@ def msg(i, sender="a", recipient="b"):
     return Message(i, sender, recipient, f"m{i}", datetime(2026, 1, 1, tzinfo=UTC))
 
 
-def sub(user, since=0):
-    woken = []
-    s = Subscriber(user, lambda: woken.append(1), since)
-    return s, woken
+class Recorder(Subscriber):
+    """A connection whose socket is a list."""
+
+    __slots__ = ("sent", "closed")
+
+    def __init__(self, user, since=0):
+        super().__init__(user, since)
+        self.sent: list[int] = []
+        self.closed = False
+
+    def send(self, msg_id, payload, frame):
+        self.sent.append(msg_id)
+
+    def overflow(self):
+        self.closed = True
+
+
+def live(hub, user, since=0):
+    s = Recorder(user, since)
+    hub.register(s)
+    s.go_live([])
+    return s
+
+
+def offer(hub, i, sender="a", recipient="b"):
+    return hub.dispatch(msg(i, sender, recipient), f"m{i}".encode(), None)
 
 
 def test_message_goes_to_every_connection_of_recipient_and_sender():
-    hub = Hub(send_queue_max=10)
-    b1, _ = sub("b")
-    b2, _ = sub("b")
-    a1, _ = sub("a")
-    c1, _ = sub("c")
-    for s in (b1, b2, a1, c1):
-        hub.register(s)
-        s.go_live([])
-    assert hub.dispatch(msg(1), "f1") == 3
-    assert [i for i, _, _ in b1.take()] == [1]
-    assert [i for i, _, _ in b2.take()] == [1]
-    assert [i for i, _, _ in a1.take()] == [1]  # the sender's other device
-    assert c1.take() == []
+    hub = Hub(1000)
+    b1, b2, a1, c1 = live(hub, "b"), live(hub, "b"), live(hub, "a"), live(hub, "c")
+    assert offer(hub, 1) == 3
+    assert b1.sent == [1] and b2.sent == [1]
+    assert a1.sent == [1]  # the sender's other device
+    assert c1.sent == []
 
 
 def test_message_to_self_is_delivered_once_per_connection():
-    hub = Hub(10)
-    a, _ = sub("a")
-    hub.register(a)
-    a.go_live([])
-    hub.dispatch(msg(1, "a", "a"), "f")
-    assert len(a.take()) == 1
+    hub = Hub(1000)
+    a = live(hub, "a")
+    offer(hub, 1, "a", "a")
+    assert a.sent == [1]
 
 
-def test_catch_up_frames_go_before_live_frames_queued_meanwhile():
-    hub = Hub(10)
-    b, woken = sub("b", since=3)
+def test_catch_up_frames_go_before_live_frames_held_meanwhile():
+    hub = Hub(1000)
+    b = Recorder("b", since=3)
     hub.register(b)
-    hub.dispatch(msg(6), "f6")  # arrives while catch-up of (3, 5] runs
-    assert woken == []  # not live yet: nothing is sent before the catch-up
-    b.go_live([(4, "f4", None), (5, "f5", None)])
-    assert [i for i, _, _ in b.take()] == [4, 5, 6]
+    offer(hub, 6)  # arrives while the catch-up of (3, 5] runs
+    assert b.sent == []  # not live yet: nothing goes out before the catch-up
+    b.go_live([(4, b"m4", None), (5, b"m5", None)])
+    assert b.sent == [4, 5, 6]
+    offer(hub, 7)
+    assert b.sent == [4, 5, 6, 7]
 
 
 def test_ids_at_or_below_last_sent_are_never_sent_again():
-    hub = Hub(10)
-    b, _ = sub("b", since=5)
+    hub = Hub(1000)
+    b = Recorder("b", since=5)
     hub.register(b)
-    b.go_live([(5, "f5", None)])
-    hub.dispatch(msg(6), "f6")
-    hub.dispatch(msg(6), "f6")
-    assert [i for i, _, _ in b.take()] == [6]
+    b.go_live([(5, b"m5", None)])
+    offer(hub, 6)
+    offer(hub, 6)
+    offer(hub, 4)
+    assert b.sent == [6]
 
 
-def test_a_full_queue_marks_the_connection_slow_and_stops_queueing():
-    hub = Hub(send_queue_max=2)
-    b, woken = sub("b")
+def test_overflow_while_catching_up_sends_the_gap_free_prefix_then_closes():
+    hub = Hub(pending_max_bytes=4)  # room for two 2-byte payloads
+    b = Recorder("b")
     hub.register(b)
-    b.go_live([])
     for i in (1, 2, 3, 4):
-        hub.dispatch(msg(i), f"f{i}")
-    assert b.overflowed
-    assert len(b.queue) == 2
+        offer(hub, i)
+    assert b.overflowed and not b.closed
+    b.go_live([])
+    assert b.sent == [1, 2] and b.closed  # then 4008; the client resumes after 2
+    offer(hub, 5)
+    assert b.sent == [1, 2]
 
 
 def test_unregister_forgets_the_user_when_last_connection_leaves():
-    hub = Hub(10)
-    b, _ = sub("b")
-    hub.register(b)
+    hub = Hub(1000)
+    b = live(hub, "b")
     hub.unregister(b)
     hub.unregister(b)  # idempotent
     assert hub.count == 0 and hub.connections_of("b") == 0
-    assert hub.dispatch(msg(1), "f") == 0
+    assert offer(hub, 1) == 0
+
+
+def test_a_connection_that_closes_while_sending_leaves_the_others_served():
+    hub = Hub(1000)
+
+    class Closing(Recorder):
+        __slots__ = ()
+
+        def send(self, msg_id, payload, frame):
+            hub.unregister(self)  # what the shell does on a slow consumer
+
+    closing, other = Closing("b"), live(hub, "b")
+    hub.register(closing)
+    closing.go_live([])
+    assert offer(hub, 1) == 2
+    assert other.sent == [1] and hub.connections_of("b") == 1

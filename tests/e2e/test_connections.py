@@ -20,7 +20,7 @@ from tests.system import running_system
 @pytest.fixture(scope="module")
 def strict(dbs):
     """A system with small limits, so that each one can be reached quickly."""
-    with running_system(dbs, daemons=1, apis=1, CHAT_SEND_QUEUE_MAX=8, CHAT_PING_INTERVAL_SECONDS=1,
+    with running_system(dbs, daemons=1, apis=1, CHAT_PING_INTERVAL_SECONDS=1,
                         CHAT_PING_TIMEOUT_SECONDS=1, CHAT_WS_MAX_FRAME_BYTES=1024,
                         CHAT_WS_MAX_FRAMES_PER_SECOND=5, CHAT_RATE_LIMIT_PER_SECOND=0,
                         CHAT_ALLOWED_ORIGINS='["https://chat.example"]') as s:
@@ -70,7 +70,17 @@ async def test_inbound_frame_flood_closes_with_1008(strict, users):
     assert info.value.rcvd.code == 1008
 
 
-async def test_slow_consumer_is_closed_with_4008_and_others_are_unaffected(strict, users):
+@pytest.fixture(scope="module")
+def patient(dbs):
+    """Pings far apart, so that a client that stops reading overflows its
+    send buffer before it could be taken for a dead peer."""
+    with running_system(dbs, daemons=1, apis=1, CHAT_SEND_BUFFER_MAX_BYTES=65536, CHAT_PING_INTERVAL_SECONDS=60,
+                        CHAT_RATE_LIMIT_PER_SECOND=0) as s:
+        yield s
+
+
+async def test_slow_consumer_is_closed_with_4008_and_others_are_unaffected(patient, users):
+    strict = patient
     alice, slow, carol = users("alice"), users("slow"), users("carol")
     # This client stops reading (max_queue=1, a small receive buffer), so TCP
     # backpressure reaches the daemon and its queue for the client fills.

@@ -1,0 +1,264 @@
+"""One client socket of a daemon: HTTP/1.1 until it upgrades, then a WebSocket.
+
+This is the whole per-connection state, kept small on purpose (an idle
+WebSocket costs a few KB, README "Why a lean server"): no task, no queue and
+no protocol object per connection once it is live. Frames are written
+straight to the transport when the hub offers them; the transport's unsent
+bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
+
+Routing and admission live in ``daemon.server``; the bookkeeping in
+``daemon.hub``. Close codes: 1002 protocol error, 1008 inbound frame rate,
+1009 inbound frame too big, 1011 server error, 1012 restarting, 4008 slow
+consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import httptools
+
+from daemon import metrics
+from daemon.hub import SLOW_CONSUMER, Subscriber
+from daemon.wire import PING, FrameReader, Opcode, PayloadTooBig, ProtocolError, close_frame, http_response
+from daemon.wire import parse_close, pong_frame, text_frame
+
+if TYPE_CHECKING:
+    from daemon.server import Daemon
+
+log = logging.getLogger("chat.daemon")
+
+CLOSE_PROTOCOL, CLOSE_RATE, CLOSE_TOO_BIG, CLOSE_ERROR, CLOSE_RESTART = 1002, 1008, 1009, 1011, 1012
+REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
+PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
+CLOSE_STALL_SECONDS = 10.0  # a closing peer that reads nothing for this long is cut off (websockets' close_timeout)
+
+
+class Request:
+    __slots__ = ("method", "target", "headers", "keep_alive", "upgrade")
+
+    def __init__(self, method: str, target: bytes, headers: dict[str, str], keep_alive: bool, upgrade: bool):
+        self.method, self.target, self.headers = method, target, headers
+        self.keep_alive, self.upgrade = keep_alive, upgrade
+
+
+class HttpPhase:
+    """What a connection needs only until it upgrades (httptools callbacks)."""
+
+    __slots__ = ("parser", "target", "headers", "head_bytes", "requests", "task", "rest")
+
+    def __init__(self):
+        self.parser = httptools.HttpRequestParser(self)
+        self.target = b""
+        self.headers: dict[str, str] = {}
+        self.head_bytes = 0
+        self.requests: deque[Request] = deque()
+        self.task: asyncio.Task | None = None
+        self.rest = b""  # bytes after an upgrade request: the client's first frames
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_message_complete(self) -> None:
+        p = self.parser
+        self.requests.append(Request(p.get_method().decode(), self.target, self.headers,
+                                     p.should_keep_alive(), p.should_upgrade()))
+        self.target, self.headers, self.head_bytes = b"", {}, 0
+
+
+class Connection(Subscriber, asyncio.Protocol):
+    __slots__ = ("daemon", "transport", "http", "reader", "ping_sent", "next_ping",
+                 "window_start", "window_count", "closing")
+
+    def __init__(self, daemon: Daemon):
+        Subscriber.__init__(self, "", 0)
+        self.daemon = daemon
+        self.transport: asyncio.Transport | None = None
+        self.http: HttpPhase | None = HttpPhase()
+        self.reader: FrameReader | None = None  # exists only while a frame is partly read
+        self.ping_sent = 0.0  # monotonic time of the unanswered ping, 0 if none
+        self.next_ping = 0.0
+        self.window_start = 0.0
+        self.window_count = 0
+        self.closing = False
+
+    # --- asyncio.Protocol ---------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.daemon.conns.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.http is not None:
+            self._http_data(data)
+        elif not self.closing:
+            self._ws_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.daemon.conns.discard(self)
+        if self.http is not None:
+            if self.http.task is not None:
+                self.http.task.cancel()
+            self.http = None
+        else:
+            self.daemon.forget(self)
+
+    # --- HTTP ---------------------------------------------------------------
+    def _http_data(self, data: bytes) -> None:
+        http = self.http
+        http.head_bytes += len(data)
+        if http.head_bytes > REQUEST_HEAD_MAX:
+            self.respond(431, b'{"error":"headers_too_large","message":"request head over 16 KiB"}', False)
+            return
+        try:
+            http.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            http.rest = data[upgrade.args[0]:]
+            self.transport.pause_reading()  # the handshake decides what comes next
+        except httptools.HttpParserError:
+            self.respond(400, b'{"error":"bad_request","message":"malformed HTTP request"}', False)
+            return
+        if http.requests and http.task is None:
+            http.task = asyncio.get_running_loop().create_task(self._serve_http())
+        if len(http.requests) >= PIPELINE_MAX:
+            self.transport.pause_reading()
+
+    async def _serve_http(self) -> None:
+        http = self.http
+        try:
+            while http.requests and not self.closing:
+                request = http.requests.popleft()
+                if request.upgrade and await self.daemon.handle_upgrade(self, request):
+                    return  # a WebSocket now; nothing after the upgrade is HTTP
+                if not request.upgrade:
+                    await self.daemon.handle_http(self, request)
+                if not request.keep_alive or request.upgrade:
+                    self.transport.close()
+                    return
+                self.transport.resume_reading()
+        except Exception:
+            log.exception("event=http_error")
+            self.respond(500, b'{"error":"server_error","message":"internal error"}', False)
+        finally:
+            if self.http is http:
+                http.task = None
+
+    def respond(self, status: int, body: bytes, keep_alive: bool, headers: dict | None = None,
+                content_type: str = "application/json") -> None:
+        keep_alive = keep_alive and not self.daemon.draining
+        if not self.transport.is_closing():
+            self.transport.write(http_response(status, body, content_type, headers, keep_alive))
+            if not keep_alive:
+                self.transport.close()
+
+    def upgrade(self, user: str, response: bytes) -> None:
+        """Switches to WebSocket: the 101 goes out, the HTTP state is dropped."""
+        rest = self.http.rest
+        self.http = None
+        self.user = user
+        self.transport.write(response)
+        self.next_ping = time.monotonic() + self.daemon.settings.ping_interval_seconds
+        self.transport.resume_reading()
+        if rest:
+            self._ws_data(rest)
+
+    # --- WebSocket: what the hub calls --------------------------------------
+    def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
+        transport = self.transport
+        transport.write(frame if frame is not None else text_frame(payload))
+        if transport.get_write_buffer_size() > self.daemon.settings.send_buffer_max_bytes:
+            self.overflowed = True
+            self.overflow()
+
+    def overflow(self) -> None:
+        metrics.CLOSES.labels("slow_consumer").inc()
+        self.close(SLOW_CONSUMER, "slow consumer: reconnect with since")
+
+    # --- WebSocket: what the client sends -------------------------------------
+    def _ws_data(self, data: bytes) -> None:
+        if self.reader is None:
+            self.reader = FrameReader(self.daemon.settings.ws_max_frame_bytes)
+        try:
+            frames = self.reader.feed(data)
+        except PayloadTooBig:
+            metrics.CLOSES.labels("frame_too_big").inc()
+            self.close(CLOSE_TOO_BIG, "frame too big")
+            return
+        except ProtocolError:
+            metrics.CLOSES.labels("protocol_error").inc()
+            self.close(CLOSE_PROTOCOL, "protocol error")
+            return
+        if self.reader.idle:
+            self.reader = None
+        for frame in frames:
+            if frame.opcode is Opcode.PONG:
+                self.ping_sent = 0.0
+            elif frame.opcode is Opcode.CLOSE:
+                try:
+                    code = parse_close(frame.data)
+                except ProtocolError:
+                    code = CLOSE_PROTOCOL
+                self.close(1000 if code == 1005 else code, "")  # the close handshake: echo the code
+                return
+            else:  # text, binary, continuation, ping: nothing is expected, so they are rate-limited
+                if not self._within_rate():
+                    metrics.CLOSES.labels("frame_rate").inc()
+                    self.close(CLOSE_RATE, "too many frames")
+                    return
+                if frame.opcode is Opcode.PING:
+                    self.transport.write(pong_frame(frame.data))
+
+    def _within_rate(self) -> bool:
+        now = time.monotonic()
+        if now - self.window_start >= 1.0:
+            self.window_start, self.window_count = now, 0
+        self.window_count += 1
+        return self.window_count <= self.daemon.settings.ws_max_frames_per_second
+
+    # --- WebSocket: keep-alive and closing ------------------------------------
+    def heartbeat(self, now: float) -> None:
+        """Called about every second by the daemon for every WebSocket."""
+        settings = self.daemon.settings
+        if self.ping_sent:
+            if now - self.ping_sent > settings.ping_timeout_seconds:
+                metrics.CLOSES.labels("ping_timeout").inc()
+                self.transport.abort()  # half-open: no close handshake is possible
+        elif now >= self.next_ping:
+            self.ping_sent, self.next_ping = now, now + settings.ping_interval_seconds
+            self.transport.write(PING)
+
+    def close(self, code: int, reason: str) -> None:
+        """Sends a close frame and closes once it is flushed; a peer that
+        stops reading is cut off (``_reap_if_stalled``)."""
+        if self.closing:
+            return
+        self.closing = True
+        self.daemon.forget(self)
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.write(close_frame(code, reason))
+        transport.close()
+        _reap_if_stalled(transport, max(CLOSE_STALL_SECONDS, self.daemon.settings.ping_timeout_seconds),
+                         transport.get_write_buffer_size())
+
+
+def _reap_if_stalled(transport: asyncio.Transport, period: float, unsent: int) -> None:
+    """A closing connection keeps flushing (the client still gets its close
+    code) for as long as the client keeps reading; one that stops is aborted."""
+    def check() -> None:
+        left = transport.get_write_buffer_size()
+        if left == 0:  # flushed, and closed
+            return
+        if left >= unsent:
+            transport.abort()
+        else:
+            _reap_if_stalled(transport, period, left)
+    asyncio.get_running_loop().call_later(period, check)

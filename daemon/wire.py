@@ -1,0 +1,87 @@
+"""Bytes on the daemon's sockets, with no I/O: WebSocket frames out, an
+incremental reader of frames in, and plain HTTP/1.1 responses.
+
+Frames are built and parsed by the websockets library's sans-I/O pieces
+(``Frame``, ``StreamReader``); this module only keeps them out of the
+per-connection state, which is what lets a daemon hold an idle connection
+in a few kilobytes (README, "Why a lean server").
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from websockets.exceptions import PayloadTooBig, ProtocolError
+from websockets.frames import Close, Frame, Opcode
+from websockets.streams import StreamReader
+
+__all__ = ["FrameReader", "PayloadTooBig", "ProtocolError", "close_frame", "http_response",
+           "pong_frame", "text_frame", "Opcode", "PING"]
+
+PING = Frame(Opcode.PING, b"").serialize(mask=False)
+
+
+def text_frame(payload: bytes) -> bytes:
+    """One server-to-client text frame (servers never mask). Built once per
+    message, then written to every socket it goes to."""
+    return Frame(Opcode.TEXT, payload).serialize(mask=False)
+
+
+def close_frame(code: int, reason: str = "") -> bytes:
+    return Frame(Opcode.CLOSE, Close(code, reason).serialize()).serialize(mask=False)
+
+
+def pong_frame(data: bytes) -> bytes:
+    return Frame(Opcode.PONG, data).serialize(mask=False)
+
+
+def parse_close(data: bytes) -> int:
+    """The code of a peer's close frame (1005 when it gave none)."""
+    return Close.parse(data).code if data else 1005
+
+
+class FrameReader:
+    """Client frames, fed in as they arrive. Raises ``PayloadTooBig`` as soon
+    as a header announces more than ``max_size`` (the payload is never
+    buffered) and ``ProtocolError`` on unmasked or malformed frames.
+
+    A connection creates one only while inbound bytes are pending, and drops
+    it when the buffer is empty again: clients rarely send anything but pongs.
+    """
+
+    __slots__ = ("_reader", "_parser", "_max_size")
+
+    def __init__(self, max_size: int):
+        self._reader = StreamReader()
+        self._max_size = max_size
+        self._parser = None
+
+    def feed(self, data: bytes) -> list[Frame]:
+        self._reader.feed_data(data)
+        frames = []
+        while True:
+            if self._parser is None:
+                self._parser = Frame.parse(self._reader.read_exact, mask=True, max_size=self._max_size)
+            try:
+                next(self._parser)  # runs until it needs more bytes (yields) or has a frame
+            except StopIteration as done:
+                frames.append(done.value)
+                self._parser = None
+                if self._reader.buffer:
+                    continue
+            return frames
+
+    @property
+    def idle(self) -> bool:
+        """No partial frame: the connection can drop this reader."""
+        return self._parser is None and not self._reader.buffer
+
+
+def http_response(status: int, body: bytes = b"", content_type: str = "application/json",
+                  headers: dict[str, str] | None = None, keep_alive: bool = False) -> bytes:
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+             f"Content-Type: {content_type}",
+             f"Content-Length: {len(body)}",
+             "Connection: keep-alive" if keep_alive else "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
