@@ -6,6 +6,7 @@ encoded to bytes once and the same bytes go to every socket.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -47,6 +48,7 @@ class Message:
         return orjson.dumps(self.to_public())
 
 
+@functools.lru_cache(maxsize=256)  # a group commit stamps its whole batch with one time
 def rfc3339(ts: datetime) -> str:
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=UTC)

@@ -13,7 +13,7 @@ PUSHES = Counter("chat_daemon_pushes_total", "Messages handed to connections: wr
 OPLOG_ENTRIES = Counter("chat_daemon_oplog_entries_total", "Oplog entries read")
 OPLOG_TO_SOCKET = Histogram(
     "chat_daemon_oplog_to_socket_seconds", "Oplog entry received -> frame written to the socket",
-    buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+    buckets=(.00025, .0005, .001, .002, .003, .004, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
 TAIL_LAG = Gauge("chat_daemon_tail_lag_seconds", "Now minus created_at of the newest message released")
 POSITION = Gauge("chat_daemon_stream_position", "Highest message id released")
 CATCHUP_QUERIES = Counter("chat_daemon_catchups_total", "Catch-ups and hole fills by source", ["source"])

@@ -291,13 +291,16 @@ def _poll_timeout(raw: str, limit: float) -> float:
     raise Refusal(422, "invalid_field", f"`timeout` must be seconds from 0 to {limit:g}")
 
 
-async def run(settings: Settings) -> None:
-    """One daemon process: the stream, the listening socket, until SIGTERM."""
+async def run(settings: Settings, tail=None) -> None:
+    """One daemon process: the stream, the listening socket, until SIGTERM.
+    ``tail`` replaces the oplog tail (the replay benchmark feeds recorded entries)."""
     loop = asyncio.get_running_loop()
     client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
     db = client[settings.mongo_db]
     hub = Hub(settings.send_buffer_max_bytes)
-    tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds)
+    if tail is None:
+        tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}",
+                         silence_seconds=settings.tail_silence_seconds)
     stream = Stream(db, tail, hub, retention_seconds=settings.retention_seconds,
                     cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds)
     daemon = Daemon(settings, hub, stream)

@@ -180,15 +180,17 @@ class Stream:
     def _release(self, docs: list[dict], received: float) -> None:
         if not docs:
             return
+        pushes = 0
         for doc in docs:
             msg = from_doc(doc)
             payload = msg.frame()
             self._cache_append(Entry(msg, payload))
             delivered = self._hub.dispatch(msg, payload, text_frame(payload))
             if delivered:
-                metrics.PUSHES.inc(delivered)
+                pushes += delivered
                 # dispatch wrote to every socket before returning: this is oplog -> socket
                 metrics.OPLOG_TO_SOCKET.observe(time.perf_counter() - received)
+        metrics.PUSHES.inc(pushes)
         metrics.POSITION.set(self.position)
         metrics.TAIL_LAG.set(max(0.0, time.time() - docs[-1]["created_at"].timestamp()))
         self._notify()

@@ -49,11 +49,12 @@ class FrameReader:
     it when the buffer is empty again: clients rarely send anything but pongs.
     """
 
-    __slots__ = ("_reader", "_parser", "_max_size")
+    __slots__ = ("_reader", "_parser", "_max_size", "_mask")
 
-    def __init__(self, max_size: int):
+    def __init__(self, max_size: int | None, mask: bool = True):
         self._reader = StreamReader()
         self._max_size = max_size
+        self._mask = mask  # client frames are masked; a client reading server frames passes False
         self._parser = None
 
     def feed(self, data: bytes) -> list[Frame]:
@@ -61,7 +62,7 @@ class FrameReader:
         frames = []
         while True:
             if self._parser is None:
-                self._parser = Frame.parse(self._reader.read_exact, mask=True, max_size=self._max_size)
+                self._parser = Frame.parse(self._reader.read_exact, mask=self._mask, max_size=self._max_size)
             try:
                 next(self._parser)  # runs until it needs more bytes (yields) or has a frame
             except StopIteration as done:

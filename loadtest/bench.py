@@ -19,7 +19,7 @@ import httpx
 import orjson
 import typer
 
-from loadtest import ab, machine, scrape, wsload
+from loadtest import ab, machine, replay, scrape, wsload
 from loadtest.report import write_report
 from tests.system import databases, running_system
 
@@ -112,16 +112,50 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
     return out
 
 
+def replay_runs(clients: int, rates: list[float], seconds: float, max_count: int, daemons: int) -> list[dict]:
+    """The daemon tier alone, fed recorded oplog entries (loadtest/replay.py):
+    latency at each rate, then throughput as fast as it goes."""
+    out = []
+    for rate in [*rates, 0]:
+        count = int(rate * seconds) if rate else max_count
+        log(f"replayed oplog: {clients} clients, {daemons} daemon(s), {rate or 'max'} msg/s, {count} messages")
+        result = replay.bench(clients, rate, count, daemons, replay.tick_batch(rate))
+        log(f"  -> {orjson.dumps(result).decode()}")
+        if result["lost"] or result["duplicates"] or result["held"] < clients:
+            raise SystemExit(f"FAILED: replay lost {result['lost']}, duplicated {result['duplicates']}, "
+                             f"held {result['held']}/{clients}")
+        out.append(result)
+    return out
+
+
+def hold_run(dbs, clients: int, daemons: int, rate: float, seconds: float) -> dict:
+    """Many idle clients over several daemons (each under the 20k open-files
+    limit), with messages flowing through the whole system meanwhile."""
+    log(f"holding {clients} WebSocket clients on {daemons} daemons, {rate} msg/s for {seconds} s")
+    with running_system(dbs, daemons=daemons, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_LOG_LEVEL="WARNING") as s:
+        result = wsload.run(s, clients, rate, seconds)
+    log(f"  -> {orjson.dumps(result).decode()}")
+    if result["lost"] or result["duplicates"] or result["held"] < clients:
+        raise SystemExit(f"FAILED: hold lost {result['lost']}, duplicated {result['duplicates']}, "
+                         f"held {result['held']}/{clients}")
+    return result
+
+
 @app.command()
 def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option(False, "--full"),
          out_dir: Path = typer.Option(RESULTS)) -> None:
     if full:
         levels, seconds, iterations = [10, 100, 500, 1000], 20, 5
         sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, 2
+        replay_clients, replay_rates, replay_max = 10_000, [1000, 2000, 5000, 10_000], 200_000
+        hold = (100_000, 8, 100, 20)  # clients, daemons, msg/s, seconds
     else:
         levels, seconds, iterations = [10, 100, 500, 1000], 5, 1
         sizes, rate, ws_seconds, daemons = [100, 1000], 200, 10, 2
+        replay_clients, replay_rates, replay_max = 2000, [1000, 2000, 5000], 50_000
+        hold = None
     results = {"machine": machine.describe(), "mode": "full" if full else "quick"}
+    results["replay"] = replay_runs(replay_clients, replay_rates, 5 if not full else 10, replay_max, 1)
     with databases(Path(tempfile.mkdtemp(prefix="bench-"))) as dbs:
         with running_system(dbs, daemons=daemons, apis=2, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_LOG_LEVEL="WARNING",
                             CHAT_WRITER_QUEUE_MAX=50_000) as system:
@@ -129,6 +163,9 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
             # reads of it (a daemon's catch-up after a fall-off) scan it whole.
             results["ws"] = ws_runs(system, sizes, rate, ws_seconds)
             results["ab"] = ab_matrix(system, levels, seconds, iterations, poll_rate=20)
+    if hold is not None:
+        with databases(Path(tempfile.mkdtemp(prefix="bench-hold-"))) as dbs:
+            results["hold"] = hold_run(dbs, *hold)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "latest.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
     write_report(results, out_dir)

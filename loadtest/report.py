@@ -52,8 +52,36 @@ def write_report(r: dict, out: Path) -> None:
                      f"{w['lost']} | {w['duplicates']} | {w['daemon_rss_kb_per_conn']:g} |")
     lines += ["", "![latency against connections](latency_vs_connections.png)",
               "![memory against connections](memory_vs_connections.png)", ""]
+    if r.get("hold"):
+        h = r["hold"]
+        lines += ["## Connections held at once", "",
+                  f"{h['held']:,} of {h['clients']:,} WebSocket clients held by {len(h['per_daemon'])} daemon processes "
+                  f"({', '.join(str(d['connections']) for d in h['per_daemon'])} each), from {h['client_procs']} "
+                  f"client processes, connected in {h['connect_seconds']} s; {h['sent']} messages sent through the "
+                  f"API meanwhile: **{h['lost']} lost, {h['duplicates']} duplicated**; daemon RSS "
+                  f"{h['daemon_rss_kb_per_conn']} KB per connection ({h['daemon_rss_mb']} MB in all).", ""]
+    if r.get("replay"):
+        lines += _replay_table(r["replay"])
     (out / "report.md").write_text("\n".join(lines))
     _plots(r, out)
+
+
+def _replay_table(runs: list[dict]) -> list[str]:
+    lines = ["## The daemon tier alone: recorded FerretDB oplog entries replayed in-process", "",
+             "No database on the path: `python -m loadtest.replay` feeds real oplog entries recorded from FerretDB "
+             "to a daemon process in place of its tail; the rest (sequencer, hub, WebSocket server, sockets, "
+             "clients in other processes that check every id) is the production code. oplog → socket is the "
+             "daemon's histogram (bucket bounds); e2e adds the clients' own reading.", "",
+             "| clients | daemons | msg/s asked | batch | messages/s delivered | frames/s | oplog→socket p50/p99 ms "
+             "| share ≤ 5 ms | e2e p50/p99 ms | daemon CPU µs/msg | lost | dup |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in runs:
+        o, e = x["oplog_to_socket_ms"], x["e2e_ms"]
+        lines.append(f"| {x['clients']} | {x['daemons']} | {x['rate']} | {x['batch']} | {x['messages_per_s']} | "
+                     f"{x['frames_per_s']} | {_fmt(o['p50'])}/{_fmt(o['p99'])} | {_fmt(o['share_within_5ms'])} | "
+                     f"{_fmt(e['p50'])}/{_fmt(e['p99'])} | {x['daemon_cpu_us_per_message']} | {x['lost']} | "
+                     f"{x['duplicates']} |")
+    return lines + ["", "![latency against message rate](latency_vs_rate.png)", ""]
 
 
 def _plots(r: dict, out: Path) -> None:
@@ -83,4 +111,20 @@ def _plots(r: dict, out: Path) -> None:
     fig.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(out / "memory_vs_connections.png", dpi=110)
+    paced = [x for x in r.get("replay", []) if x["rate"] != "max"]
+    if paced:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        rates = [x["messages_per_s"] for x in paced]
+        for key, label, style in (("oplog_to_socket_ms", "oplog → socket (daemon)", "o"),
+                                  ("e2e_ms", "replay → client (e2e)", "s")):
+            ax.plot(rates, [x[key]["p50"] for x in paced], f"{style}-", label=f"{label} p50")
+            ax.plot(rates, [x[key]["p99"] for x in paced], f"{style}--", label=f"{label} p99")
+        ax.axhline(5, color="grey", lw=0.8, ls=":", label="5 ms target (p99, oplog → socket)")
+        ax.set_xscale("log")
+        ax.set_xlabel("messages/s delivered")
+        ax.set_ylabel("ms")
+        ax.set_title(f"Latency vs message rate, {paced[0]['clients']} clients, replayed oplog (no database)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "latency_vs_rate.png", dpi=110)
     plt.close("all")

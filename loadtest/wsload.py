@@ -19,12 +19,15 @@ from pathlib import Path
 import httpx
 import orjson
 import psutil
-import websockets
+import typer
+import uvloop
 from tqdm import tqdm
 
 from chat import auth
+from chatctl.client import Inbox
+from loadtest import leanclient
 
-CLIENTS_PER_PROC = 12_000  # under the 20k open-files limit, with room to spare
+CLIENTS_PER_PROC = 15_000  # under the 20k open-files limit, with room to spare
 
 
 @dataclass
@@ -39,15 +42,22 @@ class Job:
 def _client_proc(job: Job, connected, frames, stop) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    asyncio.run(_clients(job, connected, frames, stop))
+    uvloop.run(_clients(job, connected, frames, stop))
 
 
 async def _clients(job: Job, connected, frames, stop) -> None:
-    received: dict[str, list[int]] = {u: [] for u in job.users}
+    inboxes = {u: Inbox() for u in job.users}
     latencies: list[float] = []
     failures = 0
-    sockets = []
+    clients = []
     gate = asyncio.Semaphore(200)  # handshakes in flight: stay under somaxconn (4096)
+    host, port = job.ws_url.removeprefix("ws://").rsplit(":", 1)
+    counted = 0
+
+    def on_frame(doc: dict, now: float) -> None:
+        nonlocal counted
+        latencies.append(now - float(doc["body"].split(" ", 1)[0]))
+        counted += 1
 
     async def one(user: str):
         nonlocal failures
@@ -55,40 +65,35 @@ async def _clients(job: Job, connected, frames, stop) -> None:
         for attempt in range(5):
             try:
                 async with gate:
-                    ws = await websockets.connect(f"{job.ws_url}/v1/ws?token={token}", local_addr=(job.source, 0),
-                                                  open_timeout=30, ping_interval=None, max_queue=None,
-                                                  compression=None)
-                    await ws.recv()  # hello
-                break
-            except Exception:
+                    clients.append(await leanclient.connect(host, int(port), token, inboxes[user], on_frame,
+                                                            source=job.source))
+                with connected.get_lock():
+                    connected.value += 1
+                return
+            except (OSError, ConnectionError):
                 await asyncio.sleep(0.2 * (attempt + 1))
-        else:
-            failures += 1
-            return
-        sockets.append(ws)
-        with connected.get_lock():
-            connected.value += 1
-        mine = received[user]
-        try:
-            async for raw in ws:
-                now = time.time()
-                frame = orjson.loads(raw)
-                mine.append(int(frame["id"]))
-                latencies.append(now - float(frame["body"].split(" ", 1)[0]))
-                with frames.get_lock():
-                    frames.value += 1
-        except websockets.ConnectionClosed:
-            pass
+        failures += 1
 
     tasks = [asyncio.create_task(one(u)) for u in job.users]
     while not stop.is_set():
         await asyncio.sleep(0.1)
-    for ws in sockets:
-        ws.transport.abort()
+        if counted:  # shared counter: one lock per tick, not per frame
+            with frames.get_lock():
+                frames.value += counted
+            counted = 0
     for t in tasks:
         t.cancel()
+    for c in clients:
+        c.transport.abort()
     await asyncio.gather(*tasks, return_exceptions=True)
-    Path(job.out).write_bytes(orjson.dumps({"received": received, "latencies": latencies, "failures": failures}))
+    Path(job.out).write_bytes(orjson.dumps({
+        "received": {u: box.ids for u, box in inboxes.items()},
+        "duplicates": sum(box.duplicates for box in inboxes.values()),
+        "latencies": latencies, "failures": failures}))
+
+
+def _established(pid: int) -> int:
+    return sum(1 for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED)
 
 
 def _rss(pids: list[int]) -> int:
@@ -184,6 +189,8 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
     held = connected.value
     time.sleep(1.0)
     rss_after = _rss(daemon_pids)
+    per_daemon = [{"pid": pid, "connections": _established(pid), "rss_mb": round(_rss([pid]) / 2**20, 1)}
+                  for pid in daemon_pids]
     expected, creation, send_errors = asyncio.run(_send(system.api_url, system.secret, users, rate, seconds, progress))
     # Wait for delivery to finish: until every expected frame arrived, or no
     # progress for `settle` seconds (then what is missing counts as lost).
@@ -198,13 +205,14 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
         p.join(60)
     received: dict[str, list[int]] = {}
     latencies: list[float] = []
-    failures = 0
+    failures = dups = 0
     for job in jobs:
         data = orjson.loads(Path(job.out).read_bytes())
         received.update(data["received"])
         latencies += data["latencies"]
         failures += data["failures"]
-    lost = dups = 0
+        dups += data["duplicates"]  # repeats the clients' Inbox dropped (the reference client's dedup)
+    lost = 0
     for user, ids in expected.items():
         got = received.get(user, [])
         dups += len(got) - len(set(got))
@@ -217,6 +225,29 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
         "delivered_per_s": round(delivered / seconds, 1), "lost": lost, "duplicates": dups,
         "e2e_ms": percentiles(latencies), "creation_ms": percentiles(creation),
         "daemon_rss_kb_per_conn": round((rss_after - rss_before) / max(1, held) / 1024, 1),
-        "daemon_rss_mb": round(rss_after / 2**20, 1),
+        "daemon_rss_mb": round(rss_after / 2**20, 1), "per_daemon": per_daemon,
     }
 
+
+
+def main(clients: int = typer.Option(1000), rate: float = typer.Option(200.0, help="messages/s through the API"),
+         seconds: float = typer.Option(10.0), daemons: int = typer.Option(2), apis: int = typer.Option(2),
+         out: Path | None = typer.Option(None, help="write the result JSON here")) -> None:
+    """One load run on a private system of its own (MariaDB, FerretDB, API, daemons on free ports)."""
+    from tests.system import databases, running_system
+
+    with databases(Path(tempfile.mkdtemp(prefix="wsload-dbs-"))) as dbs:
+        with running_system(dbs, daemons=daemons, apis=apis, CHAT_RATE_LIMIT_PER_SECOND=0,
+                            CHAT_LOG_LEVEL="WARNING") as system:
+            result = run(system, clients, rate, seconds)
+    text = orjson.dumps(result, option=orjson.OPT_INDENT_2)
+    print(text.decode())
+    if out is not None:
+        out.write_bytes(text)
+    if result["lost"] or result["duplicates"] or result["held"] < clients:
+        raise SystemExit(f"FAILED: {result['lost']} lost, {result['duplicates']} duplicated, "
+                         f"{result['held']}/{clients} held")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,102 @@
+"""A WebSocket client for load generation, small enough that one process
+holds 15,000 of them (a full ``websockets`` client costs tens of KB each).
+
+It speaks just what a chat client needs: the handshake, text frames in
+(through ``chatctl.client.Inbox``, the reference client's dedup and resume
+bookkeeping), pongs out. Frames are parsed by the daemon's own
+``FrameReader`` (websockets' sans-I/O parser), unmasked as servers send them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import time
+from collections.abc import Callable
+
+import orjson
+from websockets.frames import Frame, Opcode
+
+from chatctl.client import Inbox
+from daemon.wire import FrameReader
+
+KEY = base64.b64encode(os.urandom(16)).decode()
+
+
+class LeanClient(asyncio.Protocol):
+    __slots__ = ("inbox", "on_frame", "transport", "status", "head", "reader", "opened", "closed_code")
+
+    def __init__(self, inbox: Inbox, on_frame: Callable[[dict, float], None]):
+        self.inbox = inbox
+        self.on_frame = on_frame
+        self.transport: asyncio.Transport | None = None
+        self.status = 0  # HTTP status of the handshake answer; 101 once open
+        self.head = b""
+        self.reader: FrameReader | None = None
+        self.opened = asyncio.get_running_loop().create_future()  # the hello frame, or the refusal status
+        self.closed_code: int | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.status != 101:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.status = int(self.head.split(b" ", 2)[1])
+            data, self.head = self.head[end + 4:], b""
+            if self.status != 101:
+                self._settle(self.status)
+                self.transport.close()
+                return
+        if not data:
+            return
+        now = time.time()
+        if self.reader is None:
+            self.reader = FrameReader(None, mask=False)
+        for frame in self.reader.feed(data):
+            if frame.opcode is Opcode.TEXT:
+                doc = orjson.loads(frame.data)
+                if doc.get("type") == "hello":
+                    self.inbox.accept(doc)
+                    self._settle(doc)
+                elif self.inbox.accept(doc):
+                    self.on_frame(doc, now)
+            elif frame.opcode is Opcode.PING:
+                self.transport.write(Frame(Opcode.PONG, frame.data).serialize(mask=True))
+            elif frame.opcode is Opcode.CLOSE:
+                self.closed_code = int.from_bytes(frame.data[:2], "big") if frame.data else 1005
+                self.transport.close()
+        if self.reader.idle:
+            self.reader = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._settle(0)
+
+    def _settle(self, result) -> None:
+        if not self.opened.done():
+            self.opened.set_result(result)
+
+
+async def connect(host: str, port: int, token: str, inbox: Inbox, on_frame: Callable[[dict, float], None],
+                  source: str | None = None, timeout: float = 30) -> LeanClient:
+    """Opens /v1/ws and waits for the hello; raises ConnectionError with the status if refused."""
+    loop = asyncio.get_running_loop()
+    query = f"token={token}" + (f"&since={inbox.since}" if inbox.since else "")
+    _, client = await loop.create_connection(lambda: LeanClient(inbox, on_frame), host, port,
+                                             local_addr=(source, 0) if source else None)
+    client.transport.write((f"GET /v1/ws?{query} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+                            f"Connection: Upgrade\r\nSec-WebSocket-Key: {KEY}\r\n"
+                            "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+    try:
+        result = await asyncio.wait_for(client.opened, timeout)
+    except TimeoutError:
+        client.transport.abort()
+        raise ConnectionError("no hello") from None
+    if not isinstance(result, dict):
+        client.transport.abort()
+        raise ConnectionError(f"handshake refused: {result}")
+    return client

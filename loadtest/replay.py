@@ -1,0 +1,253 @@
+"""The daemon tier fed with recorded oplog entries, replayed in-process (issue #4).
+
+FerretDB's own ceiling (a tail whose cost grows with the oplog, about 24k
+inserts/s) would hide the daemons' speed, so this benchmark records real
+oplog entries from FerretDB once, then feeds them to real daemon processes
+through the ``Stream`` in place of the oplog tail, at a set rate or as fast as
+the daemon takes them. Everything after the tail is the production code:
+sequencer, hub, lean WebSocket server, sockets, and N real clients in other
+processes that check every id arrives once (lost and duplicated must be 0).
+
+Each replayed entry keeps the recorded shape (``op``, ``ns``, ``o``, ``ts``,
+``wall``...) with a fresh id, a random pair of the connected users, and the
+replay time in the body. Measured: oplog entry handed to the stream → frame
+written to every socket (the daemon's histogram), messages/s and frames/s
+delivered, daemon CPU per message, and client-side end-to-end latency.
+
+    python -m loadtest.replay --clients 10000 --rate 2000 --count 20000
+    python -m loadtest.replay --clients 10000 --rate 0 --count 200000   # as fast as it goes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import bson
+import orjson
+import psutil
+import pymongo
+import typer
+import uvloop
+from tqdm import tqdm
+
+from chat.logs import setup_logging
+from chat.settings import Settings
+from daemon.oplog import RESTARTED
+from loadtest import scrape, wsload
+from loadtest.wsload import Job
+
+RECORD_DB = "chat_replay"
+HISTOGRAM = "chat_daemon_oplog_to_socket_seconds"
+
+
+def record(mongo_url: str, count: int = 1000) -> list[dict]:
+    """Inserts `count` messages into FerretDB in batches of 100, as the writer
+    does, and reads back the oplog entries it wrote for them."""
+    client = pymongo.MongoClient(mongo_url)
+    try:
+        coll, oplog = client[RECORD_DB]["messages"], client["local"]["oplog.rs"]
+        entries: list[dict] = []
+        for start in range(0, count, 100):
+            docs = [{"_id": i, "from": "a", "to": "b", "body": "recorded " * 4, "client_msg_id": None,
+                     "created_at": datetime.now(UTC)} for i in range(start + 1, start + 101)]
+            coll.insert_many(docs)
+            got = list(oplog.find({"ns": f"{RECORD_DB}.messages", "op": "i"}).sort("$natural", -1).limit(100))
+            entries += reversed(got)
+        return entries
+    finally:
+        client.close()
+
+
+def pairs(clients: int, count: int, seed: int = 7) -> list[tuple[int, int]]:
+    """Who sends to whom, message by message: the same list in every process."""
+    rng = random.Random(seed)
+    return [tuple(rng.sample(range(clients), 2)) for _ in range(count)]
+
+
+class ReplayTail:
+    """Stands in for ``daemon.oplog.OplogTail``: yields recorded entries with
+    fresh ids from 1, once SIGUSR1 says the clients are connected."""
+
+    def __init__(self, entries: list[dict], clients: int, count: int, rate: float, batch: int):
+        self.entries, self.count, self.rate, self.batch = entries, count, rate, batch
+        self.namespace = entries[0]["ns"]
+        self.pairs = pairs(clients, count)
+        self.last_ts = None
+        self.go = asyncio.Event()
+
+    async def newest_ts(self):
+        return None
+
+    async def batches(self):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self.go.set)
+        yield RESTARTED
+        await self.go.wait()
+        start, sent = time.monotonic(), 0
+        while sent < self.count:
+            n = min(self.batch, self.count - sent)
+            if self.rate:
+                delay = start + (sent + n) / self.rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let the consumer take what it was given
+            now, wall = datetime.now(UTC), time.time()
+            out = []
+            for i in range(sent, sent + n):
+                entry = self.entries[i % len(self.entries)]
+                a, b = self.pairs[i]
+                out.append({**entry, "o": {**entry["o"], "_id": i + 1, "from": f"r{a}", "to": f"r{b}",
+                                           "body": f"{wall:.6f} replay", "created_at": now}})
+            sent += n
+            yield out
+        await asyncio.Event().wait()  # a tail never ends
+
+
+def serve(entries_file: Path, clients: int, count: int, rate: float, batch: int) -> None:
+    """A daemon process (``python -m loadtest.replay --serve``) whose stream reads the replay."""
+    from daemon.server import run
+
+    settings = Settings()
+    setup_logging(settings.log_level)
+    entries = bson.decode_all(entries_file.read_bytes())
+    uvloop.run(run(settings, tail=ReplayTail(entries, clients, count, rate, batch)))
+
+
+def bench(clients: int, rate: float, count: int, daemons: int, batch: int, progress: bool = True) -> dict:
+    from tests.servers import env_for, free_port, stop, wait_port
+    from tests.system import databases
+
+    tmp = Path(tempfile.mkdtemp(prefix="replay-"))
+    with databases(tmp / "dbs") as dbs:
+        entries = record(dbs.ferretdb.url)
+        entries_file = tmp / "entries.bson"
+        entries_file.write_bytes(b"".join(bson.encode(e) for e in entries))
+        port = free_port()
+        env = env_for(dbs.mariadb, dbs.ferretdb, CHAT_DAEMON_PORT=str(port), CHAT_MONGO_DB="replay_empty",
+                      CHAT_GAP_CHECK_SECONDS="3600", CHAT_LOG_LEVEL="WARNING", CHAT_MAX_CONNECTIONS="19000",
+                      CHAT_PING_INTERVAL_SECONDS="60")
+        procs = [subprocess.Popen([sys.executable, "-m", "loadtest.replay", "--serve", "--entries", str(entries_file),
+                                   "--clients", str(clients), "--count", str(count), "--rate", str(rate),
+                                   "--batch", str(batch)], env=env, stdout=sys.stderr, stderr=sys.stderr)
+                 for _ in range(daemons)]
+        try:
+            for p in procs:
+                wait_port(port, 20, p)
+            time.sleep(1)
+            return _drive(procs, port, env["CHAT_JWT_SECRET"], clients, rate, count, daemons, batch, progress)
+        finally:
+            for p in procs:
+                stop(p, signal.SIGTERM)
+
+
+def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress) -> dict:
+    users = [f"r{i}" for i in range(clients)]
+    per_proc = wsload.CLIENTS_PER_PROC
+    nprocs = max(1, -(-clients // per_proc))
+    tmp = Path(tempfile.mkdtemp(prefix="replay-clients-"))
+    ctx = mp.get_context("spawn")
+    connected, frames, stop_ev = ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event()
+    jobs = [Job(users[k::nprocs], f"ws://127.0.0.1:{port}", secret, f"127.0.0.{2 + k}", str(tmp / f"c{k}.json"))
+            for k in range(nprocs)]
+    clients_procs = [ctx.Process(target=wsload._client_proc, args=(j, connected, frames, stop_ev), daemon=True)
+                     for j in jobs]
+    for p in clients_procs:
+        p.start()
+    bar = tqdm(total=clients, desc=f"connecting {clients}", unit="conn", disable=not progress, leave=False)
+    deadline = time.monotonic() + 60 + clients / 200
+    while connected.value < clients and time.monotonic() < deadline:
+        bar.n = connected.value
+        bar.refresh()
+        time.sleep(0.2)
+    bar.close()
+    held = connected.value
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    before = scrape.histograms(metrics_url, HISTOGRAM, daemons)
+    ps = [psutil.Process(p.pid) for p in procs]
+    cpu_before = sum(p.cpu_times().user + p.cpu_times().system for p in ps)
+    want = 2 * count  # every message goes to its sender's and its recipient's connection
+    started = time.monotonic()
+    for p in procs:
+        p.send_signal(signal.SIGUSR1)
+    bar = tqdm(total=want, desc="frames", unit="frame", disable=not progress, leave=False)
+    last, still = frames.value, time.monotonic()
+    while frames.value < want and time.monotonic() - still < 10:
+        time.sleep(0.05)
+        bar.n = frames.value
+        bar.refresh()
+        if frames.value != last:
+            last, still = frames.value, time.monotonic()
+    elapsed = time.monotonic() - started
+    bar.close()
+    cpu = sum(p.cpu_times().user + p.cpu_times().system for p in ps) - cpu_before
+    buckets = scrape.merged_delta(before, scrape.histograms(metrics_url, HISTOGRAM, daemons))
+    stop_ev.set()
+    for p in clients_procs:
+        p.join(60)
+    received, latencies, dups, failures = {}, [], 0, 0
+    for job in jobs:
+        data = orjson.loads(Path(job.out).read_bytes())
+        received.update(data["received"])
+        latencies += data["latencies"]
+        dups += data["duplicates"]
+        failures += data["failures"]
+    expected: dict[str, set[int]] = {}
+    for i, (a, b) in enumerate(pairs(clients, count)):
+        expected.setdefault(f"r{a}", set()).add(i + 1)
+        expected.setdefault(f"r{b}", set()).add(i + 1)
+    lost = sum(len(ids - set(received.get(u, []))) for u, ids in expected.items())
+    delivered = sum(len(v) for v in received.values())
+    total = buckets.get(float("inf"), 0.0)
+    return {
+        "clients": clients, "held": held, "connect_failures": failures, "daemons": daemons,
+        "rate": rate or "max", "batch": batch, "messages": count, "frames_expected": want, "frames_delivered": delivered,
+        "lost": lost, "duplicates": dups, "seconds": round(elapsed, 2),
+        "messages_per_s": round(count / elapsed), "frames_per_s": round(delivered / elapsed),
+        "daemon_cpu_us_per_message": round(cpu / count / daemons * 1e6, 1),
+        "oplog_to_socket_ms": {"p50": _ms(scrape.quantile(buckets, .5)), "p99": _ms(scrape.quantile(buckets, .99)),
+                               "share_within_5ms": round(buckets.get(0.005, 0.0) / total, 4) if total else None,
+                               "n": int(total)},
+        "e2e_ms": wsload.percentiles(latencies),
+        "where": "daemon processes fed recorded FerretDB 1.24 oplog entries in-process; no database on the path",
+    }
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000, 2)
+
+
+def tick_batch(rate: float) -> int:
+    """Entries per oplog batch: what 10 ms of traffic brings (FerretDB re-checks a
+    tail every 10 ms); as fast as it goes, batches of 100."""
+    return max(1, int(rate / 100)) if rate else 100
+
+
+def main(clients: int = typer.Option(10_000), rate: float = typer.Option(2000.0, help="messages/s; 0 = as fast as it goes"),
+         count: int = typer.Option(20_000), daemons: int = typer.Option(1),
+         batch: int = typer.Option(0, help="entries per oplog batch; 0 = what 10 ms of traffic brings"),
+         out: Path | None = typer.Option(None), serve_mode: bool = typer.Option(False, "--serve", hidden=True),
+         entries: Path | None = typer.Option(None, hidden=True)) -> None:
+    if serve_mode:
+        serve(entries, clients, count, rate, batch or tick_batch(rate))
+        return
+    result = bench(clients, rate, count, daemons, batch or tick_batch(rate))
+    text = orjson.dumps(result, option=orjson.OPT_INDENT_2)
+    print(text.decode())
+    if out is not None:
+        out.write_bytes(text)
+    if result["lost"] or result["duplicates"] or result["held"] < clients:
+        raise SystemExit(f"FAILED: {result['lost']} lost, {result['duplicates']} duplicated, "
+                         f"{result['held']}/{clients} held")
+
+
+if __name__ == "__main__":
+    typer.run(main)
