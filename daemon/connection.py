@@ -8,8 +8,8 @@ bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
 
 Routing and admission live in ``daemon.server``; the bookkeeping in
 ``daemon.hub``. Close codes: 1002 protocol error, 1008 inbound frame rate,
-1009 inbound frame too big, 1011 server error, 1012 restarting, 4008 slow
-consumer.
+1009 inbound frame too big, 1011 server error, 1012 restarting, 1013 behind
+the client's since (retry), 4008 slow consumer.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chat.daemon")
 
-CLOSE_PROTOCOL, CLOSE_RATE, CLOSE_TOO_BIG, CLOSE_ERROR, CLOSE_RESTART = 1002, 1008, 1009, 1011, 1012
+CLOSE_PROTOCOL, CLOSE_RATE, CLOSE_TOO_BIG, CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN = (
+    1002, 1008, 1009, 1011, 1012, 1013)
 REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
 PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
 CLOSE_STALL_SECONDS = 10.0  # a closing peer that reads nothing for this long is cut off (websockets' close_timeout)

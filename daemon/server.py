@@ -3,7 +3,8 @@
 It moves data between sockets (``daemon.connection``) and the core
 (``daemon.hub``, ``daemon.stream``) and holds no delivery rules of its own.
 Refused handshakes: 401 bad token, 403 origin not allowed, 426 not a
-WebSocket handshake, 503 at capacity or restarting.
+WebSocket handshake, 503 at capacity or restarting. A daemon that has not
+reached the client's ``since`` within 2 s closes with 1013 (poll: 503).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from chat import auth
 from chat.serve import reuseport_socket
 from chat.settings import Settings
 from daemon import metrics
-from daemon.connection import CLOSE_RESTART, Connection, Request
+from daemon.connection import CLOSE_RESTART, CLOSE_TRY_AGAIN, Connection, Request
 from daemon.hub import Hub, Subscriber
 from daemon.oplog import OplogTail
 from daemon.stream import CatchUp, Stream
@@ -44,6 +45,10 @@ class Refusal(Exception):
 
     def body(self) -> bytes:
         return orjson.dumps({"error": self.code, "message": str(self)})
+
+
+class Behind(Exception):
+    """This daemon has not yet reached the client's ``since``."""
 
 
 def parse_since(raw: str | None) -> int | None:
@@ -112,12 +117,17 @@ class Daemon:
         self.hub.register(sub)
         if since is None:
             return CatchUp(False, []), position
-        recovered = True
-        if since > position:
-            recovered = await self.stream.wait_for(since, FUTURE_SINCE_WAIT)
+        if since > position and not await self.stream.wait_for(since, FUTURE_SINCE_WAIT):
+            if await self.stream.is_stored(since):
+                # The client saw more than this daemon has (it came from one
+                # further along). Not "recovered: false", which would send it to
+                # reload history: it retries, here or elsewhere, with this since.
+                self.hub.unregister(sub)
+                raise Behind()
+            sub.last_id = position  # no message has that id: serve from here
+            return CatchUp(False, []), position
         catch = await self.stream.catch_up(sub.user, since, position)
-        catch.recovered = catch.recovered and recovered
-        return catch, max(position, since) if recovered else position
+        return catch, max(position, since)
 
     # --- /v1/ws ---------------------------------------------------------------------
     async def handle_upgrade(self, conn: Connection, request: Request) -> bool:
@@ -145,6 +155,10 @@ class Daemon:
         metrics.CONNECTIONS.labels("ws").inc()
         try:
             catch, cursor = await self.subscribe(conn, parse_since(query.get("since")))
+        except Behind:
+            metrics.REJECTS.labels("behind").inc()
+            conn.close(CLOSE_TRY_AGAIN, "this daemon is behind your since: retry")
+            return True
         except Exception:
             log.exception("event=ws_error user=%s", user)
             conn.close(1011, "server error")
@@ -191,7 +205,13 @@ class Daemon:
         self.polls.add(waiter)
         metrics.CONNECTIONS.labels("poll").inc()
         try:
-            catch, cursor = await self.subscribe(waiter, parse_since(query.get("since")))
+            try:
+                catch, cursor = await self.subscribe(waiter, parse_since(query.get("since")))
+            except Behind:
+                metrics.REJECTS.labels("behind").inc()
+                conn.respond(503, _error_body("try_again_later", "this daemon is behind your since: retry"),
+                             keep, headers | {"Retry-After": "1"})
+                return
             waiter.go_live(catch.frames)
             if not waiter.items and timeout > 0 and not self.draining:
                 waiter.wake.clear()

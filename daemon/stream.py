@@ -219,6 +219,14 @@ class Stream:
         except TimeoutError:
             return False
 
+    async def is_stored(self, msg_id: int) -> bool:
+        """Whether ``msg_id`` was ever written (ids are gap-free); on a read
+        error, assume so: the client is told to retry, not to reload."""
+        try:
+            return msg_id <= await mongo.newest_id(self._db)
+        except PyMongoError:
+            return True
+
     # --- catch-up -----------------------------------------------------------
     async def catch_up(self, user: str, since: int, upto: int) -> CatchUp:
         """The user's messages with since < id <= upto, and whether that is all

@@ -20,9 +20,9 @@ app = typer.Typer(add_completion=False)
 def measured() -> dict:
     data = orjson.loads(RESULTS.read_bytes()) if RESULTS.exists() else {}
     ws = data.get("ws", [])
-    biggest = max(ws, key=lambda w: w["clients"]) if ws else {}
+    biggest = data.get("hold") or (max(ws, key=lambda w: w["clients"]) if ws else {})
     return {
-        "kb_per_conn": biggest.get("daemon_rss_kb_per_conn", 30.0),
+        "kb_per_conn": biggest.get("daemon_rss_kb_per_conn", 2.0),
         "delivered_per_s": max((w["delivered_per_s"] for w in ws), default=1000.0),
         "post_rps": max((r["rps"] for r in data.get("ab", {}).get("post", [])), default=1000.0),
     }

@@ -105,11 +105,13 @@ async def test_messages_that_commit_while_catch_up_runs_are_not_lost(system, use
             await ws.close()
 
 
-async def test_unknown_since_says_recovered_false(system, users):
-    bob = users("bob")
-    for since in ("not-an-id", "99999999999"):
+async def test_unknown_since_says_recovered_false_and_serves_from_the_cursor(system, users):
+    alice, bob = users("alice"), users("bob")
+    for since in ("not-an-id", "99999999999"):  # garbage, and an id no message has
         ws, hello = await connect(system, bob, since=since)
         assert hello["recovered"] is False
+        sent = (await post(system, alice, bob, f"after {since}")).json()
+        assert [f["id"] for f in await receive(ws, 1)] == [sent["id"]]
         await ws.close()
 
 
