@@ -182,6 +182,13 @@ async def _close(websocket: WebSocket, code: int, reason: str) -> None:
             await websocket.close(code, reason)
 
 
+def cors_headers(settings: Settings, origin: str | None) -> dict[str, str]:
+    """Lets an allowed browser origin read a /v1/poll answer (a CORS simple GET, token in the query)."""
+    if origin is None or ("*" not in settings.allowed_origins and origin not in settings.allowed_origins):
+        return {"Vary": "Origin"}
+    return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+
+
 async def poll(request: Request) -> Response:
     st: DaemonState = request.app.state.daemon
     token = auth.bearer(request.headers.get("authorization")) or request.query_params.get("token")
@@ -222,7 +229,8 @@ async def poll(request: Request) -> Response:
     last = sub.last_id if truncated else max(cursor, sub.last_id)
     body = (b'{"messages":[' + ",".join(frame for _i, frame, _r in items).encode() + b'],"cursor":"'
             + str(last).encode() + b'","recovered":' + (b"true" if catch.recovered else b"false") + b"}")
-    return Response(body, media_type="application/json")
+    return Response(body, headers=cors_headers(st.settings, request.headers.get("origin")),
+                    media_type="application/json")
 
 
 async def healthz(request: Request) -> Response:
