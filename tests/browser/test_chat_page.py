@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import httpx
+import threading
+import time
+
 from playwright.sync_api import expect
 
+from tests.browser.conftest import web_system
 from tests.browser.helpers import bodies, open_chat, post, send, wait_for, witness
 from tests.e2e.helpers import mysql_rows
 
@@ -68,3 +71,68 @@ def test_offline_then_online_shows_everything_once_in_order(web, open_page, user
     expect(b.locator("#messages li.mine .state")).to_have_text(["delivered"])
     # the retried send was stored exactly once
     assert [r.body for r in mysql_rows(web, "sender = :s", s=bob)] == ["typed offline"]
+
+
+def test_daemon_restart_mid_conversation_loses_nothing(dbs, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    with web_system(dbs, daemons=1, CHAT_DRAIN_SECONDS="0.5") as system:
+        a, b = open_page(system, alice), open_page(system, bob)
+        open_chat(a, bob)
+        open_chat(b, alice)
+        expect(b.locator("#status")).to_have_text("live")
+        sent: list[str] = []
+
+        def sender():
+            for i in range(20):
+                sent.append(post(system, alice, bob, f"m{i:02d}")["body"])
+                time.sleep(0.05)  # pacing: the restart lands mid-stream
+
+        thread = threading.Thread(target=sender)
+        thread.start()
+        wait_for(lambda: len(sent) >= 8)
+        system.stop("daemon_0")  # SIGTERM: clients get 1012
+        expect(b.locator("#status")).not_to_have_text("live")
+        system.start("daemon_0")
+        thread.join(30)
+        expected = [f"m{i:02d}" for i in range(20)]
+        assert sent == expected
+        expect(bodies(b), "every message once, in order").to_have_text(expected, timeout=20_000)
+        expect(bodies(a)).to_have_text(expected)
+        send(b, "still here")  # and the page works on after it
+        expect(bodies(a)).to_have_text([*expected, "still here"])
+
+
+def test_markup_in_a_message_is_shown_as_text(web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    a, b = open_page(web, alice), open_page(web, bob)
+    dialogs = []
+    for page in (a, b):
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    open_chat(a, bob)
+    open_chat(b, alice)
+    attack = ["<img src=x onerror=alert(1)>", "<script>alert(2)</script>", "<b>bold</b> & &amp;"]
+    for text in attack:
+        send(a, text)
+    expect(bodies(b)).to_have_text(attack)
+    expect(b.locator("#conversations .preview")).to_have_text([attack[-1]])
+    assert b.locator("#messages li .body").evaluate_all("els => els.map(e => e.textContent)") == attack
+    for page in (a, b):
+        assert page.locator("img, #messages script, #messages b").count() == 0
+    assert dialogs == []
+
+
+def test_long_poll_transport_delivers_when_asked(web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    a, b = open_page(web, alice), open_page(web, bob, "?transport=poll")
+    expect(b.locator("#status")).to_have_text("polling")
+    open_chat(a, bob)
+    open_chat(b, alice)
+    send(a, "through the long poll")
+    expect(bodies(b)).to_have_text(["through the long poll"])
+    send(b, "and back")
+    expect(bodies(a)).to_have_text(["through the long poll", "and back"])
+    expect(b.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    assert b.evaluate("[window.chatApp.client.transport, window.chatApp.client.ws]") == ["poll", None]
+    polls = b.evaluate("performance.getEntriesByType('resource').map(e => e.name)"
+                       ".filter(n => n.includes('/v1/poll'))")
+    assert polls and all(n.startswith(web.poll_url) for n in polls)  # cross-origin, to the daemon port
