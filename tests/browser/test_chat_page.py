@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 from playwright.sync_api import expect
 
-from tests.browser.conftest import web_system
+from tests.browser.conftest import ARTIFACTS, web_system
 from tests.browser.helpers import bodies, open_chat, post, send, wait_for, witness
 from tests.e2e.helpers import mysql_rows
 
@@ -32,8 +33,10 @@ def test_two_users_exchange_messages(web, open_page, users):
     # the conversation list, newest first, came from GET /v1/conversations
     expect(a.locator("#conversations .peer")).to_have_text([bob])
     expect(a.locator("#conversations .preview")).to_have_text(["hi alice 👋"])
-    a.reload()
-    expect(a.locator("#conversations .preview")).to_have_text(["hi alice 👋"])
+    a.reload()  # the session survives a reload; history comes from GET /v1/messages
+    a.click(f"#conversations li[data-peer='{bob}']")
+    expect(bodies(a)).to_have_text(["hello bob", "hi alice 👋"])
+    expect(a.locator("#messages li.mine .state")).to_have_text(["stored"])
 
 
 def test_offline_then_online_shows_everything_once_in_order(web, open_page, users):
@@ -136,3 +139,29 @@ def test_long_poll_transport_delivers_when_asked(web, open_page, users):
     polls = b.evaluate("performance.getEntriesByType('resource').map(e => e.name)"
                        ".filter(n => n.includes('/v1/poll'))")
     assert polls and all(n.startswith(web.poll_url) for n in polls)  # cross-origin, to the daemon port
+
+
+def test_dev_login_refusals_and_pasting_a_token(web, browser, users):
+    reply = httpx.post(f"{web.api_url}/v1/dev/token", json={"user": "not a user!"})
+    assert reply.status_code == 422 and reply.json()["field"] == "user"
+    reply = httpx.post(f"{web.api_url}/v1/dev/token", json={"user": "x", "admin": True})
+    assert reply.status_code == 422 and reply.json()["field"] == "admin"
+    carol = users("carol")
+    token = httpx.post(f"{web.api_url}/v1/dev/token", json={"user": carol}).json()["token"]
+    assert httpx.get(f"{web.api_url}/v1/conversations",
+                     headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"{web.api_url}/")  # redirects to /app/
+        page.fill("#token", "not-a-token")
+        page.click("#token-login button")
+        expect(page.locator("#login-error")).to_have_text("that is not a JWT")
+        page.fill("#token", web.token(carol))  # as `chatctl token` makes it
+        page.click("#token-login button")
+        expect(page.locator("#me")).to_have_text(carol)
+        expect(page.locator("#status")).to_have_text("live")
+        page.screenshot(path=ARTIFACTS / "test_token_login-carol.png")
+    finally:
+        context.close()
