@@ -214,7 +214,8 @@ export class ChatClient extends EventTarget {
   wsFailed(gen) {
     if (gen !== this.generation) return;
     this.wsFailures += 1;
-    if (this.wsFailures === this.wsFailuresBeforePoll) this.pollSince = Date.now();
+    // From the Nth failure on, each failed attempt starts another period of polling.
+    if (this.wsFailures >= this.wsFailuresBeforePoll) this.pollSince = Date.now();
     this.retryLater();
   }
 
