@@ -42,8 +42,10 @@ def web(dbs) -> Iterator[System]:
         yield system
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # Module scope, not session: Playwright's sync API marks an asyncio loop as running
+    # in this thread while it is open, and the async e2e tests that run later need none.
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
