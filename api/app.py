@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -14,14 +15,15 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from api import metrics
 from api.errors import ApiError
 from api.openapi import OPENAPI
 from api.ratelimit import RateLimiter
-from api.validation import parse_history_query, parse_message
+from api.validation import parse_dev_login, parse_history_query, parse_message
 from chat import auth
 from chat.settings import Settings
 from db import mongo
@@ -30,6 +32,22 @@ from db.sql import conversation_key, make_engine, messages
 from db.writer import ClientIdConflict, MessageWriter, WriterOverloaded, WriteUnavailable, row_to_message
 
 log = logging.getLogger("chat.api")
+STATIC = Path(__file__).with_name("static")
+CONVERSATIONS_MAX = 50
+DEV_TOKEN_TTL_SECONDS = 12 * 3600
+
+# One row per peer: the newest message of each conversation the user is in.
+# Each branch is a loose index scan of (sender, recipient, id) or (recipient, sender, id).
+CONVERSATIONS_SQL = text("""
+    SELECT m.* FROM messages m JOIN (
+        SELECT peer, MAX(id) AS id FROM (
+            SELECT recipient AS peer, MAX(id) AS id FROM messages WHERE sender = :user GROUP BY recipient
+            UNION ALL
+            SELECT sender AS peer, MAX(id) AS id FROM messages WHERE recipient = :user GROUP BY sender
+        ) AS ends GROUP BY peer ORDER BY id DESC LIMIT :limit
+    ) AS newest ON m.id = newest.id
+    ORDER BY m.id DESC
+""")
 
 
 def json_response(data, status: int = 200, headers: dict | None = None) -> Response:
@@ -117,6 +135,59 @@ async def get_history(request: Request) -> Response:
     return json_response({"messages": page, "next_before": next_before})
 
 
+async def get_conversations(request: Request) -> Response:
+    st = _state(request)
+    user = authenticate(request, st.settings)
+
+    def run():
+        with st.engine.connect() as conn:
+            return conn.execute(CONVERSATIONS_SQL, {"user": user, "limit": CONVERSATIONS_MAX}).all()
+
+    try:
+        rows = await asyncio.to_thread(run)
+    except SQLAlchemyError:
+        raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
+                       headers={"Retry-After": "1"}) from None
+    conversations = []
+    for row in rows:
+        msg = row_to_message(row).to_public()
+        conversations.append({"with": row.recipient if row.sender == user else row.sender, "last": msg})
+    return json_response({"conversations": conversations})
+
+
+async def dev_token(request: Request) -> Response:
+    """Development only (CHAT_DEV_LOGIN): a token for any user, no password."""
+    st = _state(request)
+    if not st.settings.dev_login:
+        raise ApiError(404, "not_found", f"no route {request.url.path}")
+    user = parse_dev_login(await read_body(request, st.settings.request_max_bytes))
+    token = auth.mint(st.settings.jwt_secret.get_secret_value(), user, DEV_TOKEN_TTL_SECONDS)
+    return json_response({"token": token, "user": user})
+
+
+def daemon_urls(public_url: str, scheme: str, host: str, daemon_port: int) -> dict[str, str]:
+    """The daemons' /v1/ws and /v1/poll as the page should call them: under ``public_url``
+    (the proxy, in production), else on the page's own host at the daemon port."""
+    base = public_url.rstrip("/")
+    if not base:
+        host = f"[{host}]" if ":" in host else host
+        base = f"{'https' if scheme == 'https' else 'http'}://{host}:{daemon_port}"
+    ws_base = "ws" + base.removeprefix("http")  # http -> ws, https -> wss
+    return {"ws_url": f"{ws_base}/v1/ws", "poll_url": f"{base}/v1/poll"}
+
+
+async def client_config(request: Request) -> Response:
+    """Where the web page finds the daemons, and whether it may offer dev login."""
+    settings = _state(request).settings
+    urls = daemon_urls(settings.public_daemon_url, request.url.scheme, request.url.hostname or settings.api_host,
+                       settings.daemon_port)
+    return json_response({**urls, "dev_login": settings.dev_login})
+
+
+async def home(request: Request) -> Response:
+    return RedirectResponse("/app/", 307)
+
+
 async def healthz(request: Request) -> Response:
     return json_response({"status": "ok"})
 
@@ -167,10 +238,19 @@ async def method_not_allowed(request: Request, exc) -> Response:
 ROUTES = [
     Route("/v1/messages", post_message, methods=["POST"]),
     Route("/v1/messages", get_history, methods=["GET"]),
+    Route("/v1/conversations", get_conversations, methods=["GET"]),
+    Route("/v1/client-config", client_config, methods=["GET"]),
+    Route("/v1/dev/token", dev_token, methods=["POST"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
     Route("/metrics", metrics_endpoint, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
+]
+
+# The reference web client (api/static/): not part of the JSON API, so not in OpenAPI.
+PAGE_ROUTES = [
+    Route("/", home, methods=["GET"]),
+    Mount("/app", StaticFiles(directory=STATIC, html=True), name="app"),
 ]
 
 
@@ -198,7 +278,7 @@ def create_app(settings: Settings) -> Starlette:
             await client.close()
             engine.dispose()
 
-    app = Starlette(routes=ROUTES, lifespan=lifespan,
+    app = Starlette(routes=[*ROUTES, *PAGE_ROUTES], lifespan=lifespan,
                     exception_handlers={ApiError: api_error, 404: not_found, 405: method_not_allowed})
     app.add_middleware(metrics.MetricsMiddleware)
     return app

@@ -55,6 +55,22 @@ OPENAPI = {
                     "next_before": {"type": ["string", "null"], "description": "Pass as `before` for the next page"},
                 },
             },
+            "Conversations": {
+                "type": "object", "required": ["conversations"],
+                "properties": {"conversations": {"type": "array", "maxItems": 50, "items": {
+                    "type": "object", "required": ["with", "last"],
+                    "properties": {"with": {"type": "string", "description": "The peer"},
+                                   "last": {"$ref": "#/components/schemas/Message"}},
+                }}},
+            },
+            "ClientConfig": {
+                "type": "object", "required": ["ws_url", "poll_url", "dev_login"],
+                "properties": {
+                    "ws_url": {"type": "string", "description": "The daemons' /v1/ws (CHAT_PUBLIC_DAEMON_URL)"},
+                    "poll_url": {"type": "string", "description": "The daemons' /v1/poll"},
+                    "dev_login": {"type": "boolean", "description": "Whether POST /v1/dev/token answers"},
+                },
+            },
             "Error": {
                 "type": "object", "required": ["error", "message"],
                 "properties": {"error": {"type": "string"}, "message": {"type": "string"}, "field": {"type": "string"}},
@@ -84,6 +100,41 @@ OPENAPI = {
                     "401": _err("Missing or invalid token"),
                     "422": _err("Bad parameter; `field` names it"),
                     "503": _err("MySQL unavailable"),
+                },
+            },
+        },
+        "/v1/conversations": {
+            "get": {
+                "summary": "The caller's conversations, newest first (at most 50), each with its last message",
+                "security": [{"bearer": []}],
+                "responses": {
+                    "200": {"description": "The list", "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/Conversations"}}}},
+                    "401": _err("Missing or invalid token"),
+                    "503": _err("MySQL unavailable"),
+                },
+            },
+        },
+        "/v1/client-config": {
+            "get": {
+                "summary": "Where the web client finds the daemons, and whether dev login is on",
+                "responses": {"200": {"description": "The config", "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/ClientConfig"}}}}},
+            },
+        },
+        "/v1/dev/token": {
+            "post": {
+                "summary": "Development only (CHAT_DEV_LOGIN): a token for any user, no password",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                    "type": "object", "additionalProperties": False, "required": ["user"],
+                    "properties": {"user": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}}}}}},
+                "responses": {
+                    "200": {"description": "A token valid for 12 h", "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["token", "user"],
+                        "properties": {"token": {"type": "string"}, "user": {"type": "string"}}}}}},
+                    "400": _err("Malformed JSON"),
+                    "404": _err("Dev login is off (always in production)"),
+                    "422": _err("`user` is not a user id; `field` names it"),
                 },
             },
         },

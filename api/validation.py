@@ -94,6 +94,20 @@ def parse_message(raw: bytes, sender: str, body_max_chars: int) -> Draft:
     return Draft(sender=sender, recipient=to, body=body, client_msg_id=client_msg_id)
 
 
+def parse_dev_login(raw: bytes) -> str:
+    """``{"user": id}`` -> the user id (POST /v1/dev/token)."""
+    obj = parse_json(raw)
+    if not isinstance(obj, dict):
+        raise ApiError(422, "invalid_body", "request body must be a JSON object")
+    unknown = sorted(set(obj) - {"user"})
+    if unknown:
+        raise ApiError(422, "invalid_field", f"unknown field `{unknown[0]}`; allowed: user", field=unknown[0])
+    user = _string(obj, "user", required=True)
+    if not is_user_id(user):
+        raise ApiError(422, "invalid_field", "`user` must be a user id: 1-64 chars of [A-Za-z0-9_.-]", field="user")
+    return user
+
+
 def parse_history_query(params, max_limit: int = 200) -> tuple[str, int | None, int]:
     unknown = sorted(set(params.keys()) - {"with", "before", "limit"})
     if unknown:

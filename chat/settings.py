@@ -54,6 +54,14 @@ class Settings(BaseSettings):
     )
     writer_queue_max: int = Field(10_000, ge=1, description="Messages queued for the writer before 503.")
     db_timeout_seconds: float = Field(2.0, gt=0, description="MySQL lock/statement and Mongo timeouts.")
+    dev_login: bool = Field(
+        False, description="Serve `POST /v1/dev/token`: log in as any user, no password. "
+        "`make run` turns it on; never in production.",
+    )
+    public_daemon_url: str = Field(
+        "", description="Daemon base URL the web page connects to (production: the proxy, "
+        "`https://chat.example.com`). Empty: the page's host on `CHAT_DAEMON_PORT`.",
+    )
 
     # --- delivery daemons ---------------------------------------------------
     daemon_host: str = Field("127.0.0.1", description="Daemon listen address.")

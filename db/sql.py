@@ -38,6 +38,9 @@ messages = Table(
     Column("created_at", DATETIME(fsp=3), nullable=False),
     UniqueConstraint("sender", "client_msg_id", name="uq_messages_sender_client_msg_id"),
     Index("ix_messages_conversation_id", "conversation", "id"),
+    # GET /v1/conversations: the newest id per peer, from either side.
+    Index("ix_messages_sender_recipient_id", "sender", "recipient", "id"),
+    Index("ix_messages_recipient_sender_id", "recipient", "sender", "id"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
     mysql_collate="utf8mb4_bin",

@@ -7,7 +7,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
 need_pkgs=()
-for p in mariadb-server libmariadb-dev pkg-config apache2-utils build-essential nginx-light; do
+for p in mariadb-server libmariadb-dev pkg-config apache2-utils build-essential nginx-light chromium; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -12,7 +12,7 @@ from tests.system import databases, running_system
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "/e2e/" in str(item.fspath):
+        if "/e2e/" in str(item.fspath) or "/browser/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
 
 

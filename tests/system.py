@@ -112,9 +112,13 @@ class System:
 
 
 @contextlib.contextmanager
-def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, **env: str) -> Iterator[System]:
+def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, api_port: int | None = None,
+                   **env: str) -> Iterator[System]:
+    """``api_port`` fixes the API port up front, for settings that name it (a browser origin)."""
     logdir = Path(tempfile.mkdtemp(prefix="chat-system-"))
     system = System(dbs, logdir, {k: str(v) for k, v in env.items()})
+    if api_port is not None:
+        system.api_port = api_port
     try:
         for i in range(apis):
             system.start(f"api_{i}")
@@ -126,7 +130,8 @@ def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, **env: str) 
 
 
 @contextlib.contextmanager
-def private_system(base: Path, daemons: int = 1, apis: int = 1, **env) -> Iterator[System]:
+def private_system(base: Path, daemons: int = 1, apis: int = 1, api_port: int | None = None,
+                   **env) -> Iterator[System]:
     """A system on databases of its own, for tests that stop, restart or age them."""
-    with databases(base) as dbs, running_system(dbs, daemons, apis, **env) as system:
+    with databases(base) as dbs, running_system(dbs, daemons, apis, api_port, **env) as system:
         yield system

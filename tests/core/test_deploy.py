@@ -239,6 +239,16 @@ def test_supervisord_prod_runs_only_the_system():
     assert parser["supervisord"]["logfile"].startswith("/var/log/chat-delivery/")
 
 
+def test_dev_login_is_on_in_development_only():
+    assert default("dev_login") is False
+    prod = SUPERVISORD.read_text() + ENV_EXAMPLE.read_text() + COMPOSE.read_text() + UNIT.read_text()
+    assert "CHAT_DEV_LOGIN" not in prod
+    dev = configparser.ConfigParser(interpolation=None)
+    dev.read(ROOT / "supervisord.conf")
+    assert dev["program:api"]["environment"] == 'CHAT_DEV_LOGIN="true"'
+    assert "CHAT_DEV_LOGIN" not in dev["program:daemon"].get("environment", "")
+
+
 def test_daemon_stopwaitsecs_exceeds_the_drain():
     assert stopwaitsecs(supervisord_config())["daemon"] > default("drain_seconds")
 
@@ -500,6 +510,8 @@ def test_env_example_is_valid_settings(monkeypatch):
         monkeypatch.setenv(key, value)
     settings = Settings(_env_file=None)
     assert settings.allowed_origins == ["https://chat.example.com"]
+    assert settings.public_daemon_url == "https://chat.example.com"  # the page reaches the daemons via nginx
+    assert settings.dev_login is False
     assert settings.api_host == settings.daemon_host == "0.0.0.0"
     check_mongo_urls(values["CHAT_MONGO_URL"], values["CHAT_DAEMON_MONGO_URL"])
 

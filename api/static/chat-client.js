@@ -1,0 +1,305 @@
+// The reference browser client: connection, resume, dedup and outbox. No DOM code.
+//
+//   const client = new ChatClient({ apiUrl: "", wsUrl, pollUrl, token, user });
+//   client.addEventListener("message", (e) => show(e.detail));       // each message once, in order
+//   client.addEventListener("status", (e) => indicator(e.detail));   // connecting|live|reconnecting|polling|offline
+//   client.addEventListener("reset", () => reloadHistory());         // hello/poll said recovered: false
+//   client.addEventListener("outbox", (e) => mark(e.detail));        // {clientMsgId, state, message?, error?}
+//   client.start();
+//   client.send("bob", "hello");                                     // retried with one client_msg_id
+//
+// Rules (README, "Web client"):
+// - Resume with `since`: the last message id received, or the hello/poll cursor
+//   while nothing was received yet (or when ours could not be served).
+// - Drop repeats by id; the stream is in order, so arrival order is the order.
+// - Reconnect with exponential backoff and full jitter; after `wsFailuresBeforePoll`
+//   WebSocket attempts in a row that never reached hello (or with no WebSocket at
+//   all) use the long-poll endpoint, and try the WebSocket again now and then.
+// - `offline` closes the socket and stops retrying until `online` (or a long timer);
+//   `online` reconnects at once with `since` and flushes the outbox.
+
+const STATES = ["sending", "retrying", "stored", "delivered"]; // an entry only moves right, or to "failed"
+
+export function backoffDelay(attempt, baseMs, maxMs, random = Math.random) {
+  // Full jitter: uniform in [cap/2, cap] so that reconnecting clients spread out.
+  const cap = Math.min(maxMs, baseMs * 2 ** Math.max(0, attempt - 1));
+  return cap / 2 + random() * (cap / 2);
+}
+
+// Remembers the last `limit` ids seen, so a repeat is dropped however it comes back.
+export class SeenIds {
+  constructor(limit = 10000) {
+    this.limit = limit;
+    this.ids = new Set();
+  }
+
+  add(id) {
+    if (this.ids.has(id)) return false;
+    this.ids.add(id);
+    if (this.ids.size > this.limit) this.ids.delete(this.ids.values().next().value);
+    return true;
+  }
+}
+
+export class ChatClient extends EventTarget {
+  constructor({
+    apiUrl = "", wsUrl, pollUrl, token, user, since = null, transport = "auto",
+    wsFailuresBeforePoll = 4, wsRetryFromPollMs = 30000, helloTimeoutMs = 10000,
+    backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = 25,
+    WebSocketImpl = globalThis.WebSocket, fetchImpl = globalThis.fetch?.bind(globalThis),
+    eventSource = globalThis.window,
+  }) {
+    super();
+    Object.assign(this, {
+      apiUrl, wsUrl, pollUrl, token, user, since, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
+      backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, WebSocketImpl, fetchImpl, eventSource,
+    });
+    this.forced = transport === "poll" ? "poll" : null;
+    this.transport = null; // "ws" | "poll" while running
+    this.status = "idle";
+    this.seen = new SeenIds();
+    this.outbox = new Map(); // clientMsgId -> entry
+    this.attempt = 0; // consecutive failures of the current transport
+    this.wsFailures = 0; // consecutive WebSocket attempts that never reached hello
+    this.pollSince = 0; // when the fallback to poll began (ms)
+    this.running = false;
+    this.offline = false;
+    this.ws = null;
+    this.pollAbort = null;
+    this.timer = null;
+    this.generation = 0; // bumps on every (re)connect; stale callbacks compare and leave
+    this.onOffline = () => this.goOffline();
+    this.onOnline = () => this.goOnline();
+  }
+
+  // ---- lifecycle ---------------------------------------------------------
+
+  start() {
+    if (this.running) return;
+    this.running = true;
+    this.eventSource?.addEventListener?.("offline", this.onOffline);
+    this.eventSource?.addEventListener?.("online", this.onOnline);
+    if (globalThis.navigator?.onLine === false) this.goOffline();
+    else this.connect();
+  }
+
+  stop() {
+    this.running = false;
+    this.eventSource?.removeEventListener?.("offline", this.onOffline);
+    this.eventSource?.removeEventListener?.("online", this.onOnline);
+    this.disconnect();
+    this.setStatus("idle");
+  }
+
+  goOffline() {
+    if (!this.running) return;
+    this.offline = true;
+    this.disconnect(); // Chromium's offline mode leaves an open WebSocket open: close it ourselves
+    this.setStatus("offline");
+    // `online` may never fire (a captive portal, a flaky event): try again later anyway.
+    this.timer = setTimeout(() => this.goOnline(), this.offlineRetryMs);
+  }
+
+  goOnline() {
+    if (!this.running || !this.offline) return;
+    this.offline = false;
+    this.attempt = 0;
+    this.disconnect();
+    this.connect();
+    for (const entry of this.outbox.values()) {
+      if (entry.waiting) entry.wake();
+    }
+  }
+
+  disconnect() {
+    this.generation += 1;
+    clearTimeout(this.timer);
+    this.timer = null;
+    if (this.ws) {
+      const ws = this.ws;
+      this.ws = null;
+      try { ws.close(1000, "client closing"); } catch { /* already closed */ }
+    }
+    if (this.pollAbort) {
+      this.pollAbort.abort();
+      this.pollAbort = null;
+    }
+  }
+
+  setStatus(status) {
+    if (status === this.status) return;
+    this.status = status;
+    this.dispatchEvent(new CustomEvent("status", { detail: status }));
+  }
+
+  // ---- receiving -------------------------------------------------------------
+
+  // The resume rule of chatctl/client.py Inbox.accept, for hello frames and poll answers.
+  acceptCursor(cursor, recovered) {
+    const hadSince = this.since !== null;
+    if (!hadSince || !recovered) this.since = cursor;
+    if (hadSince && !recovered) this.dispatchEvent(new CustomEvent("reset"));
+  }
+
+  acceptMessage(msg) {
+    if (!this.seen.add(msg.id)) return false;
+    this.since = msg.id;
+    const entry = msg.client_msg_id && msg.from === this.user ? this.outbox.get(msg.client_msg_id) : null;
+    if (entry) this.advance(entry, "delivered", msg);
+    this.dispatchEvent(new CustomEvent("message", { detail: msg }));
+    return true;
+  }
+
+  connect() {
+    if (!this.running || this.offline) return;
+    const wantPoll = this.forced === "poll" || !this.WebSocketImpl
+      || (this.wsFailures >= this.wsFailuresBeforePoll
+          && Date.now() - this.pollSince < this.wsRetryFromPollMs);
+    if (wantPoll) this.connectPoll();
+    else this.connectWs();
+  }
+
+  retryLater() {
+    if (!this.running || this.offline) return;
+    this.attempt += 1;
+    const delay = backoffDelay(this.attempt, this.backoffBaseMs, this.backoffMaxMs);
+    this.setStatus(this.transport === "poll" ? "polling" : "reconnecting");
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.connect(), delay);
+  }
+
+  withSince(base, params) {
+    const query = new URLSearchParams({ token: this.token, ...params });
+    if (this.since !== null) query.set("since", this.since);
+    return `${base}?${query}`;
+  }
+
+  connectWs() {
+    const gen = ++this.generation;
+    this.transport = "ws";
+    if (this.status !== "live") this.setStatus(this.attempt ? "reconnecting" : "connecting");
+    let hello = false;
+    let ws;
+    try {
+      ws = new this.WebSocketImpl(this.withSince(this.wsUrl, {}));
+    } catch {
+      this.wsFailed(gen);
+      return;
+    }
+    this.ws = ws;
+    const helloTimer = setTimeout(() => { if (!hello) ws.close(); }, this.helloTimeoutMs);
+    ws.onmessage = (event) => {
+      if (gen !== this.generation) return;
+      const frame = JSON.parse(event.data);
+      if (frame.type === "hello") {
+        hello = true;
+        clearTimeout(helloTimer);
+        this.attempt = 0;
+        this.wsFailures = 0;
+        this.acceptCursor(frame.cursor, frame.recovered);
+        this.setStatus("live");
+      } else if (frame.type === "message") {
+        this.acceptMessage(frame);
+      }
+    };
+    ws.onclose = () => {
+      clearTimeout(helloTimer);
+      if (gen !== this.generation) return; // we closed it on purpose
+      this.ws = null;
+      if (!hello) this.wsFailed(gen);
+      else this.retryLater(); // 1012, 4008, 1011, a dropped network: resume with since
+    };
+  }
+
+  wsFailed(gen) {
+    if (gen !== this.generation) return;
+    this.wsFailures += 1;
+    // From the Nth failure on, each failed attempt starts another period of polling.
+    if (this.wsFailures >= this.wsFailuresBeforePoll) this.pollSince = Date.now();
+    this.retryLater();
+  }
+
+  async connectPoll() {
+    const gen = ++this.generation;
+    this.transport = "poll";
+    this.setStatus("polling");
+    const abort = new AbortController();
+    this.pollAbort = abort;
+    // A CORS "simple request": GET, token in the query, no custom headers, so no preflight.
+    const url = this.withSince(this.pollUrl, { timeout: String(this.pollTimeoutSeconds) });
+    try {
+      const reply = await this.fetchImpl(url, { signal: abort.signal, cache: "no-store" });
+      if (!reply.ok) throw new Error(`poll answered ${reply.status}`);
+      const page = await reply.json();
+      if (gen !== this.generation) return;
+      this.attempt = 0;
+      if (this.since !== null && !page.recovered) this.dispatchEvent(new CustomEvent("reset"));
+      for (const msg of page.messages) this.acceptMessage(msg);
+      this.since = page.cursor; // covers everything in the answer, and the quiet time after it
+    } catch {
+      if (gen !== this.generation) return;
+      this.retryLater();
+      return;
+    }
+    this.pollAbort = null;
+    this.connect(); // next poll at once, or the WebSocket again once wsRetryFromPollMs has passed
+  }
+
+  // ---- sending -------------------------------------------------------------------
+
+  // Posts once per client_msg_id; retries network errors, 429 and 5xx with backoff and
+  // the same id, so a message typed offline is stored exactly once. Resolves with the
+  // stored message, or rejects on a refusal that a retry cannot fix (4xx).
+  send(to, body, clientMsgId = globalThis.crypto.randomUUID()) {
+    const entry = { clientMsgId, to, body, state: null, message: null, waiting: false, wake: () => {} };
+    this.outbox.set(clientMsgId, entry);
+    this.advance(entry, "sending");
+    entry.done = this.deliver(entry);
+    return entry;
+  }
+
+  async deliver(entry) {
+    for (let attempt = 1; ; attempt++) {
+      let retryAfterMs = 0;
+      try {
+        const reply = await this.fetchImpl(`${this.apiUrl}/v1/messages`, {
+          method: "POST",
+          headers: { "Content-Type": "application/json", Authorization: `Bearer ${this.token}` },
+          body: JSON.stringify({ to: entry.to, body: entry.body, client_msg_id: entry.clientMsgId }),
+        });
+        if (reply.status === 200 || reply.status === 201) {
+          const message = await reply.json();
+          this.advance(entry, "stored", message);
+          return message;
+        }
+        if (reply.status !== 429 && reply.status < 500) {
+          const error = await reply.json().catch(() => ({ error: `http_${reply.status}` }));
+          this.advance(entry, "failed", null, error);
+          throw Object.assign(new Error(error.message || error.error), { reply: error });
+        }
+        retryAfterMs = 1000 * Number(reply.headers.get("Retry-After") || 0);
+      } catch (err) {
+        if (err.reply) throw err; // a refusal, not a network error
+      }
+      this.advance(entry, "retrying");
+      const delay = Math.max(retryAfterMs, backoffDelay(attempt, this.backoffBaseMs, this.backoffMaxMs));
+      await new Promise((resolve) => {
+        entry.waiting = true;
+        const timer = setTimeout(resolve, this.offline ? this.offlineRetryMs : delay);
+        entry.wake = () => { clearTimeout(timer); resolve(); };
+      });
+      entry.waiting = false;
+    }
+  }
+
+  advance(entry, state, message = null, error = null) {
+    if (message) entry.message = message;
+    if (entry.state === "delivered" || entry.state === "failed") return;
+    if (state !== "failed" && STATES.indexOf(state) <= STATES.indexOf(entry.state)) return;
+    entry.state = state;
+    this.dispatchEvent(new CustomEvent("outbox", {
+      detail: { clientMsgId: entry.clientMsgId, to: entry.to, body: entry.body, state, message: entry.message, error },
+    }));
+    if (state === "delivered" || state === "failed") this.outbox.delete(entry.clientMsgId);
+  }
+}

@@ -1,0 +1,62 @@
+"""What a person does on the chat page, as Playwright calls."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import orjson
+from playwright.sync_api import Locator, Page, expect
+from websockets.sync.client import connect
+
+from tests.system import System
+
+
+def open_chat(page: Page, peer: str) -> None:
+    page.fill("#peer", peer)
+    page.click("#open-chat button")
+    expect(page.locator("#title")).to_have_text(peer)
+
+
+def send(page: Page, body: str) -> None:
+    page.fill("#body", body)
+    page.press("#body", "Enter")
+
+
+def bodies(page: Page) -> Locator:
+    return page.locator("#messages li .body")
+
+
+@contextlib.contextmanager
+def witness(system: System, user: str) -> Iterator[list[dict]]:
+    """Another connection of ``user`` (no browser): the message frames it receives."""
+    frames: list[dict] = []
+    with connect(f"{system.ws_url}/v1/ws?token={system.token(user)}") as ws:
+        assert orjson.loads(ws.recv(10))["type"] == "hello"
+
+        def read():
+            with contextlib.suppress(Exception):
+                for raw in ws:
+                    frames.append(orjson.loads(raw))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        yield frames
+    reader.join(5)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def post(system: System, sender: str, to: str, body: str) -> dict:
+    reply = httpx.post(f"{system.api_url}/v1/messages", json={"to": to, "body": body},
+                       headers={"Authorization": f"Bearer {system.token(sender)}"}, timeout=10)
+    assert reply.status_code == 201, reply.text
+    return reply.json()

@@ -1,0 +1,167 @@
+"""The reference web client in a real browser (Debian's Chromium, Playwright)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+from playwright.sync_api import expect
+
+from tests.browser.conftest import ARTIFACTS, web_system
+from tests.browser.helpers import bodies, open_chat, post, send, wait_for, witness
+from tests.e2e.helpers import mysql_rows
+
+
+def test_two_users_exchange_messages(web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    a, b = open_page(web, alice), open_page(web, bob)
+    expect(a.locator("#status")).to_have_text("live")
+    expect(b.locator("#status")).to_have_text("live")
+    open_chat(a, bob)
+    open_chat(b, alice)
+
+    send(a, "hello bob")
+    expect(bodies(b)).to_have_text(["hello bob"])
+    expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    send(b, "hi alice 👋")
+    expect(bodies(a)).to_have_text(["hello bob", "hi alice 👋"])
+    expect(bodies(b)).to_have_text(["hello bob", "hi alice 👋"])
+
+    rows = mysql_rows(web, "sender = :s AND recipient = :r", s=alice, r=bob)
+    assert [(r.body, len(r.client_msg_id)) for r in rows] == [("hello bob", 36)]  # crypto.randomUUID()
+    # the conversation list, newest first, came from GET /v1/conversations
+    expect(a.locator("#conversations .peer")).to_have_text([bob])
+    expect(a.locator("#conversations .preview")).to_have_text(["hi alice 👋"])
+    a.reload()  # the session survives a reload; history comes from GET /v1/messages
+    a.click(f"#conversations li[data-peer='{bob}']")
+    expect(bodies(a)).to_have_text(["hello bob", "hi alice 👋"])
+    expect(a.locator("#messages li.mine .state")).to_have_text(["stored"])
+
+
+def test_offline_then_online_shows_everything_once_in_order(web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    a, b = open_page(web, alice), open_page(web, bob)
+    open_chat(a, bob)
+    open_chat(b, alice)
+    expect(b.locator("#status")).to_have_text("live")
+    send(a, "before")
+    expect(bodies(b)).to_have_text(["before"])
+
+    # Chromium's offline emulation leaves an open WebSocket open (it only holds its
+    # frames back); the client's `offline` handler closes it and stops retrying.
+    b.context.set_offline(True)
+    expect(b.locator("#status")).to_have_text("offline")
+    assert b.evaluate("window.chatApp.client.ws") is None
+    send(b, "typed offline")
+    expect(b.locator("#messages li.mine .state")).to_have_text(["retrying…"])
+
+    with witness(web, bob) as frames:
+        for i in range(1, 5):
+            send(a, f"while offline {i}")
+        # alice's own stream confirms each one; bob's other connection got all four:
+        expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"] * 5)
+        wait_for(lambda: len(frames) >= 4)
+    # ...so the daemon has sent them, and the offline page still shows none of them.
+    expect(bodies(b)).to_have_text(["before", "typed offline"])
+    assert b.evaluate("window.chatApp.client.status") == "offline"
+
+    b.context.set_offline(False)
+    expected = ["before"] + [f"while offline {i}" for i in range(1, 5)] + ["typed offline"]
+    expect(b.locator("#status")).to_have_text("live")
+    expect(bodies(b)).to_have_text(expected)
+    expect(bodies(a)).to_have_text(expected)
+    expect(b.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    # the retried send was stored exactly once
+    assert [r.body for r in mysql_rows(web, "sender = :s", s=bob)] == ["typed offline"]
+
+
+def test_daemon_restart_mid_conversation_loses_nothing(dbs, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    with web_system(dbs, daemons=1, CHAT_DRAIN_SECONDS="0.5") as system:
+        a, b = open_page(system, alice), open_page(system, bob)
+        open_chat(a, bob)
+        open_chat(b, alice)
+        expect(b.locator("#status")).to_have_text("live")
+        sent: list[str] = []
+
+        def sender():
+            for i in range(20):
+                sent.append(post(system, alice, bob, f"m{i:02d}")["body"])
+                time.sleep(0.05)  # pacing: the restart lands mid-stream
+
+        thread = threading.Thread(target=sender)
+        thread.start()
+        wait_for(lambda: len(sent) >= 8)
+        system.stop("daemon_0")  # SIGTERM: clients get 1012
+        expect(b.locator("#status")).not_to_have_text("live")
+        system.start("daemon_0")
+        thread.join(30)
+        expected = [f"m{i:02d}" for i in range(20)]
+        assert sent == expected
+        expect(bodies(b), "every message once, in order").to_have_text(expected, timeout=20_000)
+        expect(bodies(a)).to_have_text(expected)
+        send(b, "still here")  # and the page works on after it
+        expect(bodies(a)).to_have_text([*expected, "still here"])
+
+
+def test_markup_in_a_message_is_shown_as_text(web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    a, b = open_page(web, alice), open_page(web, bob)
+    dialogs = []
+    for page in (a, b):
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    open_chat(a, bob)
+    open_chat(b, alice)
+    attack = ["<img src=x onerror=alert(1)>", "<script>alert(2)</script>", "<b>bold</b> & &amp;"]
+    for text in attack:
+        send(a, text)
+    expect(bodies(b)).to_have_text(attack)
+    expect(b.locator("#conversations .preview")).to_have_text([attack[-1]])
+    assert b.locator("#messages li .body").evaluate_all("els => els.map(e => e.textContent)") == attack
+    for page in (a, b):
+        assert page.locator("img, #messages script, #messages b").count() == 0
+    assert dialogs == []
+
+
+def test_long_poll_transport_delivers_when_asked(web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    a, b = open_page(web, alice), open_page(web, bob, "?transport=poll")
+    expect(b.locator("#status")).to_have_text("polling")
+    open_chat(a, bob)
+    open_chat(b, alice)
+    send(a, "through the long poll")
+    expect(bodies(b)).to_have_text(["through the long poll"])
+    send(b, "and back")
+    expect(bodies(a)).to_have_text(["through the long poll", "and back"])
+    expect(b.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    assert b.evaluate("[window.chatApp.client.transport, window.chatApp.client.ws]") == ["poll", None]
+    polls = b.evaluate("performance.getEntriesByType('resource').map(e => e.name)"
+                       ".filter(n => n.includes('/v1/poll'))")
+    assert polls and all(n.startswith(web.poll_url) for n in polls)  # cross-origin, to the daemon port
+
+
+def test_dev_login_refusals_and_pasting_a_token(web, browser, users):
+    reply = httpx.post(f"{web.api_url}/v1/dev/token", json={"user": "not a user!"})
+    assert reply.status_code == 422 and reply.json()["field"] == "user"
+    reply = httpx.post(f"{web.api_url}/v1/dev/token", json={"user": "x", "admin": True})
+    assert reply.status_code == 422 and reply.json()["field"] == "admin"
+    carol = users("carol")
+    token = httpx.post(f"{web.api_url}/v1/dev/token", json={"user": carol}).json()["token"]
+    assert httpx.get(f"{web.api_url}/v1/conversations",
+                     headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"{web.api_url}/")  # redirects to /app/
+        page.fill("#token", "not-a-token")
+        page.click("#token-login button")
+        expect(page.locator("#login-error")).to_have_text("that is not a JWT")
+        page.fill("#token", web.token(carol))  # as `chatctl token` makes it
+        page.click("#token-login button")
+        expect(page.locator("#me")).to_have_text(carol)
+        expect(page.locator("#status")).to_have_text("live")
+        page.screenshot(path=ARTIFACTS / "test_token_login-carol.png")
+    finally:
+        context.close()
