@@ -106,8 +106,9 @@ async def test_messages_that_commit_while_catch_up_runs_are_not_lost(system, use
 
 
 async def test_unknown_since_says_recovered_false_and_serves_from_the_cursor(system, users):
-    alice, bob = users("alice"), users("bob")
+    alice = users("alice")
     for since in ("not-an-id", "99999999999"):  # garbage, and an id no message has
+        bob = users(f"bob{len(since)}")  # nothing earlier addressed to this one
         ws, hello = await connect(system, bob, since=since)
         assert hello["recovered"] is False
         sent = (await post(system, alice, bob, f"after {since}")).json()
