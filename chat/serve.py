@@ -1,4 +1,4 @@
-"""Runs an ASGI app on a listening socket that several processes share.
+"""Runs an ASGI app (the write API) on a listening socket that several processes share.
 
 Each process binds its own socket with SO_REUSEPORT and the kernel spreads
 new connections over them, so `supervisorctl restart` of one process leaves
@@ -8,8 +8,6 @@ the others serving.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
-
 import uvicorn
 
 
@@ -23,22 +21,8 @@ def reuseport_socket(host: str, port: int, backlog: int = 4096) -> socket.socket
     return sock
 
 
-class _Server(uvicorn.Server):
-    """Tells the app the moment shutdown starts (before connections are closed),
-    so that long-polls can answer at once instead of holding the drain up."""
-
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None] | None):
-        super().__init__(config)
-        self._on_exit = on_exit
-
-    def handle_exit(self, sig, frame) -> None:
-        if self._on_exit is not None:
-            self._on_exit()
-        super().handle_exit(sig, frame)
-
-
-def serve(app, host: str, port: int, on_exit: Callable[[], None] | None = None, **config) -> None:
+def serve(app, host: str, port: int, **config) -> None:
     sock = reuseport_socket(host, port)
     cfg = uvicorn.Config(app, log_config=None, access_log=False, loop="uvloop", http="httptools",
                          backlog=4096, **config)
-    _Server(cfg, on_exit).run(sockets=[sock])
+    uvicorn.Server(cfg).run(sockets=[sock])

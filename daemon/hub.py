@@ -10,7 +10,7 @@ until its catch-up frames have gone out in front of them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from chat.messages import Message
 
@@ -91,12 +91,17 @@ class Hub:
     def connections_of(self, user: str) -> int:
         return len(self._by_user.get(user, ()))
 
-    def dispatch(self, msg: Message, payload: bytes, frame: bytes | None) -> int:
-        """Offers the message to the recipient's and the sender's connections; returns how many."""
+    def dispatch(self, msg: Message, payload: bytes, encode: Callable[[bytes], bytes]) -> int:
+        """Offers the message to the recipient's and the sender's connections; returns how many.
+        ``encode`` builds the WebSocket frame, once, and only if this daemon holds a target:
+        with N daemons, most messages are for another one."""
         targets = self._by_user.get(msg.recipient, ())
         if msg.sender != msg.recipient and msg.sender in self._by_user:
             targets = set(targets) | self._by_user[msg.sender]
+        if not targets:
+            return 0
         targets = tuple(targets)  # a copy: sending can close a connection, which unregisters it
+        frame = encode(payload)
         for sub in targets:
             sub.offer(msg.id, payload, frame, self._limit)
         return len(targets)

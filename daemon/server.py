@@ -26,7 +26,7 @@ from chat import auth
 from chat.serve import reuseport_socket
 from chat.settings import Settings
 from daemon import metrics
-from daemon.connection import CLOSE_RESTART, CLOSE_TRY_AGAIN, Connection, Request
+from daemon.connection import CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN, Connection, Request
 from daemon.hub import Hub, Subscriber
 from daemon.oplog import OplogTail
 from daemon.stream import CatchUp, Stream
@@ -44,7 +44,7 @@ class Refusal(Exception):
         self.status, self.code, self.headers = status, code, headers or {}
 
     def body(self) -> bytes:
-        return orjson.dumps({"error": self.code, "message": str(self)})
+        return _error_body(self.code, str(self))
 
 
 class Behind(Exception):
@@ -161,7 +161,7 @@ class Daemon:
             return True
         except Exception:
             log.exception("event=ws_error user=%s", user)
-            conn.close(1011, "server error")
+            conn.close(CLOSE_ERROR, "server error")
             return True
         if conn.closing:
             return True

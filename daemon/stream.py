@@ -185,7 +185,7 @@ class Stream:
             msg = from_doc(doc)
             payload = msg.frame()
             self._cache_append(Entry(msg, payload))
-            delivered = self._hub.dispatch(msg, payload, text_frame(payload))
+            delivered = self._hub.dispatch(msg, payload, text_frame)
             if delivered:
                 pushes += delivered
                 # dispatch wrote to every socket before returning: this is oplog -> socket

@@ -108,8 +108,7 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
                                for q, p in (("p50", .5), ("p99", .99))}
         result["ferretdb_tail_ms"] = wsload.percentiles(probe_result)
         log(f"  -> {orjson.dumps(result).decode()}")
-        if result["lost"] or result["duplicates"]:
-            raise SystemExit(f"FAILED: {result['lost']} lost, {result['duplicates']} duplicated at {n} clients")
+        wsload.verify(result, f"WebSocket load at {n} clients")
         out.append(result)
     return out
 
@@ -123,9 +122,7 @@ def replay_runs(clients: int, rates: list[float], seconds: float, max_count: int
         log(f"replayed oplog: {clients} clients, {daemons} daemon(s), {rate or 'max'} msg/s, {count} messages")
         result = replay.bench(clients, rate, count, daemons, replay.tick_batch(rate))
         log(f"  -> {orjson.dumps(result).decode()}")
-        if result["lost"] or result["duplicates"] or result["held"] < clients:
-            raise SystemExit(f"FAILED: replay lost {result['lost']}, duplicated {result['duplicates']}, "
-                             f"held {result['held']}/{clients}")
+        wsload.verify(result, f"replay at {rate or 'max'} msg/s")
         out.append(result)
     return out
 
@@ -137,9 +134,7 @@ def hold_run(dbs, clients: int, daemons: int, rate: float, seconds: float) -> di
     with running_system(dbs, daemons=daemons, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_LOG_LEVEL="WARNING") as s:
         result = wsload.run(s, clients, rate, seconds)
     log(f"  -> {orjson.dumps(result).decode()}")
-    if result["lost"] or result["duplicates"] or result["held"] < clients:
-        raise SystemExit(f"FAILED: hold lost {result['lost']}, duplicated {result['duplicates']}, "
-                         f"held {result['held']}/{clients}")
+    wsload.verify(result, f"hold of {clients}")
     return result
 
 

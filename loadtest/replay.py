@@ -240,13 +240,8 @@ def main(clients: int = typer.Option(10_000), rate: float = typer.Option(2000.0,
         serve(entries, clients, count, rate, batch or tick_batch(rate))
         return
     result = bench(clients, rate, count, daemons, batch or tick_batch(rate))
-    text = orjson.dumps(result, option=orjson.OPT_INDENT_2)
-    print(text.decode())
-    if out is not None:
-        out.write_bytes(text)
-    if result["lost"] or result["duplicates"] or result["held"] < clients:
-        raise SystemExit(f"FAILED: {result['lost']} lost, {result['duplicates']} duplicated, "
-                         f"{result['held']}/{clients} held")
+    wsload.publish(result, out)
+    wsload.verify(result, "replay")
 
 
 if __name__ == "__main__":

@@ -240,13 +240,22 @@ def main(clients: int = typer.Option(1000), rate: float = typer.Option(200.0, he
         with running_system(dbs, daemons=daemons, apis=apis, CHAT_RATE_LIMIT_PER_SECOND=0,
                             CHAT_LOG_LEVEL="WARNING") as system:
             result = run(system, clients, rate, seconds)
+    publish(result, out)
+    verify(result, "wsload")
+
+
+def publish(result: dict, out: Path | None) -> None:
     text = orjson.dumps(result, option=orjson.OPT_INDENT_2)
     print(text.decode())
     if out is not None:
         out.write_bytes(text)
-    if result["lost"] or result["duplicates"] or result["held"] < clients:
-        raise SystemExit(f"FAILED: {result['lost']} lost, {result['duplicates']} duplicated, "
-                         f"{result['held']}/{clients} held")
+
+
+def verify(result: dict, what: str) -> None:
+    """A run that lost or duplicated a message, or could not hold its clients, fails loudly."""
+    if result["lost"] or result["duplicates"] or result["held"] < result["clients"]:
+        raise SystemExit(f"FAILED {what}: {result['lost']} lost, {result['duplicates']} duplicated, "
+                         f"{result['held']}/{result['clients']} held")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def live(hub, user, since=0):
 
 
 def offer(hub, i, sender="a", recipient="b"):
-    return hub.dispatch(msg(i, sender, recipient), f"m{i}".encode(), None)
+    return hub.dispatch(msg(i, sender, recipient), f"m{i}".encode(), lambda payload: b"ws:" + payload)
 
 
 def test_message_goes_to_every_connection_of_recipient_and_sender():
@@ -88,6 +88,20 @@ def test_overflow_while_catching_up_sends_the_gap_free_prefix_then_closes():
     assert b.sent == [1, 2] and b.closed  # then 4008; the client resumes after 2
     offer(hub, 5)
     assert b.sent == [1, 2]
+
+
+def test_the_frame_is_encoded_once_and_only_for_a_held_target():
+    hub = Hub(1000)
+    encoded = []
+
+    def encode(payload):
+        encoded.append(payload)
+        return payload
+
+    assert hub.dispatch(msg(1, "x", "y"), b"m1", encode) == 0
+    live(hub, "b"), live(hub, "b"), live(hub, "a")
+    assert hub.dispatch(msg(2), b"m2", encode) == 3
+    assert encoded == [b"m2"]
 
 
 def test_unregister_forgets_the_user_when_last_connection_leaves():

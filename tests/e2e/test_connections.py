@@ -5,6 +5,7 @@ no effect on other clients."""
 import asyncio
 import base64
 import os
+import re
 import socket
 import time
 
@@ -150,3 +151,46 @@ async def test_sigterm_closes_clients_with_1012_and_they_resume_elsewhere(dbs, u
         assert hello["recovered"] is True
         assert [f["body"] for f in await receive(ws, 1)] == ["while restarting"]
         await ws.close()
+
+
+def raw_http(system, request: bytes, expect: int = 1) -> list[bytes]:
+    """Sends raw bytes to the daemon; returns the status lines of ``expect`` answers."""
+    with socket.create_connection(("127.0.0.1", system.daemon_port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while data.count(b"HTTP/1.1 ") < expect or not data.endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return [line for line in data.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+
+async def test_request_head_over_16_kib_gets_431_and_the_socket_closes(strict):
+    status = raw_http(strict, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 17_000 + b"\r\n\r\n")
+    assert status == [b"HTTP/1.1 431 Request Header Fields Too Large"]
+
+
+async def test_plain_get_on_the_websocket_path_gets_426(strict):
+    assert raw_http(strict, b"GET /v1/ws HTTP/1.1\r\nHost: x\r\n\r\n") == [b"HTTP/1.1 426 Upgrade Required"]
+
+
+async def test_pipelined_requests_are_answered_in_order_past_the_pipeline_bound(strict):
+    # 40 requests in one write: more than PIPELINE_MAX (16) wait while reading pauses
+    requests = b"".join(f"GET /nope{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(40))
+    with socket.create_connection(("127.0.0.1", strict.daemon_port), timeout=10) as sock:
+        sock.sendall(requests)
+        data = b""
+        while data.count(b"HTTP/1.1 404") < 40:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed early"
+            data += chunk
+    assert [int(x) for x in re.findall(rb"no route /nope(\d+)", data)] == list(range(40))
+
+
+async def test_unmasked_client_frame_closes_with_1002(strict, users):
+    ws, _ = await connect(strict, users("u"))
+    ws.transport.write(b"\x81\x02hi")  # an unmasked text frame; the library would mask it
+    with pytest.raises(ConnectionClosed) as info:
+        await asyncio.wait_for(ws.recv(), 5)
+    assert info.value.rcvd.code == 1002
