@@ -8,7 +8,25 @@ the others serving.
 from __future__ import annotations
 
 import socket
+
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+class KeepAliveHttp10(HttpToolsProtocol):
+    """uvicorn closes every HTTP/1.0 connection after one response, even one
+    that asked ``Connection: keep-alive``. ``ab -k`` speaks HTTP/1.0, so every
+    "keep-alive" request paid a new TCP connection. HTTP/1.0 keep-alive is
+    opt-in on both sides: honour the client's request and say so in the
+    response, as HTTP/1.0 requires."""
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if (cycle is not None and cycle.scope is self.scope and self.scope.get("http_version") == "1.0"
+                and self.parser.should_keep_alive()):
+            cycle.keep_alive = True
+            cycle.default_headers = [*cycle.default_headers, (b"connection", b"keep-alive")]
 
 
 def reuseport_socket(host: str, port: int, backlog: int = 4096) -> socket.socket:
@@ -23,6 +41,8 @@ def reuseport_socket(host: str, port: int, backlog: int = 4096) -> socket.socket
 
 def serve(app, host: str, port: int, **config) -> None:
     sock = reuseport_socket(host, port)
-    cfg = uvicorn.Config(app, log_config=None, access_log=False, loop="uvloop", http="httptools",
-                         backlog=4096, **config)
+    # proxy_headers off: nothing here reads the client address (limits are
+    # per user), so the middleware would only cost time on every request.
+    cfg = uvicorn.Config(app, log_config=None, access_log=False, loop="uvloop", http=KeepAliveHttp10,
+                         proxy_headers=False, backlog=4096, **config)
     uvicorn.Server(cfg).run(sockets=[sock])

@@ -27,6 +27,22 @@ def test_rejected_tokens(token):
         auth.verify(SECRET, token)
 
 
+def test_a_token_checked_once_still_expires(monkeypatch):
+    token = auth.mint(SECRET, "alice", ttl_seconds=60)
+    assert auth.verify(SECRET, token) == "alice"  # now cached as valid
+    real = time.time
+    monkeypatch.setattr(auth.time, "time", lambda: real() + 61)
+    with pytest.raises(auth.AuthError, match="expired"):
+        auth.verify(SECRET, token)
+
+
+def test_the_cache_is_keyed_by_secret():
+    token = auth.mint(SECRET, "alice")
+    assert auth.verify(SECRET, token) == "alice"
+    with pytest.raises(auth.AuthError):
+        auth.verify("another-secret-" * 3, token)
+
+
 def test_user_ids():
     assert auth.is_user_id("a") and auth.is_user_id("A.b-c_9" * 9)
     assert not auth.is_user_id("") and not auth.is_user_id("x" * 65)

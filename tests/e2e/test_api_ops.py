@@ -82,3 +82,42 @@ async def test_group_commit_never_exceeds_batch_max_and_answers_every_request(db
         # 40 concurrent requests would share one or two batches; capped at 3, they need 14
         assert total >= 14
         assert sample('chat_api_batch_messages_bucket{le="5.0"}') == total
+
+
+def _http10(sock, system, sender, to, keep_alive: bool) -> bytes:
+    body = f'{{"to": "{to}", "body": "over HTTP/1.0"}}'.encode()
+    head = (f"POST /v1/messages HTTP/1.0\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {system.token(sender)}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            + ("Connection: keep-alive\r\n" if keep_alive else "") + "\r\n")
+    sock.sendall(head.encode() + body)
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(answer):
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-answer: {answer!r}"
+        answer += chunk
+    return answer
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def test_http10_keep_alive_is_honoured_as_ab_k_asks(system, users):
+    """`ab -k` speaks HTTP/1.0 + `Connection: keep-alive`: two answers on one
+    socket, each saying keep-alive. Without the header, HTTP/1.0 closes."""
+    import socket
+    alice, bob = users("alice"), users("bob")
+    with socket.create_connection(("127.0.0.1", system.api_port), timeout=10) as sock:
+        for _ in range(2):
+            answer = _http10(sock, system, alice, bob, keep_alive=True)
+            assert answer.startswith(b"HTTP/1.1 201 ")
+            assert b"\r\nconnection: keep-alive\r\n" in answer.lower()
+    with socket.create_connection(("127.0.0.1", system.api_port), timeout=10) as sock:
+        answer = _http10(sock, system, alice, bob, keep_alive=False)
+        assert answer.startswith(b"HTTP/1.1 201 ") and b"\r\nconnection: close\r\n" in answer.lower()
+        assert sock.recv(1) == b""  # the server closed it
+    assert len(mysql_rows(system, "sender = :s", s=alice)) == 3
