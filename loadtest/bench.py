@@ -59,12 +59,20 @@ def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
     # Long-polls first, on a settled system: after the POST flood the daemons
     # are still reading tens of thousands of messages back from FerretDB.
     reader = system.token("ab-reader")
-    cursor = httpx.get(f"{system.poll_url}?timeout=0", headers={"Authorization": f"Bearer {reader}"}).json()["cursor"]
     for c in levels:
         runs = []
         for i in range(iterations):
+            # ab repeats one URL, so every poll asks for everything since one
+            # cursor: a fresh cursor per run keeps the answers the size of one
+            # run's messages, and the first message stored before ab starts
+            # means every poll answers at once, as for a client that is behind.
+            cursor = httpx.get(f"{system.poll_url}?timeout=0",
+                               headers={"Authorization": f"Bearer {reader}"}).json()["cursor"]
             writer = Writer(system, "ab-reader", poll_rate)
             writer.start()
+            while writer.sent < 1 and writer.is_alive():
+                time.sleep(0.01)
+            time.sleep(1.0)  # every daemon's tail past the cursor: no poll waits for its daemon to catch up
             log(f"ab GET /v1/poll -c {c} -t {seconds} while a writer posts {poll_rate}/s ({i + 1}/{iterations})")
             runs.append(ab.run(f"{system.poll_url}?since={cursor}&timeout=1", c, seconds, reader))
             writer.stop.set()
