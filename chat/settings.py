@@ -87,6 +87,10 @@ class Settings(BaseSettings):
         1.0, gt=0, description="Period of the query that finds messages the oplog never showed."
     )
     tail_silence_seconds: float = Field(30.0, gt=0, description="Watchdog: restart a tail silent this long.")
+    ferretdb_tail_poll_ms: float = Field(
+        20.0, gt=0, description="FerretDB only: poll period of the oplog tail, which there is tailable without "
+        "awaitData (FerretDB re-scans the oplog every 10 ms for each awaiting cursor). MongoDB: awaitData.",
+    )
     drain_seconds: float = Field(5.0, ge=0, description="On SIGTERM: grace period after closing clients with 1012.")
     recent_cache_max: int = Field(
         50_000, ge=0, description="Recent messages each daemon keeps in memory to serve catch-up without a query."

@@ -319,8 +319,8 @@ async def run(settings: Settings, tail=None) -> None:
     db = client[settings.mongo_db]
     hub = Hub(settings.send_buffer_max_bytes)
     if tail is None:
-        tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}",
-                         silence_seconds=settings.tail_silence_seconds)
+        tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds,
+                         ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
     stream = Stream(db, tail, hub, retention_seconds=settings.retention_seconds,
                     cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds)
     daemon = Daemon(settings, hub, stream)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import aiohttp
 import orjson
 import psutil
 import typer
@@ -28,6 +28,7 @@ from chatctl.client import Inbox
 from loadtest import leanclient
 
 CLIENTS_PER_PROC = 15_000  # under the 20k open-files limit, with room to spare
+SEND_CONNECTIONS = 64  # keep-alive connections the sender posts over
 
 
 @dataclass
@@ -108,9 +109,14 @@ async def _send(api_url: str, secret: str, users: list[str], rate: float, second
     creation: list[float] = []
     errors = 0
     tokens = {}
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-        gate = asyncio.Semaphore(64)  # requests in flight; more only queue inside httpx's pool
+    # aiohttp, not httpx: at a few hundred requests/s httpx's pool bookkeeping
+    # took most of this process's CPU, and its queueing showed up as
+    # "creation" and end-to-end latency that the system never had.
+    connector = aiohttp.TCPConnector(limit=SEND_CONNECTIONS)
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        gate = asyncio.Semaphore(SEND_CONNECTIONS)  # requests in flight; more would only queue in the pool
+        url = f"{api_url}/v1/messages"
 
         async def one(i: int):
             async with gate:
@@ -120,18 +126,20 @@ async def _send(api_url: str, secret: str, users: list[str], rate: float, second
             nonlocal errors
             a, b = rng.sample(users, 2)
             tok = tokens.get(a) or tokens.setdefault(a, auth.mint(secret, a, 7200))
+            headers = {"Authorization": f"Bearer {tok}", "Content-Type": "application/json"}
             t0 = time.time()
+            body = orjson.dumps({"to": b, "body": f"{t0:.6f} load", "client_msg_id": f"L{i}"})
             for attempt in range(5):
                 try:
-                    r = await client.post(f"{api_url}/v1/messages", headers={"Authorization": f"Bearer {tok}"},
-                                          json={"to": b, "body": f"{t0:.6f} load", "client_msg_id": f"L{i}"})
-                    if r.status_code in (200, 201):
+                    async with session.post(url, data=body, headers=headers) as r:
+                        answer = await r.read()
+                    if r.status in (200, 201):
                         creation.append(time.time() - t0)
-                        msg_id = int(r.json()["id"])
+                        msg_id = int(orjson.loads(answer)["id"])
                         expected.setdefault(b, []).append(msg_id)
                         expected.setdefault(a, []).append(msg_id)  # the sender's own connection gets it too
                         return
-                except httpx.HTTPError:
+                except (aiohttp.ClientError, TimeoutError):
                     pass
                 errors += 1
                 await asyncio.sleep(0.1 * (attempt + 1))
