@@ -8,6 +8,8 @@ figure is the database's share: insert call -> oplog entry in hand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 import time
 
 from daemon.oplog import RESTARTED, OplogTail
@@ -16,8 +18,22 @@ from db import mongo
 
 async def measure(url: str, rate: float, seconds: float) -> list[float]:
     client = mongo.make_client(url, 5)
-    sent: dict[int, float] = {}
     seen: list[float] = []
+    try:
+        # Bounded as a whole: a probe that cannot finish (FerretDB wedged
+        # under load) returns what it saw rather than hold up the benchmark.
+        async with asyncio.timeout(seconds + 30):
+            await _probe(client, rate, seconds, seen)
+    except TimeoutError:
+        print(f"probe: gave up after {seconds + 30:g} s with {len(seen)} samples", file=sys.stderr)
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.close(), 5)
+    return seen
+
+
+async def _probe(client, rate: float, seconds: float, seen: list[float]) -> None:
+    sent: dict[int, float] = {}
     tail = OplogTail(client, "chat.probe", await_ms=500)
     tail.last_ts = await tail.newest_ts()
 
@@ -31,26 +47,24 @@ async def measure(url: str, rate: float, seconds: float) -> list[float]:
                     seen.append(now - sent.pop(entry["o"]["_id"]))
 
     task = asyncio.create_task(reader())
-    await asyncio.sleep(0.5)
-    coll = client["chat"]["probe"]
-    start = time.monotonic()
-    i = 0
-    while time.monotonic() - start < seconds:
-        i += 1
-        sent[i + int(start * 1000) * 1000] = time.perf_counter()
-        await coll.insert_one({"_id": i + int(start * 1000) * 1000})
-        await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-    await asyncio.sleep(1.0)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await coll.drop()
-    await client.close()
-    return seen
+    try:
+        await asyncio.sleep(0.5)
+        coll = client["chat"]["probe"]
+        start = time.monotonic()
+        i = 0
+        while time.monotonic() - start < seconds:
+            i += 1
+            sent[i + int(start * 1000) * 1000] = time.perf_counter()
+            await coll.insert_one({"_id": i + int(start * 1000) * 1000})
+            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+        await asyncio.sleep(1.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    await client["chat"]["probe"].drop()
 
 
 if __name__ == "__main__":
-    import sys
-
     import orjson
 
     url, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
