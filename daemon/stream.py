@@ -139,14 +139,20 @@ class Stream:
     async def _periodic_gap_check(self) -> None:
         # Covers an oplog entry that never comes (FerretDB can store a document
         # without writing its oplog entry) when no later entry reveals the hole.
+        # It fills only when the tail has stopped short: a stored id is unseen
+        # and the position has not moved for a whole period. A tail that is
+        # merely behind keeps moving (FerretDB under load answers in hundreds of
+        # ms), and a hole in what it shows triggers a fill by itself. Filling
+        # for a moving tail made every fill, a full scan on FerretDB, slow the
+        # tail and the next fill down until delivery was seconds late.
+        last_position = self.position
         while True:
             await asyncio.sleep(self._gap_check)
             try:
                 newest = await mongo.newest_id(self._db)
-                if newest > self.position:
-                    await asyncio.sleep(0.2)  # still in flight on the oplog?
-                    if newest > self.position:
-                        self._request_fill()
+                if newest > self.position and self.position == last_position:
+                    self._request_fill()
+                last_position = self.position
             except PyMongoError as exc:
                 log.warning("event=gap_check_failed error=%s", exc.__class__.__name__)
 

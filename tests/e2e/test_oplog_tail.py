@@ -7,10 +7,14 @@ path is forced, to show that it reads the same entries.
 """
 
 import asyncio
+import uuid
 
 import pytest
 
+from chat.messages import Message, now_ms
+from daemon.hub import Hub, Subscriber
 from daemon.oplog import RESTARTED, OplogTail
+from daemon.stream import Stream
 from db import mongo
 
 
@@ -52,3 +56,57 @@ async def test_the_tail_reads_every_insert_once_in_order(dbs, force_await):
     assert tail.poll_seconds == (0.0 if force_await else 0.02)  # FerretDB was recognised
     # the entry the tail resumed from may come again (the consumer drops repeats by id)
     assert list(dict.fromkeys(seen)) == list(range(30))
+
+
+class _SilentTail:
+    """A tail that never shows an entry: what FerretDB does for a document it
+    stored without writing its oplog entry."""
+
+    namespace = "gapcheck.messages"
+    last_ts = None
+
+    async def newest_ts(self):
+        return None
+
+    async def batches(self):
+        await asyncio.Event().wait()
+        yield  # never reached: makes this an async generator
+
+
+class _Recorder(Subscriber):
+    __slots__ = ("got",)
+
+    def __init__(self, user: str, since: int):
+        super().__init__(user, since)
+        self.got: list[int] = []
+
+    def send(self, msg_id, payload, frame):
+        self.got.append(msg_id)
+
+    def overflow(self):
+        raise AssertionError("no overflow expected")
+
+
+async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_check(dbs):
+    client = mongo.make_client(dbs.ferretdb.url, 5)
+    db = client[f"gapcheck_{uuid.uuid4().hex[:8]}"]
+    hub = Hub(1 << 20)
+    stream = Stream(db, _SilentTail(), hub, retention_seconds=86_400, cache_max=100, gap_check_seconds=0.2)
+    task = asyncio.create_task(stream.run())
+    try:
+        await asyncio.wait_for(stream.ready.wait(), 10)
+        bob = _Recorder("bob", stream.position)
+        hub.register(bob)
+        bob.go_live([])
+        # stored the way the writer stores it: the document, then meta.head
+        await db[mongo.MESSAGES].insert_one(Message(1, "alice", "bob", "hi", now_ms()).to_doc())
+        await mongo.advance_head(db, 1)
+        async with asyncio.timeout(5):  # within two gap-check periods, and then some
+            while stream.position < 1:
+                await asyncio.sleep(0.05)
+        assert bob.got == [1]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.drop_database(db.name)
+        await client.close()
