@@ -20,7 +20,10 @@ def write_report(r: dict, out: Path) -> None:
         "# Benchmark report", "",
         f"{r['mode']} run, {m['date']}, commit {m['commit']}, {m['cores']} cores, {m['ram_gib']} GiB RAM.",
         f"Backing servers: **{m['mongo']}**, {m['mysql']}. Everything on one machine over loopback,"
-        " load generators included. Figures that pass through FerretDB say so.", "",
+        " load generators included. Figures that pass through FerretDB say so.", ""]
+    for failure in r.get("failures", []):
+        lines += [f"**{failure}** (the run's row below carries the figures it had).", ""]
+    lines += [
         "## ab -k on the daemons' long-poll endpoint (writer at a fixed rate)", "",
         "| connections | complete requests | requests/s | time per request (ms, across all) | min ms | max ms "
         "| errors | seed best requests/s | ratio |", "|---|---|---|---|---|---|---|---|---|"]
