@@ -34,9 +34,6 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", flush=True)
 
 
-FAILURES: list[str] = []
-
-
 def check(result: dict, what: str) -> None:
     """A run that lost or duplicated a message is marked FAILED in the results
     and the report, and the whole benchmark exits non-zero once the other
@@ -46,7 +43,11 @@ def check(result: dict, what: str) -> None:
     except SystemExit as failed:
         log(str(failed))
         result["failed"] = str(failed)
-        FAILURES.append(str(failed))
+
+
+def failures(results: dict) -> list[str]:
+    runs = [*results["replay"], *results["ws"], *([results["hold"]] if "hold" in results else [])]
+    return [run["failed"] for run in runs if "failed" in run]
 
 
 class Writer(threading.Thread):
@@ -178,7 +179,7 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         sizes, rate, ws_seconds, daemons = [100, 1000], 200, 10, 2
         replay_clients, replay_rates, replay_max = 2000, [1000, 2000, 5000], 50_000
         hold = None
-    results = {"machine": machine.describe(), "mode": "full" if full else "quick", "failures": FAILURES}
+    results = {"machine": machine.describe(), "mode": "full" if full else "quick"}
     results["replay"] = replay_runs(replay_clients, replay_rates, 5 if not full else 10, replay_max, 1)
     env = {"CHAT_RATE_LIMIT_PER_SECOND": 0, "CHAT_LOG_LEVEL": "WARNING", "CHAT_WRITER_QUEUE_MAX": 50_000}
     # Each on fresh databases: FerretDB scans `messages` whole for a daemon's
@@ -193,13 +194,14 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
     if hold is not None:
         with databases(Path(tempfile.mkdtemp(prefix="bench-hold-"))) as dbs:
             results["hold"] = hold_run(dbs, *hold)
+    results["failures"] = failures(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "latest.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
     write_report(results, out_dir)
     log(f"wrote {out_dir}/latest.json, report.md and plots")
     print((out_dir / "report.md").read_text())
-    if FAILURES:
-        raise SystemExit("FAILED: " + "; ".join(FAILURES))
+    if results["failures"]:
+        raise SystemExit("FAILED: " + "; ".join(results["failures"]))
 
 
 if __name__ == "__main__":

@@ -87,21 +87,32 @@ def _replay_table(runs: list[dict]) -> list[str]:
     return lines + ["", "![latency against message rate](latency_vs_rate.png)", ""]
 
 
+def _latency_plot(x: list, runs: list[dict], series) -> plt.Axes:
+    """p50 (solid) and p99 (dashed) of each (key, label, marker) series against x."""
+    _fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label, marker in series:
+        ax.plot(x, [run[key]["p50"] for run in runs], f"{marker}-", label=f"{label} p50")
+        ax.plot(x, [run[key]["p99"] for run in runs], f"{marker}--", label=f"{label} p99")
+    return ax
+
+
+def _finish(ax: plt.Axes, xlabel: str, title: str, path: Path) -> None:
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("ms")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.figure.tight_layout()
+    ax.figure.savefig(path, dpi=110)
+
+
 def _plots(r: dict, out: Path) -> None:
     ws = r["ws"]
     n = [w["clients"] for w in ws]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("e2e_ms", "delivery (end to end)"), ("creation_ms", "creation (API)")):
-        ax.plot(n, [w[key]["p50"] for w in ws], "o-", label=f"{label} p50")
-        ax.plot(n, [w[key]["p99"] for w in ws], "o--", label=f"{label} p99")
+    ax = _latency_plot(n, ws, (("e2e_ms", "delivery (end to end)", "o"), ("creation_ms", "creation (API)", "o")))
     ax.plot(n, [w["ferretdb_tail_ms"]["p50"] for w in ws], "s:", label="FerretDB insert→tail p50")
-    ax.set_xscale("log")
-    ax.set_xlabel("connected clients")
-    ax.set_ylabel("ms")
-    ax.set_title(f"Latency vs connections ({ws[0]['rate']:g} msg/s, FerretDB 1.24)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "latency_vs_connections.png", dpi=110)
+    _finish(ax, "connected clients", f"Latency vs connections ({ws[0]['rate']:g} msg/s, FerretDB 1.24)",
+            out / "latency_vs_connections.png")
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(n, [w["daemon_rss_mb"] for w in ws], "o-", label="daemons' RSS, MB")
     ax2 = ax.twinx()
@@ -116,18 +127,11 @@ def _plots(r: dict, out: Path) -> None:
     fig.savefig(out / "memory_vs_connections.png", dpi=110)
     paced = [x for x in r.get("replay", []) if x["rate"] != "max"]
     if paced:
-        fig, ax = plt.subplots(figsize=(7, 4))
         rates = [x["messages_per_s"] for x in paced]
-        for key, label, style in (("oplog_to_socket_ms", "oplog → socket (daemon)", "o"),
-                                  ("e2e_ms", "replay → client (e2e)", "s")):
-            ax.plot(rates, [x[key]["p50"] for x in paced], f"{style}-", label=f"{label} p50")
-            ax.plot(rates, [x[key]["p99"] for x in paced], f"{style}--", label=f"{label} p99")
+        ax = _latency_plot(rates, paced, (("oplog_to_socket_ms", "oplog → socket (daemon)", "o"),
+                                          ("e2e_ms", "replay → client (e2e)", "s")))
         ax.axhline(5, color="grey", lw=0.8, ls=":", label="5 ms target (p99, oplog → socket)")
-        ax.set_xscale("log")
-        ax.set_xlabel("messages/s delivered")
-        ax.set_ylabel("ms")
-        ax.set_title(f"Latency vs message rate, {paced[0]['clients']} clients, replayed oplog (no database)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "latency_vs_rate.png", dpi=110)
+        _finish(ax, "messages/s delivered",
+                f"Latency vs message rate, {paced[0]['clients']} clients, replayed oplog (no database)",
+                out / "latency_vs_rate.png")
     plt.close("all")

@@ -54,3 +54,14 @@ def test_bearer():
     assert auth.bearer("bearer abc") == "abc"
     assert auth.bearer("Basic abc") is None
     assert auth.bearer(None) is None
+
+
+def test_the_verified_cache_is_bounded_and_an_evicted_token_is_checked_again():
+    auth._verified.cache_clear()
+    tokens = [auth.mint(SECRET, f"u{i}") for i in range(auth.VERIFIED_CACHE_MAX + 1)]
+    for t in tokens:
+        auth.verify(SECRET, t)
+    info = auth._verified.cache_info()
+    assert info.currsize == auth.VERIFIED_CACHE_MAX  # the first token was evicted, never more held
+    assert auth.verify(SECRET, tokens[0]) == "u0"  # and is simply verified again
+    assert auth._verified.cache_info().misses == info.misses + 1
