@@ -18,7 +18,7 @@ from daemon.stream import Stream
 from db import mongo
 
 
-async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTail, list[int]]:
+async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTail, list[int], int]:
     client = mongo.make_client(dbs.ferretdb.url, 5)
     db_name, coll_name = namespace.split(".")
     tail = OplogTail(client, namespace, await_ms=200, ferretdb_poll_seconds=0.02)
@@ -26,13 +26,16 @@ async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTa
         tail.poll_seconds = 0.0
     tail.last_ts = await tail.newest_ts()
     seen: list[int] = []
+    restarts = -1  # the first open is announced too
 
     async def read():
+        nonlocal restarts
         async for batch in tail.batches():
             if batch is RESTARTED:
+                restarts += 1
                 continue
             seen.extend(e["o"]["_id"] for e in batch if e.get("op") == "i" and e.get("ns") == namespace)
-            if len(seen) >= 30:
+            if len(set(seen)) >= 30:
                 return
 
     reader = asyncio.create_task(read())
@@ -46,16 +49,21 @@ async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTa
     finally:
         reader.cancel()
         await client.close()
-    return tail, seen
+    return tail, seen, restarts
 
 
 @pytest.mark.parametrize("force_await", [False, True], ids=["ferretdb-poll", "awaitData"])
-async def test_the_tail_reads_every_insert_once_in_order(dbs, force_await):
+async def test_the_tail_reads_every_insert(dbs, force_await):
     namespace = f"chat.tail_{'await' if force_await else 'poll'}"
-    tail, seen = await _tail_inserts(dbs, namespace, force_await)
+    tail, seen, restarts = await _tail_inserts(dbs, namespace, force_await)
     assert tail.poll_seconds == (0.0 if force_await else 0.02)  # FerretDB was recognised
-    # the entry the tail resumed from may come again (the consumer drops repeats by id)
-    assert list(dict.fromkeys(seen)) == list(range(30))
+    assert set(seen) == set(range(30))
+    if not restarts:
+        # One cursor: oplog order. The entry it resumed from may come again
+        # (the consumer drops repeats by id). After a re-open FerretDB may show
+        # entries out of order (../shared/STACK.md); the tail says RESTARTED and
+        # the stream's sequencer, not the tail, puts ids back in order.
+        assert list(dict.fromkeys(seen)) == list(range(30))
 
 
 class _SilentTail:
