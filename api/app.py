@@ -266,8 +266,8 @@ def create_app(settings: Settings) -> Starlette:
         app.state.chat = State(settings, engine, client,  writer,
                                RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst))
         tasks = [asyncio.create_task(writer.run(), name="writer"),
-                 asyncio.create_task(run_sweeper(db, settings.retention_seconds, settings.sweep_interval_seconds),
-                                     name="sweeper")]
+                 asyncio.create_task(run_sweeper(
+                     db, engine, settings.retention_seconds, settings.sweep_interval_seconds), name="sweeper")]
         log.info("event=api_started")
         try:
             yield

@@ -20,7 +20,7 @@ from pymongo.errors import PyMongoError
 from chat.messages import Message, from_doc, inserted_docs
 from daemon import metrics
 from daemon.hub import Hub, Item
-from daemon.oplog import RESTARTED, OplogTail
+from daemon.oplog import RESTARTED, Backoff, OplogTail
 from daemon.sequencer import Sequencer
 from daemon.wire import text_frame
 from db import mongo
@@ -59,6 +59,11 @@ class Stream:
         self._queued = 0
         self._queue_max = TAIL_QUEUE_MAX
         self._fill_requested = False
+        # After a failed read of the truth, wait before the next: on FerretDB
+        # every such read scans all of `messages`, and one that timed out
+        # because FerretDB was busy would only make it busier if retried at once.
+        self._fill_backoff = Backoff(base=0.5, cap=10.0)
+        self._fill_retry_at = 0.0
         self._advanced = asyncio.Event()  # set and replaced each time the position moves
         self.ready = asyncio.Event()
 
@@ -158,12 +163,18 @@ class Stream:
 
     async def _fill_from_truth(self) -> None:
         """Reads every message after the position from `messages`, in pages."""
+        if time.monotonic() < self._fill_retry_at - 0.01:
+            return  # a retry is already scheduled
         while True:
             try:
                 docs = await mongo.messages_between(self._db, self.position, None, PAGE)
             except PyMongoError as exc:
-                log.warning("event=fill_failed error=%s", exc.__class__.__name__)
+                delay = self._fill_backoff.next()
+                self._fill_retry_at = time.monotonic() + delay
+                asyncio.get_running_loop().call_later(delay, self._request_fill)
+                log.warning("event=fill_failed error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
                 return
+            self._fill_backoff.reset()
             if not docs:
                 hole = self._seq.hole
                 if hole:  # held documents above a range that no longer exists

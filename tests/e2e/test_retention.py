@@ -5,6 +5,7 @@ path needs a real MongoDB and is not shown here."""
 
 import asyncio
 import time
+from datetime import UTC
 
 import pytest
 
@@ -51,3 +52,29 @@ async def test_expired_messages_are_swept_from_mongo_kept_in_mysql_and_resume_sa
     assert hello["recovered"] is True
     assert [f["id"] for f in await receive(ws, 1)] == [fresh["id"]]
     await ws.close()
+
+
+async def test_what_has_expired_is_read_from_mysql_by_key_page_by_page(short_lived, users, monkeypatch):
+    # The sweep asks MySQL, not FerretDB (which would decode all of `messages`
+    # for any question): the highest expired id, walking up from the floor.
+    from datetime import timedelta
+
+    from db import retention
+    from db.sql import make_engine
+
+    alice, bob = users("alice"), users("bob")
+    posted = []
+    for i in range(5):
+        posted.append(int((await post(short_lived, alice, bob, f"m{i}")).json()["id"]))
+        await asyncio.sleep(0.01)  # each its own created_at (ms)
+    rows = mysql_rows(short_lived, "sender = :s", s=alice)
+    assert [r.id for r in rows] == posted
+    monkeypatch.setattr(retention, "PAGE", 2)  # the walk crosses a page boundary
+    engine = make_engine(short_lived.dbs.mariadb.url(), 2)
+    try:
+        at = rows[3].created_at.replace(tzinfo=UTC)  # rows 0-2 are older than this
+        assert retention.newest_expired_id(engine, posted[0] - 1, at) == posted[2]
+        assert retention.newest_expired_id(engine, posted[2], at) == posted[2]  # nothing new since
+        assert retention.newest_expired_id(engine, posted[0] - 1, at - timedelta(days=1)) == posted[0] - 1
+    finally:
+        engine.dispose()
