@@ -244,6 +244,17 @@ class Stream:
         except PyMongoError:
             return True
 
+    def _cached(self, start: int, count: int) -> list[Entry]:
+        """cache[start:start + count], walked from the nearer end: catch-up
+        mostly asks for the newest few, and islice from the left would step
+        over up to 50,000 entries (240 us) to get there."""
+        n = len(self._cache)
+        if start <= n - start:
+            return list(itertools.islice(self._cache, start, start + count))
+        newest_first = list(itertools.islice(reversed(self._cache), n - start))
+        newest_first.reverse()
+        return newest_first[:count]
+
     # --- catch-up -----------------------------------------------------------
     async def catch_up(self, user: str, since: int, upto: int) -> CatchUp:
         """The user's messages with since < id <= upto, and whether that is all
@@ -255,7 +266,7 @@ class Stream:
             metrics.CATCHUP_QUERIES.labels("cache").inc()
             start = since + 1 - self._cache[0].msg.id
             recovered, frames = True, []
-            for e in itertools.islice(self._cache, start, start + (upto - since)):
+            for e in self._cached(start, upto - since):
                 if e.msg.recipient == user or e.msg.sender == user:
                     if e.msg.created_at < cutoff:
                         recovered = False

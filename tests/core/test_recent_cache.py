@@ -1,0 +1,35 @@
+"""Catch-up served from a daemon's cache of recent messages, with no database:
+exactly the user's messages in (since, upto], oldest first, from any part of
+the cache (it is walked from whichever end is nearer)."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from daemon.hub import Hub
+from daemon.stream import Stream
+
+USERS = ["ann", "bob", "cat"]
+
+
+def doc(i):
+    return {"_id": i, "from": USERS[i % 3], "to": USERS[(i + 1) % 3], "body": f"m{i}",
+            "created_at": datetime.now(UTC)}
+
+
+@pytest.fixture
+def stream():
+    s = Stream(None, None, Hub(1 << 20), retention_seconds=86_400, cache_max=1000, gap_check_seconds=1)
+    s._cache_extend([doc(i) for i in range(1, 1501)])  # the first 500 fall out
+    return s
+
+
+@pytest.mark.parametrize(("since", "upto"), [(500, 510), (500, 1500), (900, 1000), (1400, 1500), (1499, 1500),
+                                             (1200, 1201)])
+async def test_catch_up_from_the_cache_is_exact_from_either_end(stream, since, upto):
+    for user in USERS:
+        got = await stream.catch_up(user, since, upto)
+        assert got.recovered
+        want = [i for i in range(since + 1, upto + 1) if user in (USERS[i % 3], USERS[(i + 1) % 3])]
+        assert [msg_id for msg_id, _payload, _ in got.frames] == want
+        assert all(f'"body":"m{msg_id}"'.encode() in payload for msg_id, payload, _ in got.frames)
