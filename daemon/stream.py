@@ -14,6 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 
@@ -28,6 +29,11 @@ from db import mongo
 log = logging.getLogger("chat.stream")
 
 PAGE = 5000  # one read of the truth; FerretDB scans the whole collection per query anyway
+# A read of the truth may take longer than any other query: on FerretDB it
+# decodes all of `messages` (seconds at 50,000 documents on a busy machine),
+# and one cut off by the usual 10 s socket timeout is all work lost, retried
+# from scratch. Messages wait meanwhile; none is lost.
+FILL_TIMEOUT_SECONDS = 60.0
 TAIL_QUEUE_MAX = 20_000  # oplog entries waiting for the consumer
 FILL = object()  # in the consumer's queue: "read the truth now"
 
@@ -167,7 +173,8 @@ class Stream:
             return  # a retry is already scheduled
         while True:
             try:
-                docs = await mongo.messages_between(self._db, self.position, None, PAGE)
+                with pymongo.timeout(FILL_TIMEOUT_SECONDS):
+                    docs = await mongo.messages_between(self._db, self.position, None, PAGE)
             except PyMongoError as exc:
                 delay = self._fill_backoff.next()
                 self._fill_retry_at = time.monotonic() + delay
