@@ -26,6 +26,7 @@ from chat import auth
 from chat.serve import reuseport_socket
 from chat.settings import Settings
 from daemon import metrics
+from daemon.acceptor import Acceptor
 from daemon.connection import CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN, Connection, Request
 from daemon.hub import Hub, Subscriber
 from daemon.oplog import OplogTail
@@ -328,13 +329,13 @@ async def run(settings: Settings, tail=None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tasks = [loop.create_task(stream.run(), name="stream"), loop.create_task(daemon.heartbeats(), name="heartbeats")]
-    server = await loop.create_server(lambda: Connection(daemon), sock=reuseport_socket(
-        settings.daemon_host, settings.daemon_port), backlog=4096)
+    acceptor = Acceptor(loop, reuseport_socket(settings.daemon_host, settings.daemon_port), lambda: Connection(daemon))
+    acceptor.start()
     log.info("event=daemon_started port=%d pid=%d", settings.daemon_port, os.getpid())
     try:
         await stop.wait()
         log.info("event=daemon_draining connections=%d", hub.count)
-        server.close()
+        acceptor.close()
         await daemon.drain()
     finally:
         for task in tasks:
