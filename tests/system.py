@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
 from chat import auth
 from chat.settings import Settings
@@ -88,6 +89,9 @@ class System:
         self.procs[name] = proc
         port = self.api_port if module == "api" else self.daemon_port
         wait_port(port, 20, proc)
+        # The port is shared (SO_REUSEPORT): another process may have answered
+        # above. Wait for this one's own listening socket.
+        wait_listening(proc, port, 20)
         self.wait_ready(name)
         return proc
 
@@ -109,6 +113,18 @@ class System:
     def stop_all(self) -> None:
         for name in list(self.procs):
             self.stop(name)
+
+
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        conns = psutil.Process(proc.pid).net_connections("tcp")
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"process {proc.pid} does not listen on {port} after {timeout}s")
 
 
 @contextlib.contextmanager
