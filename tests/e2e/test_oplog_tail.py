@@ -118,3 +118,52 @@ async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_c
         await asyncio.gather(task, return_exceptions=True)
         await client.drop_database(db.name)
         await client.close()
+
+
+class _BurstTail(_SilentTail):
+    """A tail that, once told to, shows a burst of entries back to back, with
+    no pause in which the consumer could run: more than the queue holds."""
+
+    namespace = "burst.messages"
+
+    def __init__(self, docs: list[dict], batch: int):
+        self.go = asyncio.Event()
+        self._docs, self._batch = docs, batch
+
+    async def batches(self):
+        await self.go.wait()
+        for i in range(0, len(self._docs), self._batch):
+            yield [{"op": "i", "ns": self.namespace, "o": d, "ts": None} for d in self._docs[i:i + self._batch]]
+        await asyncio.Event().wait()
+
+
+async def test_a_burst_bigger_than_the_tail_queue_is_dropped_and_read_back_from_messages(dbs, caplog):
+    # The queue between the oplog reader and the consumer is bounded: past
+    # the bound, entries are dropped (memory stays bounded) and the consumer
+    # reads the hole back from `messages`. Every message still arrives once, in order.
+    client = mongo.make_client(dbs.ferretdb.url, 5)
+    db = client[f"burst_{uuid.uuid4().hex[:8]}"]
+    docs = [Message(i, "alice", "bob", f"m{i}", now_ms()).to_doc() for i in range(1, 101)]
+    tail = _BurstTail(docs, batch=10)
+    hub = Hub(1 << 20)
+    stream = Stream(db, tail, hub, retention_seconds=86_400, cache_max=1000, gap_check_seconds=30)
+    stream._queue_max = 20  # the bound (TAIL_QUEUE_MAX in production), small enough to pass
+    task = asyncio.create_task(stream.run())
+    try:
+        await asyncio.wait_for(stream.ready.wait(), 10)
+        bob = _Recorder("bob", stream.position)
+        hub.register(bob)
+        bob.go_live([])
+        await db[mongo.MESSAGES].insert_many(docs)  # stored, as the writer stores them
+        await mongo.advance_head(db, 100)
+        tail.go.set()
+        async with asyncio.timeout(10):
+            while stream.position < 100:
+                await asyncio.sleep(0.05)
+        assert bob.got == list(range(1, 101))
+        assert "event=tail_backlog_full" in caplog.text
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.drop_database(db.name)
+        await client.close()
