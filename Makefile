@@ -1,5 +1,5 @@
 # The commands a newcomer types. Each installs what it needs first.
-.PHONY: run test test-fast bench bench-full lint status bootstrap
+.PHONY: run test test-fast bench bench-full status bootstrap
 
 bootstrap:
 	@scripts/bootstrap.sh
