@@ -10,6 +10,7 @@ import socket
 import time
 
 import httpx
+import psutil
 import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -102,6 +103,53 @@ async def test_slow_consumer_is_closed_with_4008_and_others_are_unaffected(patie
                 await sluggish.recv()
     assert info.value.rcvd.code == 4008
     await healthy.close()
+
+
+@pytest.fixture(scope="module")
+def reaping(dbs):
+    """Pings far apart (no peer is taken for dead meanwhile) and a short ping
+    timeout, so a stalled close is cut off after CLOSE_STALL_SECONDS (10 s)."""
+    with running_system(dbs, daemons=1, apis=1, CHAT_SEND_BUFFER_MAX_BYTES=65536, CHAT_PING_INTERVAL_SECONDS=60,
+                        CHAT_PING_TIMEOUT_SECONDS=1, CHAT_RATE_LIMIT_PER_SECOND=0) as s:
+        yield s
+
+
+async def test_a_client_that_never_reads_its_close_is_cut_off_after_the_close_stall(reaping, users):
+    # A slow consumer is closed with 4008, but this one reads nothing at all,
+    # so the close frame waits behind bytes it will never take. The daemon
+    # must not hold the socket (and its buffers) forever: it aborts it.
+    from daemon.connection import CLOSE_STALL_SECONDS
+
+    alice, mute = users("alice"), users("mute")
+    before = connections(reaping)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", reaping.daemon_port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall((f"GET /v1/ws?token={reaping.token(mute)} HTTP/1.1\r\nHost: x\r\n"
+                  f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                  "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+    assert b"101" in sock.recv(4096).split(b"\r\n")[0]  # and nothing is read after this
+    assert connections(reaping) == before + 1
+    daemon = psutil.Process(reaping.procs["daemon_0"].pid)
+    port = sock.getsockname()[1]
+
+    def held() -> bool:  # the daemon still has the TCP connection open
+        return any(c.raddr and c.raddr.port == port for c in daemon.net_connections("tcp"))
+
+    big = "😀" * 3990  # 16 KB frames: a few hundred overrun the kernel's buffers and the daemon's
+    async with httpx.AsyncClient(timeout=10) as c:
+        for batch in range(20):
+            await asyncio.gather(*(post(reaping, alice, mute, f"{batch}.{i}:{big}", client=c) for i in range(40)))
+            if connections(reaping) == before:  # closed with 4008: its subscription is gone
+                break
+    assert connections(reaping) == before, "the client never overran its send buffer"
+    closed = time.monotonic()
+    assert held()  # the close frame waits behind unread bytes: the socket is kept for now
+    while held():  # cut off, though the client still has not read a byte
+        assert time.monotonic() - closed < CLOSE_STALL_SECONDS + 10, "the stalled connection was never cut off"
+        await asyncio.sleep(0.2)
+    sock.close()
 
 
 async def test_half_open_peer_is_dropped_within_ping_interval_plus_timeout(strict, users):
