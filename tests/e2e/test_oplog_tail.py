@@ -7,6 +7,7 @@ path is forced, to show that it reads the same entries.
 """
 
 import asyncio
+import contextlib
 import uuid
 
 import pytest
@@ -95,17 +96,30 @@ class _Recorder(Subscriber):
         raise AssertionError("no overflow expected")
 
 
-async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_check(dbs):
+@contextlib.asynccontextmanager
+async def _stream_for_bob(dbs, tail, **settings):
+    """A Stream over the real FerretDB store (a database of its own) fed by
+    ``tail``, with bob subscribed from its start position."""
     client = mongo.make_client(dbs.ferretdb.url, 5)
-    db = client[f"gapcheck_{uuid.uuid4().hex[:8]}"]
+    db = client[f"stream_{uuid.uuid4().hex[:8]}"]
     hub = Hub(1 << 20)
-    stream = Stream(db, _SilentTail(), hub, retention_seconds=86_400, cache_max=100, gap_check_seconds=0.2)
+    stream = Stream(db, tail, hub, retention_seconds=86_400, **settings)
     task = asyncio.create_task(stream.run())
     try:
         await asyncio.wait_for(stream.ready.wait(), 10)
         bob = _Recorder("bob", stream.position)
         hub.register(bob)
         bob.go_live([])
+        yield db, stream, bob
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.drop_database(db.name)
+        await client.close()
+
+
+async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_check(dbs):
+    async with _stream_for_bob(dbs, _SilentTail(), cache_max=100, gap_check_seconds=0.2) as (db, stream, bob):
         # stored the way the writer stores it: the document, then meta.head
         await db[mongo.MESSAGES].insert_one(Message(1, "alice", "bob", "hi", now_ms()).to_doc())
         await mongo.advance_head(db, 1)
@@ -113,11 +127,6 @@ async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_c
             while stream.position < 1:
                 await asyncio.sleep(0.05)
         assert bob.got == [1]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await client.drop_database(db.name)
-        await client.close()
 
 
 class _BurstTail(_SilentTail):
@@ -141,19 +150,10 @@ async def test_a_burst_bigger_than_the_tail_queue_is_dropped_and_read_back_from_
     # The queue between the oplog reader and the consumer is bounded: past
     # the bound, entries are dropped (memory stays bounded) and the consumer
     # reads the hole back from `messages`. Every message still arrives once, in order.
-    client = mongo.make_client(dbs.ferretdb.url, 5)
-    db = client[f"burst_{uuid.uuid4().hex[:8]}"]
     docs = [Message(i, "alice", "bob", f"m{i}", now_ms()).to_doc() for i in range(1, 101)]
     tail = _BurstTail(docs, batch=10)
-    hub = Hub(1 << 20)
-    stream = Stream(db, tail, hub, retention_seconds=86_400, cache_max=1000, gap_check_seconds=30)
-    stream._queue_max = 20  # the bound (TAIL_QUEUE_MAX in production), small enough to pass
-    task = asyncio.create_task(stream.run())
-    try:
-        await asyncio.wait_for(stream.ready.wait(), 10)
-        bob = _Recorder("bob", stream.position)
-        hub.register(bob)
-        bob.go_live([])
+    async with _stream_for_bob(dbs, tail, cache_max=1000, gap_check_seconds=30) as (db, stream, bob):
+        stream._queue_max = 20  # the bound (TAIL_QUEUE_MAX in production), small enough to pass
         await db[mongo.MESSAGES].insert_many(docs)  # stored, as the writer stores them
         await mongo.advance_head(db, 100)
         tail.go.set()
@@ -162,8 +162,3 @@ async def test_a_burst_bigger_than_the_tail_queue_is_dropped_and_read_back_from_
                 await asyncio.sleep(0.05)
         assert bob.got == list(range(1, 101))
         assert "event=tail_backlog_full" in caplog.text
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await client.drop_database(db.name)
-        await client.close()
