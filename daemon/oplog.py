@@ -79,9 +79,9 @@ class OplogTail:
             info = await self._client.admin.command("buildInfo")
             ferretdb = "ferretdbVersion" in info
             self.poll_seconds = self._ferretdb_poll if ferretdb else 0.0
-            log.info("event=tail_mode server=%s mode=%s", f"FerretDB {info['ferretdbVersion']}" if ferretdb
-                     else f"MongoDB {info.get('version')}", f"poll every {self.poll_seconds * 1000:g} ms"
-                     if self.poll_seconds else "awaitData")
+            server = f"FerretDB {info['ferretdbVersion']}" if ferretdb else f"MongoDB {info.get('version')}"
+            mode = f"poll every {self.poll_seconds * 1000:g} ms" if self.poll_seconds else "awaitData"
+            log.info("event=tail_mode server=%s mode=%s", server, mode)
         return self.poll_seconds
 
     async def _open(self) -> tuple[int, list[dict]]:

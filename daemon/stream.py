@@ -69,7 +69,7 @@ class Stream:
         # every such read scans all of `messages`, and one that timed out
         # because FerretDB was busy would only make it busier if retried at once.
         self._fill_backoff = Backoff(base=0.5, cap=10.0)
-        self._fill_retry_at = 0.0
+        self._fill_retry: asyncio.TimerHandle | None = None  # set while a retry waits
         self._advanced = asyncio.Event()  # set and replaced each time the position moves
         self.ready = asyncio.Event()
 
@@ -147,6 +147,10 @@ class Stream:
             self._fill_requested = True
             self._inbox.put_nowait((FILL, 0.0))
 
+    def _retry_fill(self) -> None:
+        self._fill_retry = None
+        self._request_fill()
+
     async def _periodic_gap_check(self) -> None:
         # Covers an oplog entry that never comes (FerretDB can store a document
         # without writing its oplog entry) when no later entry reveals the hole.
@@ -169,7 +173,7 @@ class Stream:
 
     async def _fill_from_truth(self) -> None:
         """Reads every message after the position from `messages`, in pages."""
-        if time.monotonic() < self._fill_retry_at - 0.01:
+        if self._fill_retry is not None:
             return  # a retry is already scheduled
         while True:
             try:
@@ -177,8 +181,7 @@ class Stream:
                     docs = await mongo.messages_between(self._db, self.position, None, PAGE)
             except PyMongoError as exc:
                 delay = self._fill_backoff.next()
-                self._fill_retry_at = time.monotonic() + delay
-                asyncio.get_running_loop().call_later(delay, self._request_fill)
+                self._fill_retry = asyncio.get_running_loop().call_later(delay, self._retry_fill)
                 log.warning("event=fill_failed error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
                 return
             self._fill_backoff.reset()

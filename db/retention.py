@@ -48,7 +48,7 @@ def newest_expired_id(engine: Engine, after: int, cutoff: datetime) -> int:
                                 .order_by(messages.c.id).limit(PAGE)).all()
             expired = [r.id for r in rows if r.created_at < naive_cutoff]
             if expired:
-                newest = max(newest, *expired)
+                newest = expired[-1]  # rows come in id order, all above `newest`
             if len(expired) < PAGE:
                 return newest
 

@@ -4,6 +4,8 @@ iteration, which left bursts of connects waiting seconds under load), each is
 served, and after close() nothing more is accepted."""
 
 import asyncio
+import os
+import resource
 import socket
 
 import pytest
@@ -54,3 +56,44 @@ def test_a_burst_of_connects_is_taken_at_once_served_and_close_stops_accepting(r
     made, echoes = run(_burst_then_close())
     assert made == BURST
     assert echoes == [b"%d\n" % i for i in range(BURST)]
+
+
+async def _bounded_and_paused():
+    """BATCH bounds what one readiness event takes; out of file descriptors,
+    accepting pauses (no busy loop on a socket that stays readable) and
+    resumes by itself."""
+    Echo.made = 0
+    loop = asyncio.get_running_loop()
+    listener = reuseport_socket("127.0.0.1", 0)
+    port = listener.getsockname()[1]
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(30)]
+    acceptor = Acceptor(loop, listener, Echo)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        acceptor._accept()  # one readiness event
+        assert len(acceptor._pending) == 10  # the rest wait in the kernel's queue
+        open_fds = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_fds - 5, hard))  # no descriptor left
+        acceptor.start()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert Echo.made == 10  # nothing more could be accepted
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        await asyncio.sleep(0.5)  # the pause ends by itself
+        for _ in range(10):
+            await asyncio.sleep(0)
+        return Echo.made
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        acceptor.close()
+        for c in clients:
+            c.close()
+
+
+def test_one_event_takes_at_most_a_batch_and_running_out_of_descriptors_pauses_then_resumes(caplog, monkeypatch):
+    from daemon import acceptor as acceptor_module
+
+    monkeypatch.setattr(acceptor_module, "BATCH", 10)
+    monkeypatch.setattr(acceptor_module, "RETRY_SECONDS", 0.2)
+    assert uvloop.run(_bounded_and_paused()) == 30
+    assert "event=accept_paused error=EMFILE" in caplog.text

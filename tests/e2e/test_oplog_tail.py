@@ -97,10 +97,10 @@ class _Recorder(Subscriber):
 
 
 @contextlib.asynccontextmanager
-async def _stream_for_bob(dbs, tail, **settings):
-    """A Stream over the real FerretDB store (a database of its own) fed by
-    ``tail``, with bob subscribed from its start position."""
-    client = mongo.make_client(dbs.ferretdb.url, 5)
+async def _stream_for_bob(url, tail, timeout=5, **settings):
+    """A Stream over the real FerretDB store at ``url`` (a database of its
+    own) fed by ``tail``, with bob subscribed from its start position."""
+    client = mongo.make_client(url, timeout)
     db = client[f"stream_{uuid.uuid4().hex[:8]}"]
     hub = Hub(1 << 20)
     stream = Stream(db, tail, hub, retention_seconds=86_400, **settings)
@@ -119,7 +119,7 @@ async def _stream_for_bob(dbs, tail, **settings):
 
 
 async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_check(dbs):
-    async with _stream_for_bob(dbs, _SilentTail(), cache_max=100, gap_check_seconds=0.2) as (db, stream, bob):
+    async with _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=0.2) as (db, stream, bob):
         # stored the way the writer stores it: the document, then meta.head
         await db[mongo.MESSAGES].insert_one(Message(1, "alice", "bob", "hi", now_ms()).to_doc())
         await mongo.advance_head(db, 1)
@@ -152,7 +152,7 @@ async def test_a_burst_bigger_than_the_tail_queue_is_dropped_and_read_back_from_
     # reads the hole back from `messages`. Every message still arrives once, in order.
     docs = [Message(i, "alice", "bob", f"m{i}", now_ms()).to_doc() for i in range(1, 101)]
     tail = _BurstTail(docs, batch=10)
-    async with _stream_for_bob(dbs, tail, cache_max=1000, gap_check_seconds=30) as (db, stream, bob):
+    async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=1000, gap_check_seconds=30) as (db, stream, bob):
         stream._queue_max = 20  # the bound (TAIL_QUEUE_MAX in production), small enough to pass
         await db[mongo.MESSAGES].insert_many(docs)  # stored, as the writer stores them
         await mongo.advance_head(db, 100)
@@ -162,3 +162,38 @@ async def test_a_burst_bigger_than_the_tail_queue_is_dropped_and_read_back_from_
                 await asyncio.sleep(0.05)
         assert bob.got == list(range(1, 101))
         assert "event=tail_backlog_full" in caplog.text
+
+
+async def test_a_resync_that_fails_while_ferretdb_is_down_is_retried_and_delivers_once_it_is_back(
+        tmp_path, caplog, monkeypatch):
+    # A hole (entry 2 never shown) needs a read of `messages`; FerretDB is down,
+    # so the read fails at its deadline (60 s in production, 1 s here). It is
+    # retried after a backoff, not dropped and not in a tight loop, and once
+    # FerretDB is back every message arrives once, in order.
+    from daemon import stream as stream_module
+    from tests.servers import FerretDB, free_port
+
+    monkeypatch.setattr(stream_module, "FILL_TIMEOUT_SECONDS", 1.0)
+    ferretdb = FerretDB(tmp_path, free_port())
+    ferretdb.start()
+    try:
+        docs = [Message(i, "alice", "bob", f"m{i}", now_ms()).to_doc() for i in (1, 2, 3)]
+        tail = _BurstTail([docs[0], docs[2]], batch=2)
+        async with _stream_for_bob(ferretdb.url, tail, timeout=1, cache_max=100,
+                                   gap_check_seconds=60) as (db, stream, bob):
+            await db[mongo.MESSAGES].insert_many(docs)
+            await mongo.advance_head(db, 3)
+            ferretdb.stop()
+            tail.go.set()  # shows 1 and 3: the hole at 2 must be read back
+            async with asyncio.timeout(15):
+                while "event=fill_failed" not in caplog.text:
+                    await asyncio.sleep(0.1)
+            assert bob.got == [1]  # 3 is held until 2 is known
+            ferretdb.start()
+            async with asyncio.timeout(20):
+                while stream.position < 3:
+                    await asyncio.sleep(0.1)
+            assert bob.got == [1, 2, 3]
+            assert "retry_in_s=" in caplog.text
+    finally:
+        ferretdb.stop()
