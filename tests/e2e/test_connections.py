@@ -16,7 +16,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.e2e.helpers import connect, post, receive
-from tests.system import running_system
+from tests.system import private_system, running_system
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +73,15 @@ async def test_inbound_frame_flood_closes_with_1008(strict, users):
 
 
 @pytest.fixture(scope="module")
-def patient(dbs):
+def patient(tmp_path_factory):
     """Pings far apart, so that a client that stops reading overflows its
-    send buffer before it could be taken for a dead peer."""
-    with running_system(dbs, daemons=1, apis=1, CHAT_SEND_BUFFER_MAX_BYTES=65536, CHAT_PING_INTERVAL_SECONDS=60,
+    send buffer before it could be taken for a dead peer, and a short ping
+    timeout, so a stalled close is cut off after CLOSE_STALL_SECONDS (10 s).
+    Databases of its own: the megabytes of 16 KB messages it posts would make
+    every later full scan of the shared FerretDB (a daemon's start-up, an
+    awaitData tail over 16 KB oplog entries) slow enough to fail other tests."""
+    with private_system(tmp_path_factory.mktemp("patient"), daemons=1, apis=1, CHAT_SEND_BUFFER_MAX_BYTES=65536,
+                        CHAT_PING_INTERVAL_SECONDS=60, CHAT_PING_TIMEOUT_SECONDS=1,
                         CHAT_RATE_LIMIT_PER_SECOND=0) as s:
         yield s
 
@@ -105,33 +110,24 @@ async def test_slow_consumer_is_closed_with_4008_and_others_are_unaffected(patie
     await healthy.close()
 
 
-@pytest.fixture(scope="module")
-def reaping(dbs):
-    """Pings far apart (no peer is taken for dead meanwhile) and a short ping
-    timeout, so a stalled close is cut off after CLOSE_STALL_SECONDS (10 s)."""
-    with running_system(dbs, daemons=1, apis=1, CHAT_SEND_BUFFER_MAX_BYTES=65536, CHAT_PING_INTERVAL_SECONDS=60,
-                        CHAT_PING_TIMEOUT_SECONDS=1, CHAT_RATE_LIMIT_PER_SECOND=0) as s:
-        yield s
-
-
-async def test_a_client_that_never_reads_its_close_is_cut_off_after_the_close_stall(reaping, users):
+async def test_a_client_that_never_reads_its_close_is_cut_off_after_the_close_stall(patient, users):
     # A slow consumer is closed with 4008, but this one reads nothing at all,
     # so the close frame waits behind bytes it will never take. The daemon
     # must not hold the socket (and its buffers) forever: it aborts it.
     from daemon.connection import CLOSE_STALL_SECONDS
 
     alice, mute = users("alice"), users("mute")
-    before = connections(reaping)
+    before = connections(patient)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", reaping.daemon_port))
+    sock.connect(("127.0.0.1", patient.daemon_port))
     key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall((f"GET /v1/ws?token={reaping.token(mute)} HTTP/1.1\r\nHost: x\r\n"
+    sock.sendall((f"GET /v1/ws?token={patient.token(mute)} HTTP/1.1\r\nHost: x\r\n"
                   f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
                   "Sec-WebSocket-Version: 13\r\n\r\n").encode())
     assert b"101" in sock.recv(4096).split(b"\r\n")[0]  # and nothing is read after this
-    assert connections(reaping) == before + 1
-    daemon = psutil.Process(reaping.procs["daemon_0"].pid)
+    assert connections(patient) == before + 1
+    daemon = psutil.Process(patient.procs["daemon_0"].pid)
     port = sock.getsockname()[1]
 
     def held() -> bool:  # the daemon still has the TCP connection open
@@ -140,10 +136,10 @@ async def test_a_client_that_never_reads_its_close_is_cut_off_after_the_close_st
     big = "😀" * 3990  # 16 KB frames: a few hundred overrun the kernel's buffers and the daemon's
     async with httpx.AsyncClient(timeout=10) as c:
         for batch in range(20):
-            await asyncio.gather(*(post(reaping, alice, mute, f"{batch}.{i}:{big}", client=c) for i in range(40)))
-            if connections(reaping) == before:  # closed with 4008: its subscription is gone
+            await asyncio.gather(*(post(patient, alice, mute, f"{batch}.{i}:{big}", client=c) for i in range(40)))
+            if connections(patient) == before:  # closed with 4008: its subscription is gone
                 break
-    assert connections(reaping) == before, "the client never overran its send buffer"
+    assert connections(patient) == before, "the client never overran its send buffer"
     closed = time.monotonic()
     assert held()  # the close frame waits behind unread bytes: the socket is kept for now
     while held():  # cut off, though the client still has not read a byte
