@@ -78,7 +78,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The request body, or 413 as soon as it is known to exceed ``limit``."""
     too_big = ApiError(413, "body_too_large", f"request body is larger than {limit} bytes")
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+    if declared is not None and (not (declared.isascii() and declared.isdigit()) or len(declared) > 18
+                                 or int(declared) > limit):
         raise too_big
     chunks, size = [], 0
     async for chunk in request.stream():

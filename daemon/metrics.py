@@ -9,6 +9,8 @@ INFO = Gauge("chat_daemon_info", "One per daemon process", ["pid"])
 INFO.labels(str(os.getpid())).set(1)
 
 CONNECTIONS = Gauge("chat_daemon_connections", "Open WebSocket connections and waiting polls", ["kind"])
+# The children the hot paths touch, looked up once (labels() costs a lock and a dict lookup per call).
+WS_OPEN, POLLS_WAITING = CONNECTIONS.labels("ws"), CONNECTIONS.labels("poll")
 PUSHES = Counter("chat_daemon_pushes_total", "Messages handed to connections: written to a WebSocket at once, or to a poll answer")
 OPLOG_ENTRIES = Counter("chat_daemon_oplog_entries_total", "Oplog entries read")
 OPLOG_TO_SOCKET = Histogram(
@@ -17,5 +19,6 @@ OPLOG_TO_SOCKET = Histogram(
 TAIL_LAG = Gauge("chat_daemon_tail_lag_seconds", "Now minus created_at of the newest message released")
 POSITION = Gauge("chat_daemon_stream_position", "Highest message id released")
 CATCHUP_QUERIES = Counter("chat_daemon_catchups_total", "Catch-ups and hole fills by source", ["source"])
+CATCHUPS_FROM_CACHE = CATCHUP_QUERIES.labels("cache")
 CLOSES = Counter("chat_daemon_closes_total", "Connections closed by the server, by reason", ["reason"])
 REJECTS = Counter("chat_daemon_rejects_total", "Handshakes refused, by reason", ["reason"])

@@ -54,9 +54,14 @@ class Behind(Exception):
 
 def parse_since(raw: str | None) -> int | None:
     """A resume point: a message id or a hello cursor (both decimal strings)."""
-    if raw is None or not raw.isdigit() or len(raw) > 19:
+    if raw is None or not _decimal(raw, 19):
         return None
     return int(raw)
+
+
+def _decimal(raw: str, digits: int) -> bool:
+    # str.isdigit() alone also takes "²" and other digits int() refuses.
+    return raw.isascii() and raw.isdigit() and len(raw) <= digits
 
 
 class PollWaiter(Subscriber):
@@ -107,8 +112,9 @@ class Daemon:
         allowed = self.settings.allowed_origins
         return "*" in allowed or origin in allowed
 
-    async def subscribe(self, sub: Subscriber, since: int | None) -> tuple[CatchUp, int]:
-        """Registers ``sub`` and computes its catch-up; returns (catch-up, cursor).
+    async def subscribe(self, sub: Subscriber, since: int | None, most: int | None = None) -> tuple[CatchUp, int]:
+        """Registers ``sub`` and computes its catch-up (the oldest ``most``
+        messages of it, if given); returns (catch-up, cursor).
 
         The stream position is read and the subscriber registered with no
         await in between: catch-up covers (since, position], live frames the rest.
@@ -127,7 +133,7 @@ class Daemon:
                 raise Behind()
             sub.last_id = position  # no message has that id: serve from here
             return CatchUp(False, []), position
-        catch = await self.stream.catch_up(sub.user, since, position)
+        catch = await self.stream.catch_up(sub.user, since, position, most)
         return catch, max(position, since)
 
     # --- /v1/ws ---------------------------------------------------------------------
@@ -153,7 +159,7 @@ class Daemon:
             return True
         conn.upgrade(user, response.serialize())
         self.sockets.add(conn)
-        metrics.CONNECTIONS.labels("ws").inc()
+        metrics.WS_OPEN.inc()
         try:
             catch, cursor = await self.subscribe(conn, parse_since(query.get("since")))
         except Behind:
@@ -176,7 +182,7 @@ class Daemon:
         if conn in self.sockets:
             self.sockets.discard(conn)
             self.hub.unregister(conn)
-            metrics.CONNECTIONS.labels("ws").dec()
+            metrics.WS_OPEN.dec()
 
     # --- plain HTTP ------------------------------------------------------------------
     async def handle_http(self, conn: Connection, request: Request) -> None:
@@ -198,16 +204,18 @@ class Daemon:
             token = auth.bearer(request.headers.get("authorization")) or query.get("token")
             user = self.admit(token, None)
             timeout = _poll_timeout(query.get("timeout", "25"), self.settings.poll_max_timeout_seconds)
+            limit = _poll_limit(query.get("limit"), self.settings.poll_max_messages)
         except Refusal as refusal:
             conn.respond(refusal.status, refusal.body(), keep, headers | refusal.headers)
             return
         await self.stream.ready.wait()
         waiter = PollWaiter(user, 0)
         self.polls.add(waiter)
-        metrics.CONNECTIONS.labels("poll").inc()
+        metrics.POLLS_WAITING.inc()
         try:
             try:
-                catch, cursor = await self.subscribe(waiter, parse_since(query.get("since")))
+                # One more than the answer holds: more than `limit` tells that it is cut.
+                catch, cursor = await self.subscribe(waiter, parse_since(query.get("since")), limit + 1)
             except Behind:
                 metrics.REJECTS.labels("behind").inc()
                 conn.respond(503, _error_body("try_again_later", "this daemon is behind your since: retry"),
@@ -223,9 +231,8 @@ class Daemon:
         finally:
             self.hub.unregister(waiter)
             self.polls.discard(waiter)
-            metrics.CONNECTIONS.labels("poll").dec()
+            metrics.POLLS_WAITING.dec()
         items = waiter.items
-        limit = self.settings.poll_max_messages
         if len(items) > limit:  # bounded answers: the client pages with the cursor
             items = items[:limit]
             last = items[-1][0]
@@ -294,8 +301,13 @@ ROUTES = {
 
 
 def _split(target: bytes) -> tuple[str, dict[str, str]]:
-    url = urllib.parse.urlsplit(target.decode("latin-1"))
-    return url.path, dict(urllib.parse.parse_qsl(url.query))
+    text = target.decode("latin-1")
+    if text.startswith("/"):  # origin form, as clients send: urlsplit was a twentieth of a long-poll's cost
+        path, _, query = text.partition("?")
+    else:  # absolute form ("http://host/path?query"), as a proxy may send
+        url = urllib.parse.urlsplit(text)
+        path, query = url.path, url.query
+    return path, dict(urllib.parse.parse_qsl(query))
 
 
 def _error_body(code: str, message: str) -> bytes:
@@ -310,6 +322,14 @@ def _poll_timeout(raw: str, limit: float) -> float:
     except ValueError:
         pass
     raise Refusal(422, "invalid_field", f"`timeout` must be seconds from 0 to {limit:g}")
+
+
+def _poll_limit(raw: str | None, most: int) -> int:
+    if raw is None:
+        return most
+    if _decimal(raw, 9) and 1 <= int(raw) <= most:
+        return int(raw)
+    raise Refusal(422, "invalid_field", f"`limit` must be an integer from 1 to {most}")
 
 
 async def run(settings: Settings, tail=None) -> None:

@@ -266,14 +266,15 @@ class Stream:
         return newest_first[:count]
 
     # --- catch-up -----------------------------------------------------------
-    async def catch_up(self, user: str, since: int, upto: int) -> CatchUp:
-        """The user's messages with since < id <= upto, and whether that is all
-        of them (False: some expired, so the client must reload history)."""
+    async def catch_up(self, user: str, since: int, upto: int, most: int | None = None) -> CatchUp:
+        """The user's messages with since < id <= upto (the oldest ``most`` of
+        them, if given), and whether that is all of them (False: some expired,
+        so the client must reload history)."""
         if since >= upto:
             return CatchUp(True, [])
         cutoff = mongo.expired_before(self._retention)
         if self._cache and self._cache[0].msg.id <= since + 1 and self._cache[-1].msg.id >= upto:
-            metrics.CATCHUP_QUERIES.labels("cache").inc()
+            metrics.CATCHUPS_FROM_CACHE.inc()
             start = since + 1 - self._cache[0].msg.id
             recovered, frames = True, []
             for e in self._cached(start, upto - since):
@@ -282,6 +283,8 @@ class Stream:
                         recovered = False
                     else:
                         frames.append((e.msg.id, e.payload, None))
+                        if len(frames) == most:
+                            break
             return CatchUp(recovered, frames)
         metrics.CATCHUP_QUERIES.labels("mongo").inc()
         floor = await mongo.retention_floor(self._db)
@@ -294,6 +297,8 @@ class Stream:
                     recovered = False
                 else:
                     frames.append((msg.id, msg.frame(), None))
+                    if len(frames) == most:
+                        return CatchUp(recovered, frames)
             if len(docs) < PAGE:
                 return CatchUp(recovered, frames)
             after = int(docs[-1]["_id"])

@@ -78,10 +78,12 @@ def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
     for c in levels:
         runs = []
         for i in range(iterations):
-            # ab repeats one URL, so every poll asks for everything since one
-            # cursor: a fresh cursor per run keeps the answers the size of one
-            # run's messages, and the first message stored before ab starts
-            # means every poll answers at once, as for a client that is behind.
+            # ab repeats one URL, so every poll asks for the same messages since
+            # one cursor: the first message stored before ab starts means every
+            # poll answers at once, as for a client that is behind and pages
+            # through. `limit` = one second of the writer's messages: without it
+            # answers grew to the whole run's messages (400 in 20 s), which no
+            # client that follows its cursor ever gets.
             cursor = httpx.get(f"{system.poll_url}?timeout=0",
                                headers={"Authorization": f"Bearer {reader}"}).json()["cursor"]
             writer = Writer(system, "ab-reader", poll_rate)
@@ -90,7 +92,7 @@ def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
                 time.sleep(0.01)
             time.sleep(1.0)  # every daemon's tail past the cursor: no poll waits for its daemon to catch up
             log(f"ab GET /v1/poll -c {c} -t {seconds} while a writer posts {poll_rate}/s ({i + 1}/{iterations})")
-            runs.append(ab.run(f"{system.poll_url}?since={cursor}&timeout=1", c, seconds, reader))
+            runs.append(ab.run(f"{system.poll_url}?since={cursor}&timeout=1&limit={poll_rate}", c, seconds, reader))
             writer.stop.set()
             writer.join()
         row = average(c, runs)

@@ -33,3 +33,10 @@ async def test_catch_up_from_the_cache_is_exact_from_either_end(stream, since, u
         want = [i for i in range(since + 1, upto + 1) if user in (USERS[i % 3], USERS[(i + 1) % 3])]
         assert [msg_id for msg_id, _payload, _ in got.frames] == want
         assert all(f'"body":"m{msg_id}"'.encode() in payload for msg_id, payload, _ in got.frames)
+
+
+async def test_catch_up_can_stop_at_the_oldest_few(stream):
+    # A long-poll asks for one more than its answer holds, to tell that it is cut.
+    got = await stream.catch_up("bob", 600, 1500, most=4)
+    assert [msg_id for msg_id, _payload, _ in got.frames] == [i for i in range(601, 1501) if i % 3 in (0, 1)][:4]
+    assert len((await stream.catch_up("bob", 1490, 1500, most=100)).frames) == 7

@@ -59,7 +59,8 @@ def test_history_query():
     assert parse_history_query({"with": "bob"}) == ("bob", None, 50)
     assert parse_history_query({"with": "bob", "before": "10", "limit": "5"}) == ("bob", 10, 5)
     for bad in ({"with": "bad user"}, {"with": "bob", "limit": "0"}, {"with": "bob", "limit": "201"},
-                {"with": "bob", "before": "-1"}, {"with": "bob", "x": "1"}, {}):
+                {"with": "bob", "before": "-1"}, {"with": "bob", "x": "1"}, {},
+                {"with": "bob", "before": "²"}, {"with": "bob", "limit": "٣"}, {"with": "bob", "before": "1" * 5000}):
         with pytest.raises(ApiError) as info:
             parse_history_query(bad)
         assert info.value.status == 422

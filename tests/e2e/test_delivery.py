@@ -166,7 +166,7 @@ async def test_poll_answers_are_capped_and_the_cursor_pages_through_the_rest(dbs
     with running_system(dbs, daemons=1, apis=1, CHAT_POLL_MAX_MESSAGES=5, CHAT_RATE_LIMIT_PER_SECOND=0) as s:
         alice, bob = users("alice"), users("bob")
         headers = {"Authorization": f"Bearer {s.token(bob)}"}
-        cursor = httpx.get(s.poll_url, params={"timeout": 0}, headers=headers).json()["cursor"]
+        cursor = start = httpx.get(s.poll_url, params={"timeout": 0}, headers=headers).json()["cursor"]
         ids = [(await post(s, alice, bob, f"n{i}")).json()["id"] for i in range(12)]
         async with asyncio.timeout(10):  # the daemon holds all 12 before the first poll
             while int(httpx.get(f"http://127.0.0.1:{s.daemon_port}/healthz").json()["position"]) < int(ids[-1]):
@@ -179,3 +179,18 @@ async def test_poll_answers_are_capped_and_the_cursor_pages_through_the_rest(dbs
                 pages.append([m["id"] for m in page["messages"]])
                 cursor = page["cursor"]
         assert [len(p) for p in pages] == [5, 5, 2]
+
+        # A client may ask for smaller pages (`limit`, up to the cap). The last
+        # page holds exactly `limit`: its cursor is the position, and nothing follows.
+        cursor, pages = start, []
+        for _ in range(5):
+            page = httpx.get(s.poll_url, params={"since": cursor, "timeout": 0, "limit": 4}, headers=headers).json()
+            pages.append([m["id"] for m in page["messages"]])
+            cursor = page["cursor"]
+        assert pages == [ids[0:4], ids[4:8], ids[8:12], [], []]
+        for bad in ("0", "6", "x", "²", "1" * 5000):
+            r = httpx.get(s.poll_url, params={"since": start, "timeout": 0, "limit": bad}, headers=headers)
+            assert r.status_code == 422 and "`limit`" in r.json()["message"], bad
+        # A `since` that is no number is an unknown since, not a server error.
+        r = httpx.get(s.poll_url, params={"since": "²", "timeout": 0}, headers=headers)
+        assert r.status_code == 200 and r.json()["recovered"] is False

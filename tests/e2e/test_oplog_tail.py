@@ -129,6 +129,18 @@ async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_c
         assert bob.got == [1]
 
 
+async def test_catch_up_past_the_cache_reads_the_store_and_can_stop_at_the_oldest_few(dbs):
+    async with _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=30) as (db, stream, bob):
+        # Stored behind the stream's back: the cache has none of them.
+        await db[mongo.MESSAGES].insert_many([Message(i, "alice", "bob" if i % 2 else "cat", f"m{i}", now_ms()).to_doc()
+                                              for i in range(1, 41)])
+        every = await stream.catch_up("bob", 0, 40)
+        assert [i for i, _p, _f in every.frames] == list(range(1, 41, 2)) and every.recovered
+        first = await stream.catch_up("bob", 6, 40, most=3)
+        assert [i for i, _p, _f in first.frames] == [7, 9, 11]
+        assert b'"body":"m7"' in first.frames[0][1]
+
+
 class _BurstTail(_SilentTail):
     """A tail that, once told to, shows a burst of entries back to back, with
     no pause in which the consumer could run: more than the queue holds."""
