@@ -9,9 +9,10 @@ processes share:
 2. repair: copy any outbox rows (mirrored_upto, last_id] to Mongo first;
 3. per batch: resolve retries by (sender, client_msg_id), give new messages
    the ids last_id+1, last_id+2, ... and commit them to MySQL in one
-   transaction; then ``insert_many`` them into Mongo, in id order, and answer;
-4. when the queue is empty (or the session has held the lock long enough):
-   record mirrored_upto, unlock.
+   transaction; answer (MySQL is the permanent store: the message is
+   stored), then ``insert_many`` them into Mongo, in id order;
+4. when the queue is still empty once the last insert is done (or the
+   session has held the lock long enough): record mirrored_upto, unlock.
 
 Why a lock across both stores: ids are gap-free and become visible in Mongo
 (and its oplog) strictly in id order. A daemon that has seen id N therefore
@@ -20,6 +21,10 @@ missed, never one that is still in flight. That is what makes catch-up exact.
 
 Within a session the stores are pipelined: batch N+1 commits to MySQL while
 batch N is being inserted into Mongo. Mongo inserts still start in id order.
+Answering before the Mongo insert lets the clients' next requests arrive
+while it runs, and the session waits for the insert before it gives up the
+lock, so they are written in the same session. Measured with ab -k -c 100
+on one API process (loadtest/, FerretDB): about 1,750 -> 2,200 requests/s.
 
 MySQL commits first, so a message is never in Mongo but not in MySQL. If a
 Mongo write fails, or the process dies before it, the committed rows are the
@@ -188,10 +193,14 @@ class MessageWriter:
                 if inserting is not None:
                     mongo_ok = await inserting
                     mirrored = inserted_upto if mongo_ok else mirrored
-                inserting = asyncio.create_task(self._insert_and_answer(committed, mongo_ok))
+                inserting = asyncio.create_task(self._answer_and_insert(committed, mongo_ok))
                 if time.monotonic() - started > SESSION_MAX_SECONDS:
                     break
                 batch = await self._next_batch(None)
+                if not batch:  # the answered clients' next requests come while Mongo works
+                    mongo_ok = await inserting
+                    mirrored, inserting = (last_id if mongo_ok else mirrored), None
+                    batch = await self._next_batch(None)
             if inserting is not None and await inserting:
                 mirrored = last_id
             # meta.head is only a hint for the daemons' gap check, and every
@@ -273,14 +282,15 @@ class MessageWriter:
             conn.close()
 
     # --- Mongo steps ------------------------------------------------------------
-    async def _insert_and_answer(self, committed: _Committed, mongo_ok: bool) -> bool:
-        """Inserts one committed batch into Mongo (unless an earlier one failed),
-        then answers its requests: they are stored either way."""
+    async def _answer_and_insert(self, committed: _Committed, mongo_ok: bool) -> bool:
+        """Answers one committed batch's requests (they are stored: MySQL is the
+        permanent store), then inserts it into Mongo unless an earlier insert
+        failed, in which case the outbox repair copies it later, in order."""
         ok = mongo_ok
-        if mongo_ok and committed.new_messages:
-            ok = await self._insert([m.to_doc() for m in committed.new_messages])
         for pending, msg, created in committed.answers:
             _answer(pending, msg, created)
+        if mongo_ok and committed.new_messages:
+            ok = await self._insert([m.to_doc() for m in committed.new_messages])
         self._observe_batch(len(committed.answers), time.perf_counter() - committed.started)
         return ok
 

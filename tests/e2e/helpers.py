@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import orjson
@@ -65,3 +66,12 @@ def mongo_docs(system: System, query: dict) -> list[dict]:
         return list(client["chat"]["messages"].find(query).sort("_id", 1))
     finally:
         client.close()
+
+
+async def mongo_docs_soon(system: System, query: dict, count: int, timeout: float = 5.0) -> list[dict]:
+    """The documents once ``count`` of them are in Mongo: a 201 means stored
+    in MySQL, and the copy to the fast store follows within milliseconds."""
+    deadline = time.monotonic() + timeout
+    while len(docs := mongo_docs(system, query)) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return docs
