@@ -25,6 +25,9 @@ Answering before the Mongo insert lets the clients' next requests arrive
 while it runs, and the session waits for the insert before it gives up the
 lock, so they are written in the same session. Measured with ab -k -c 100
 on one API process (loadtest/, FerretDB): about 1,750 -> 2,200 requests/s.
+A process queued for the lock holds ``chat.writer.next`` meanwhile; the
+holder sees it and hands over after the batch in hand, so that lingering
+never holds another process's requests for a whole session.
 
 MySQL commits first, so a message is never in Mongo but not in MySQL. If a
 Mongo write fails, or the process dies before it, the committed rows are the
@@ -55,6 +58,9 @@ from db.sql import conversation_key, messages, stream_state
 log = logging.getLogger("chat.writer")
 
 LOCK_NAME = "chat.writer"
+# Held by the process queued for LOCK_NAME while it waits: the holder sees it
+# and ends its session after the batch in hand instead of taking another.
+NEXT_LOCK_NAME = "chat.writer.next"
 REPAIR_PAGE = 2000
 SESSION_MAX_SECONDS = 0.25  # then let other API processes have the lock
 
@@ -194,13 +200,14 @@ class MessageWriter:
                     mongo_ok = await inserting
                     mirrored = inserted_upto if mongo_ok else mirrored
                 inserting = asyncio.create_task(self._answer_and_insert(committed, mongo_ok))
-                if time.monotonic() - started > SESSION_MAX_SECONDS:
+                if time.monotonic() - started > SESSION_MAX_SECONDS or await self._mysql(self._others_waiting, conn):
                     break
                 batch = await self._next_batch(None)
                 if not batch:  # the answered clients' next requests come while Mongo works
                     mongo_ok = await inserting
                     mirrored, inserting = (last_id if mongo_ok else mirrored), None
-                    batch = await self._next_batch(None)
+                    if not await self._mysql(self._others_waiting, conn):
+                        batch = await self._next_batch(None)
             if inserting is not None and await inserting:
                 mirrored = last_id
             # meta.head is only a hint for the daemons' gap check, and every
@@ -218,7 +225,14 @@ class MessageWriter:
 
     # --- MySQL steps (run in a thread) -------------------------------------------
     def _lock_and_read_state(self, conn: Connection) -> tuple[int, int]:
-        got = conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": LOCK_NAME, "t": self._timeout}).scalar()
+        deadline = time.monotonic() + self._timeout
+        lock = text("SELECT GET_LOCK(:n, :t)")
+        got = 0
+        if conn.execute(lock, {"n": NEXT_LOCK_NAME, "t": self._timeout}).scalar() == 1:
+            try:
+                got = conn.execute(lock, {"n": LOCK_NAME, "t": max(0.0, deadline - time.monotonic())}).scalar()
+            finally:
+                conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": NEXT_LOCK_NAME})
         conn.commit()
         if got != 1:
             raise WriteUnavailable("mysql: writer lock timeout")
@@ -258,6 +272,13 @@ class MessageWriter:
             conn.rollback()
             raise
         return _Committed(new, answers, started), last_id
+
+    @staticmethod
+    def _others_waiting(conn: Connection) -> bool:
+        """Another process is queued for the writer lock (it holds NEXT_LOCK_NAME)."""
+        waiting = conn.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": NEXT_LOCK_NAME}).scalar() is not None
+        conn.commit()
+        return waiting
 
     @staticmethod
     def _existing(conn: Connection, batch: list[_Pending]) -> dict[tuple[str, str], Message]:
