@@ -108,6 +108,27 @@ def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
     return out
 
 
+def post_alone(levels, seconds, iterations, env: dict) -> list[dict]:
+    """ab on POST /v1/messages with the write path by itself: 1 and 2 API
+    processes with MariaDB and FerretDB, no daemon. Each daemon's oplog tail
+    costs FerretDB CPU per message (docs/capacity.md) that the API would
+    otherwise have; the matrix above runs with them, as deployed."""
+    body = Path(tempfile.mkdtemp()) / "body.json"
+    body.write_text('{"to": "ab-reader", "body": "hello from ab, a typical short chat message"}')
+    out = []
+    for apis in (1, 2):
+        with databases(Path(tempfile.mkdtemp(prefix="bench-post-"))) as dbs:
+            with running_system(dbs, daemons=0, apis=apis, **env) as system:
+                for c in levels:
+                    runs = []
+                    for i in range(iterations):
+                        log(f"ab POST /v1/messages -c {c} -t {seconds}, {apis} API process(es), no daemon "
+                            f"({i + 1}/{iterations})")
+                        runs.append(ab.run(f"{system.api_url}/v1/messages", c, seconds, system.token("ab-writer"), body))
+                    out.append({**average(c, runs), "apis": apis})
+    return out
+
+
 def average(c: int, runs: list[dict]) -> dict:
     keys = ["complete", "rps", "tpr_all_ms", "min_ms", "p50_ms", "p99_ms", "max_ms", "errors"]
     row = {k: round(sum(r[k] for r in runs) / len(runs), 2) for k in keys}
@@ -176,11 +197,13 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, 2
         replay_clients, replay_rates, replay_max = 10_000, [1000, 2000, 5000, 10_000], 200_000
         hold = (100_000, 8, 100, 20)  # clients, daemons, msg/s, seconds
+        post_alone_matrix = ([100, 1000], 20, 3)  # levels, seconds, iterations
     else:
         levels, seconds, iterations = [10, 100, 500, 1000], 5, 1
         sizes, rate, ws_seconds, daemons = [100, 1000], 200, 10, 2
         replay_clients, replay_rates, replay_max = 2000, [1000, 2000, 5000], 50_000
         hold = None
+        post_alone_matrix = ([100], 5, 1)
     results = {"machine": machine.describe(), "mode": "full" if full else "quick"}
     results["replay"] = replay_runs(replay_clients, replay_rates, 5 if not full else 10, replay_max, 1)
     env = {"CHAT_RATE_LIMIT_PER_SECOND": 0, "CHAT_LOG_LEVEL": "WARNING", "CHAT_WRITER_QUEUE_MAX": 50_000}
@@ -193,6 +216,7 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
     with databases(Path(tempfile.mkdtemp(prefix="bench-ab-"))) as dbs:
         with running_system(dbs, daemons=daemons, apis=2, **env) as system:
             results["ab"] = ab_matrix(system, levels, seconds, iterations, poll_rate=20)
+    results["post_alone"] = post_alone(*post_alone_matrix, env)
     if hold is not None:
         with databases(Path(tempfile.mkdtemp(prefix="bench-hold-"))) as dbs:
             results["hold"] = hold_run(dbs, *hold)
