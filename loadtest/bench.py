@@ -166,14 +166,17 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
 
 def replay_runs(clients: int, rates: list[float], seconds: float, max_count: int, daemons: int) -> list[dict]:
     """The daemon tier alone, fed recorded oplog entries (loadtest/replay.py):
-    latency at each rate, then throughput as fast as it goes."""
+    latency at each rate, then throughput as fast as it goes, with every
+    message to two connections (recipient and sender) and then to one (the
+    senders offline: Centrifugo's unit, a publication to one user's channel)."""
     out = []
-    for rate in [*rates, 0]:
+    for rate, offline in [*((r, False) for r in rates), (0, False), (0, True)]:
         count = int(rate * seconds) if rate else max_count
-        log(f"replayed oplog: {clients} clients, {daemons} daemon(s), {rate or 'max'} msg/s, {count} messages")
-        result = replay.bench(clients, rate, count, daemons, replay.tick_batch(rate))
+        what = f"{rate or 'max'} msg/s{', senders offline' if offline else ''}"
+        log(f"replayed oplog: {clients} clients, {daemons} daemon(s), {what}, {count} messages")
+        result = replay.bench(clients, rate, count, daemons, replay.tick_batch(rate), senders_offline=offline)
         log(f"  -> {orjson.dumps(result).decode()}")
-        check(result, f"replay at {rate or 'max'} msg/s")
+        check(result, f"replay at {what}")
         out.append(result)
     return out
 

@@ -10,12 +10,17 @@ processes that check every id arrives once (lost and duplicated must be 0).
 
 Each replayed entry keeps the recorded shape (``op``, ``ns``, ``o``, ``ts``,
 ``wall``...) with a fresh id, a random pair of the connected users, and the
-replay time in the body. Measured: oplog entry handed to the stream → frame
+replay time in the body. Every message then goes to two connections, its
+recipient's and its sender's (the sender's other device). With
+``--senders-offline`` the senders are users with no connection, so each
+message is one frame, as when a server's HTTP API publishes to one user's
+channel: the unit of Centrifugo's published figures. Measured: oplog entry handed to the stream → frame
 written to every socket (the daemon's histogram), messages/s and frames/s
 delivered, daemon CPU per message, and client-side end-to-end latency.
 
     python -m loadtest.replay --clients 10000 --rate 2000 --count 20000
     python -m loadtest.replay --clients 10000 --rate 0 --count 200000   # as fast as it goes
+    python -m loadtest.replay --clients 10000 --rate 0 --count 200000 --senders-offline
 """
 
 from __future__ import annotations
@@ -77,8 +82,10 @@ class ReplayTail:
     """Stands in for ``daemon.oplog.OplogTail``: yields recorded entries with
     fresh ids from 1, once SIGUSR1 says the clients are connected."""
 
-    def __init__(self, entries: list[dict], clients: int, count: int, rate: float, batch: int):
+    def __init__(self, entries: list[dict], clients: int, count: int, rate: float, batch: int,
+                 senders_offline: bool = False):
         self.entries, self.count, self.rate, self.batch = entries, count, rate, batch
+        self.sender_prefix = "x" if senders_offline else "r"  # connected users are r0, r1, ...
         self.namespace = entries[0]["ns"]
         self.pairs = pairs(clients, count)
         self.last_ts = None
@@ -105,24 +112,25 @@ class ReplayTail:
             for i in range(sent, sent + n):
                 entry = self.entries[i % len(self.entries)]
                 a, b = self.pairs[i]
-                out.append({**entry, "o": {**entry["o"], "_id": i + 1, "from": f"r{a}", "to": f"r{b}",
+                out.append({**entry, "o": {**entry["o"], "_id": i + 1, "from": f"{self.sender_prefix}{a}", "to": f"r{b}",
                                            "body": f"{wall:.6f} replay", "created_at": now}})
             sent += n
             yield out
         await asyncio.Event().wait()  # a tail never ends
 
 
-def serve(entries_file: Path, clients: int, count: int, rate: float, batch: int) -> None:
+def serve(entries_file: Path, clients: int, count: int, rate: float, batch: int, senders_offline: bool) -> None:
     """A daemon process (``python -m loadtest.replay --serve``) whose stream reads the replay."""
     from daemon.server import run
 
     settings = Settings()
     setup_logging(settings.log_level)
     entries = bson.decode_all(entries_file.read_bytes())
-    uvloop.run(run(settings, tail=ReplayTail(entries, clients, count, rate, batch)))
+    uvloop.run(run(settings, tail=ReplayTail(entries, clients, count, rate, batch, senders_offline)))
 
 
-def bench(clients: int, rate: float, count: int, daemons: int, batch: int, progress: bool = True) -> dict:
+def bench(clients: int, rate: float, count: int, daemons: int, batch: int, progress: bool = True,
+          senders_offline: bool = False) -> dict:
     from tests.servers import env_for, free_port, stop, wait_port
     from tests.system import databases
 
@@ -137,19 +145,21 @@ def bench(clients: int, rate: float, count: int, daemons: int, batch: int, progr
                       CHAT_PING_INTERVAL_SECONDS="60")
         procs = [subprocess.Popen([sys.executable, "-m", "loadtest.replay", "--serve", "--entries", str(entries_file),
                                    "--clients", str(clients), "--count", str(count), "--rate", str(rate),
-                                   "--batch", str(batch)], env=env, stdout=sys.stderr, stderr=sys.stderr)
+                                   "--batch", str(batch), *(["--senders-offline"] if senders_offline else [])],
+                                  env=env, stdout=sys.stderr, stderr=sys.stderr)
                  for _ in range(daemons)]
         try:
             for p in procs:
                 wait_port(port, 20, p)
             time.sleep(1)
-            return _drive(procs, port, env["CHAT_JWT_SECRET"], clients, rate, count, daemons, batch, progress)
+            return _drive(procs, port, env["CHAT_JWT_SECRET"], clients, rate, count, daemons, batch, progress,
+                          senders_offline)
         finally:
             for p in procs:
                 stop(p, signal.SIGTERM)
 
 
-def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress) -> dict:
+def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, senders_offline) -> dict:
     users = [f"r{i}" for i in range(clients)]
     per_proc = wsload.CLIENTS_PER_PROC
     nprocs = max(1, -(-clients // per_proc))
@@ -174,7 +184,8 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress) 
     before = scrape.histograms(metrics_url, HISTOGRAM, daemons)
     ps = [psutil.Process(p.pid) for p in procs]
     cpu_before = sum(p.cpu_times().user + p.cpu_times().system for p in ps)
-    want = 2 * count  # every message goes to its sender's and its recipient's connection
+    # every message goes to its recipient's connection, and to its sender's unless offline
+    want = count if senders_offline else 2 * count
     started = time.monotonic()
     for p in procs:
         p.send_signal(signal.SIGUSR1)
@@ -202,14 +213,15 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress) 
         failures += data["failures"]
     expected: dict[str, set[int]] = {}
     for i, (a, b) in enumerate(pairs(clients, count)):
-        expected.setdefault(f"r{a}", set()).add(i + 1)
+        if not senders_offline:
+            expected.setdefault(f"r{a}", set()).add(i + 1)
         expected.setdefault(f"r{b}", set()).add(i + 1)
     lost = sum(len(ids - set(received.get(u, []))) for u, ids in expected.items())
     delivered = sum(len(v) for v in received.values())
     total = buckets.get(float("inf"), 0.0)
     return {
         "clients": clients, "held": held, "connect_failures": failures, "daemons": daemons,
-        "rate": rate or "max", "batch": batch, "messages": count, "frames_expected": want, "frames_delivered": delivered,
+        "rate": rate or "max", "batch": batch, "senders_offline": senders_offline, "messages": count, "frames_expected": want, "frames_delivered": delivered,
         "lost": lost, "duplicates": dups, "seconds": round(elapsed, 2),
         "messages_per_s": round(count / elapsed), "frames_per_s": round(delivered / elapsed),
         "daemon_cpu_us_per_message": round(cpu / count / daemons * 1e6, 1),
@@ -234,12 +246,14 @@ def tick_batch(rate: float) -> int:
 def main(clients: int = typer.Option(10_000), rate: float = typer.Option(2000.0, help="messages/s; 0 = as fast as it goes"),
          count: int = typer.Option(20_000), daemons: int = typer.Option(1),
          batch: int = typer.Option(0, help="entries per oplog batch; 0 = what 10 ms of traffic brings"),
+         senders_offline: bool = typer.Option(False, "--senders-offline",
+                                              help="senders have no connection: one frame per message"),
          out: Path | None = typer.Option(None), serve_mode: bool = typer.Option(False, "--serve", hidden=True),
          entries: Path | None = typer.Option(None, hidden=True)) -> None:
     if serve_mode:
-        serve(entries, clients, count, rate, batch or tick_batch(rate))
+        serve(entries, clients, count, rate, batch or tick_batch(rate), senders_offline)
         return
-    result = bench(clients, rate, count, daemons, batch or tick_batch(rate))
+    result = bench(clients, rate, count, daemons, batch or tick_batch(rate), senders_offline=senders_offline)
     wsload.publish(result, out)
     wsload.verify(result, "replay")
 

@@ -84,12 +84,15 @@ def _replay_table(runs: list[dict]) -> list[str]:
              "to a daemon process in place of its tail; the rest (sequencer, hub, WebSocket server, sockets, "
              "clients in other processes that check every id) is the production code. oplog → socket is the "
              "daemon's histogram (bucket bounds); e2e adds the clients' own reading.", "",
-             "| clients | daemons | msg/s asked | batch | messages/s delivered | frames/s | oplog→socket p50/p99 ms "
-             "| share ≤ 5 ms | e2e p50/p99 ms | daemon CPU µs/msg | lost | dup |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Frames per message: 2 = to the recipient's and the sender's connections; 1 = the senders are "
+             "offline, as when a server publishes to one user's channel (Centrifugo's unit).", "",
+             "| clients | daemons | msg/s asked | frames per message | batch | messages/s delivered | frames/s "
+             "| oplog→socket p50/p99 ms | share ≤ 5 ms | e2e p50/p99 ms | daemon CPU µs/msg | lost | dup |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in runs:
         o, e = x["oplog_to_socket_ms"], x["e2e_ms"]
-        lines.append(f"| {x['clients']} | {x['daemons']} | {x['rate']} | {x['batch']} | {x['messages_per_s']} | "
+        lines.append(f"| {x['clients']} | {x['daemons']} | {x['rate']} | {1 if x.get('senders_offline') else 2} | "
+                     f"{x['batch']} | {x['messages_per_s']} | "
                      f"{x['frames_per_s']} | {_fmt(o['p50'])}/{_fmt(o['p99'])} | {_fmt(o['share_within_5ms'])} | "
                      f"{_fmt(e['p50'])}/{_fmt(e['p99'])} | {x['daemon_cpu_us_per_message']} | {x['lost']} | "
                      f"{x['duplicates']} |")
