@@ -1,7 +1,9 @@
 """Two API processes' writers share the MySQL writer lock (db/writer.py).
 
 Each writer here has its own engine, so its own MySQL connection, as a
-separate process would. A writer whose clients keep it busy still hands the
+separate process would. The databases are the test's own: the lock is
+server-wide, and the shared system's API takes it every second to look for
+an outbox. A writer whose clients keep it busy still hands the
 lock over as soon as the other one queues for it, after the batch in hand:
 the other's message is not held up behind a whole session of someone else's.
 """
@@ -9,11 +11,13 @@ the other's message is not held up behind a whole session of someone else's.
 import asyncio
 import uuid
 
+import pytest
 from sqlalchemy import text
 
 from db import mongo
 from db.sql import make_engine
 from db.writer import NEXT_LOCK_NAME, Draft, MessageWriter
+from tests.system import databases
 
 
 def _writer(dbs) -> MessageWriter:
@@ -29,8 +33,14 @@ def _queued(engine) -> bool:
         return conn.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": NEXT_LOCK_NAME}).scalar() is not None
 
 
-async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_hand(dbs):
-    busy, other = _writer(dbs), _writer(dbs)
+@pytest.fixture(scope="module")
+def own_dbs(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("handoff")) as d:
+        yield d
+
+
+async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_hand(own_dbs):
+    busy, other = _writer(own_dbs), _writer(own_dbs)
     tasks = [asyncio.create_task(busy.run()), asyncio.create_task(other.run())]
     tag = uuid.uuid4().hex[:8]
     busy_ids: list[int] = []
