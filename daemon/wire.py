@@ -1,10 +1,12 @@
 """Bytes on the daemon's sockets, with no I/O: WebSocket frames out, an
 incremental reader of frames in, and plain HTTP/1.1 responses.
 
-Frames are built and parsed by the websockets library's sans-I/O pieces
-(``Frame``, ``StreamReader``); this module only keeps them out of the
-per-connection state, which is what lets a daemon hold an idle connection
-in a few kilobytes (README, "Why a lean server").
+Frames are parsed, and control frames built, by the websockets library's
+sans-I/O pieces (``Frame``, ``StreamReader``); the one frame built per message,
+a server's text frame, is a two-to-ten-byte header put on here (see
+``text_frame``). This module keeps all of it out of the per-connection
+state, which is what lets a daemon hold an idle connection in a few
+kilobytes (README, "Which WebSocket stack").
 """
 
 from __future__ import annotations
