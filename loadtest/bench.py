@@ -194,7 +194,10 @@ def hold_run(dbs, clients: int, daemons: int, rate: float, seconds: float) -> di
 
 @app.command()
 def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option(False, "--full"),
-         out_dir: Path = typer.Option(RESULTS)) -> None:
+         out_dir: Path = typer.Option(RESULTS),
+         only: list[str] = typer.Option([], "--only", help="rerun just these sections (replay, ws, ab, post_alone, "
+                                        "hold) into the existing latest.json; the report says which and when")) -> None:
+    sections = set(only) or {"replay", "ws", "ab", "post_alone", "hold"}
     if full:
         levels, seconds, iterations = [10, 100, 500, 1000], 20, 5
         sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, 2
@@ -207,20 +210,28 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         replay_clients, replay_rates, replay_max = 2000, [1000, 2000, 5000], 50_000
         hold = None
         post_alone_matrix = ([100], 5, 1)
-    results = {"machine": machine.describe(), "mode": "full" if full else "quick"}
-    results["replay"] = replay_runs(replay_clients, replay_rates, 5 if not full else 10, replay_max, 1)
+    if only:
+        results = orjson.loads((out_dir / "latest.json").read_bytes())
+        results.setdefault("reruns", {}).update({name: machine.describe() for name in only})
+    else:
+        results = {"machine": machine.describe(), "mode": "full" if full else "quick"}
+    if "replay" in sections:
+        results["replay"] = replay_runs(replay_clients, replay_rates, 5 if not full else 10, replay_max, 1)
     env = {"CHAT_RATE_LIMIT_PER_SECOND": 0, "CHAT_LOG_LEVEL": "WARNING", "CHAT_WRITER_QUEUE_MAX": 50_000}
     # Each on fresh databases: FerretDB scans `messages` whole for a daemon's
     # catch-up, so one scenario's leftovers (or a run that fell behind) would
     # weigh on the next one's figures.
-    with databases(Path(tempfile.mkdtemp(prefix="bench-"))) as dbs:
-        with running_system(dbs, daemons=daemons, apis=2, **env) as system:
-            results["ws"] = ws_runs(system, sizes, rate, ws_seconds)
-    with databases(Path(tempfile.mkdtemp(prefix="bench-ab-"))) as dbs:
-        with running_system(dbs, daemons=daemons, apis=2, **env) as system:
-            results["ab"] = ab_matrix(system, levels, seconds, iterations, poll_rate=20)
-    results["post_alone"] = post_alone(*post_alone_matrix, env)
-    if hold is not None:
+    if "ws" in sections:
+        with databases(Path(tempfile.mkdtemp(prefix="bench-"))) as dbs:
+            with running_system(dbs, daemons=daemons, apis=2, **env) as system:
+                results["ws"] = ws_runs(system, sizes, rate, ws_seconds)
+    if "ab" in sections:
+        with databases(Path(tempfile.mkdtemp(prefix="bench-ab-"))) as dbs:
+            with running_system(dbs, daemons=daemons, apis=2, **env) as system:
+                results["ab"] = ab_matrix(system, levels, seconds, iterations, poll_rate=20)
+    if "post_alone" in sections:
+        results["post_alone"] = post_alone(*post_alone_matrix, env)
+    if hold is not None and "hold" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-hold-"))) as dbs:
             results["hold"] = hold_run(dbs, *hold)
     results["failures"] = failures(results)

@@ -21,6 +21,8 @@ def write_report(r: dict, out: Path) -> None:
         f"{r['mode']} run, {m['date']}, commit {m['commit']}, {m['cores']} cores, {m['ram_gib']} GiB RAM.",
         f"Backing servers: **{m['mongo']}**, {m['mysql']}. Everything on one machine over loopback,"
         " load generators included. Figures that pass through FerretDB say so.", ""]
+    for name, rerun in r.get("reruns", {}).items():
+        lines += [f"Section `{name}` rerun on its own (`--only {name}`): {rerun['date']}, commit {rerun['commit']}.", ""]
     for failure in r.get("failures", []):
         lines += [f"**{failure}** (the run's row below carries the figures it had).", ""]
     lines += [
