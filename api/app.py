@@ -25,6 +25,7 @@ from api.openapi import OPENAPI
 from api.ratelimit import RateLimiter
 from api.validation import parse_dev_login, parse_history_query, parse_message
 from chat import auth
+from chat.parsing import is_decimal
 from chat.settings import Settings
 from db import mongo
 from db.retention import run_sweeper
@@ -78,8 +79,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The request body, or 413 as soon as it is known to exceed ``limit``."""
     too_big = ApiError(413, "body_too_large", f"request body is larger than {limit} bytes")
     declared = request.headers.get("content-length")
-    if declared is not None and (not (declared.isascii() and declared.isdigit()) or len(declared) > 18
-                                 or int(declared) > limit):
+    if declared is not None and (not is_decimal(declared, 18) or int(declared) > limit):
         raise too_big
     chunks, size = [], 0
     async for chunk in request.stream():

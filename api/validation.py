@@ -15,6 +15,7 @@ import orjson
 
 from api.errors import ApiError
 from chat.auth import is_user_id
+from chat.parsing import is_decimal
 from db.writer import Draft
 
 MAX_DEPTH = 16
@@ -124,8 +125,6 @@ def _int_param(params, name: str, lo: int, hi: int) -> int | None:
     value = params.get(name)
     if value is None:
         return None
-    # isdigit() alone also takes "²" and other digits that int() refuses, and
-    # int() refuses over 4,300 digits: both would be a 500, not a 422.
-    if not (value.isascii() and value.isdigit() and len(value) <= 19) or not lo <= int(value) <= hi:
+    if not is_decimal(value, 19) or not lo <= int(value) <= hi:
         raise ApiError(422, "invalid_field", f"`{name}` must be an integer from {lo} to {hi}", field=name)
     return int(value)

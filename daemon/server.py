@@ -23,6 +23,7 @@ from websockets.http11 import Request as WsRequest
 from websockets.server import ServerProtocol
 
 from chat import auth
+from chat.parsing import is_decimal
 from chat.serve import reuseport_socket
 from chat.settings import Settings
 from daemon import metrics
@@ -54,14 +55,9 @@ class Behind(Exception):
 
 def parse_since(raw: str | None) -> int | None:
     """A resume point: a message id or a hello cursor (both decimal strings)."""
-    if raw is None or not _decimal(raw, 19):
+    if raw is None or not is_decimal(raw, 19):
         return None
     return int(raw)
-
-
-def _decimal(raw: str, digits: int) -> bool:
-    # str.isdigit() alone also takes "²" and other digits int() refuses.
-    return raw.isascii() and raw.isdigit() and len(raw) <= digits
 
 
 class PollWaiter(Subscriber):
@@ -327,7 +323,7 @@ def _poll_timeout(raw: str, limit: float) -> float:
 def _poll_limit(raw: str | None, most: int) -> int:
     if raw is None:
         return most
-    if _decimal(raw, 9) and 1 <= int(raw) <= most:
+    if is_decimal(raw, 9) and 1 <= int(raw) <= most:
         return int(raw)
     raise Refusal(422, "invalid_field", f"`limit` must be an integer from 1 to {most}")
 

@@ -101,6 +101,7 @@ class _Committed:
     new_messages: list[Message]
     answers: list[tuple[_Pending, Message, bool]]
     started: float
+    others_waiting: bool  # another process is queued for the lock: hand over after this batch
 
 
 def row_to_message(row) -> Message:
@@ -200,7 +201,7 @@ class MessageWriter:
                     mongo_ok = await inserting
                     mirrored = inserted_upto if mongo_ok else mirrored
                 inserting = asyncio.create_task(self._answer_and_insert(committed, mongo_ok))
-                if time.monotonic() - started > SESSION_MAX_SECONDS or await self._mysql(self._others_waiting, conn):
+                if time.monotonic() - started > SESSION_MAX_SECONDS or committed.others_waiting:
                     break
                 batch = await self._next_batch(None)
                 if not batch:  # the answered clients' next requests come while Mongo works
@@ -267,15 +268,16 @@ class MessageWriter:
                      "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None)}
                     for m in new])
                 conn.execute(stream_state.update().where(stream_state.c.id == 1).values(last_id=last_id))
-            conn.commit()
+            waiting = self._others_waiting(conn)
         except SQLAlchemyError:
             conn.rollback()
             raise
-        return _Committed(new, answers, started), last_id
+        return _Committed(new, answers, started, waiting), last_id
 
     @staticmethod
     def _others_waiting(conn: Connection) -> bool:
-        """Another process is queued for the writer lock (it holds NEXT_LOCK_NAME)."""
+        """Another process is queued for the writer lock (it holds NEXT_LOCK_NAME);
+        commits, so that it can end the batch's transaction in the same round trip."""
         waiting = conn.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": NEXT_LOCK_NAME}).scalar() is not None
         conn.commit()
         return waiting

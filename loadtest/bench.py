@@ -68,9 +68,15 @@ class Writer(threading.Thread):
                 time.sleep(max(0.0, start + self.sent / self.rate - time.monotonic()))
 
 
-def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
+def post_body() -> Path:
+    """The file ab posts: one typical short message to the long-poll reader."""
     body = Path(tempfile.mkdtemp()) / "body.json"
     body.write_text('{"to": "ab-reader", "body": "hello from ab, a typical short chat message"}')
+    return body
+
+
+def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
+    body = post_body()
     out = {"post": [], "poll": []}
     # Long-polls first, on a settled system: after the POST flood the daemons
     # are still reading tens of thousands of messages back from FerretDB.
@@ -113,8 +119,7 @@ def post_alone(levels, seconds, iterations, env: dict) -> list[dict]:
     processes with MariaDB and FerretDB, no daemon. Each daemon's oplog tail
     costs FerretDB CPU per message (docs/capacity.md) that the API would
     otherwise have; the matrix above runs with them, as deployed."""
-    body = Path(tempfile.mkdtemp()) / "body.json"
-    body.write_text('{"to": "ab-reader", "body": "hello from ab, a typical short chat message"}')
+    body = post_body()
     out = []
     for apis in (1, 2):
         with databases(Path(tempfile.mkdtemp(prefix="bench-post-"))) as dbs:

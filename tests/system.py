@@ -20,7 +20,7 @@ import psutil
 from chat import auth
 from chat.settings import Settings
 from db.init import init_all
-from tests.servers import ROOT, FerretDB, MariaDB, env_for, free_port, fresh_dir, stop, wait_port
+from tests.servers import ROOT, FerretDB, MariaDB, env_for, free_port, fresh_dir, stop
 
 
 @dataclass
@@ -88,9 +88,8 @@ class System:
         proc = subprocess.Popen([sys.executable, "-m", module], env=self.env, cwd=ROOT, stdout=log, stderr=log)
         self.procs[name] = proc
         port = self.api_port if module == "api" else self.daemon_port
-        wait_port(port, 20, proc)
-        # The port is shared (SO_REUSEPORT): another process may have answered
-        # above. Wait for this one's own listening socket.
+        # The port is shared (SO_REUSEPORT): another process may answer on it
+        # already. Wait for this one's own listening socket.
         wait_listening(proc, port, 20)
         self.wait_ready(name)
         return proc
