@@ -5,6 +5,7 @@ import { ChatClient } from "./chat-client.js";
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "chat.token"; // sessionStorage: one user per tab, so two tabs can be alice and bob
+const HISTORY_PAGE = 50; // messages per GET /v1/messages page
 const STATE_LABELS = {
   sending: "sending…", retrying: "retrying…", stored: "stored", delivered: "delivered", history: "stored",
 };
@@ -21,6 +22,7 @@ let openPeer = null;
 const lastByPeer = new Map(); // peer -> newest message
 let rowsById = new Map(); // message id -> <li>, in the open conversation
 let rowsByClientId = new Map(); // client_msg_id -> <li>, my messages in the open conversation
+let olderBefore = null; // the history cursor (next_before) of the open conversation, or null at its start
 
 // Ids are decimal strings in stream order; the page compares them only to merge
 // history with live frames. No arithmetic.
@@ -107,6 +109,7 @@ async function start(jwt) {
 }
 
 function logout() {
+  client?.discardOutbox();
   client?.stop();
   client = null;
   token = null;
@@ -162,11 +165,42 @@ async function openConversation(peer) {
   for (const entry of client.outbox.values()) {
     if (entry.to === peer) outboxChanged({ ...entry, message: entry.message });
   }
-  const reply = await api(`/v1/messages?with=${encodeURIComponent(peer)}&limit=50`);
-  if (!reply.ok || openPeer !== peer) return;
-  const { messages } = await reply.json();
-  for (const msg of messages.reverse()) place(msg, "history");
+  showOlder(null);
+  await loadHistory(peer, null);
   $("body").focus();
+}
+
+// One page of history, newest first from the API, placed by id: live frames that came
+// meanwhile keep their rows. `next_before` says whether older messages exist.
+async function loadHistory(peer, before) {
+  const query = new URLSearchParams({ with: peer, limit: String(HISTORY_PAGE) });
+  if (before !== null) query.set("before", before);
+  const reply = await api(`/v1/messages?${query}`);
+  if (!reply.ok || openPeer !== peer) return;
+  const { messages, next_before: next } = await reply.json();
+  if (before !== null) {
+    for (const msg of messages) place(msg, "history", false); // newest first: each goes on top
+    $("messages").firstElementChild?.scrollIntoView({ block: "start" });
+  } else {
+    for (const msg of messages.reverse()) place(msg, "history");
+  }
+  showOlder(next);
+}
+
+function showOlder(next) {
+  olderBefore = next;
+  $("older").hidden = next === null;
+}
+
+async function loadOlder() {
+  if (!openPeer || olderBefore === null) return;
+  const button = $("older");
+  button.disabled = true; // one page at a time
+  try {
+    await loadHistory(openPeer, olderBefore);
+  } finally {
+    button.disabled = false;
+  }
 }
 
 async function reload() {
@@ -204,7 +238,7 @@ function outboxChanged({ clientMsgId, to, body, state, message }) {
 }
 
 // One row per message id, ordered by id; my pending messages wait at the end.
-function place(msg, state) {
+function place(msg, state, scroll = true) {
   let li = rowsById.get(msg.id) || (msg.from === me && rowsByClientId.get(msg.client_msg_id));
   const known = Boolean(li && li.dataset.id);
   if (!li) li = document.createElement("li");
@@ -217,7 +251,7 @@ function place(msg, state) {
   }
   const shown = li.dataset.state;
   if (!(shown === "delivered" && state !== "delivered")) render(li, msg, state);
-  li.scrollIntoView({ block: "nearest" });
+  if (scroll) li.scrollIntoView({ block: "nearest" });
 }
 
 function render(li, msg, state) {
@@ -255,6 +289,7 @@ async function main() {
   $("logout").addEventListener("click", logout);
   $("open-chat").addEventListener("submit", openFromForm);
   $("composer").addEventListener("submit", send);
+  $("older").addEventListener("click", loadOlder);
   config = await (await api("/v1/client-config")).json();
   const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) await start(saved);

@@ -17,6 +17,11 @@
 //   all) use the long-poll endpoint, and try the WebSocket again now and then.
 // - `offline` closes the socket and stops retrying until `online` (or a long timer);
 //   `online` reconnects at once with `since` and flushes the outbox.
+// - A message not yet stored is also kept in `storage` (localStorage), one key per
+//   message, until the API has stored it or refused it: `start()` sends what a
+//   reload or a closed tab left behind, with its client_msg_id, so it is stored
+//   exactly once. One key per message, so two tabs of one user never overwrite
+//   each other's outbox; both may resend a message, and the API keeps one.
 
 const STATES = ["sending", "retrying", "stored", "delivered"]; // an entry only moves right, or to "failed"
 
@@ -47,13 +52,15 @@ export class ChatClient extends EventTarget {
     wsFailuresBeforePoll = 4, wsRetryFromPollMs = 30000, helloTimeoutMs = 10000,
     backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = 25,
     WebSocketImpl = globalThis.WebSocket, fetchImpl = globalThis.fetch?.bind(globalThis),
-    eventSource = globalThis.window,
+    eventSource = globalThis.window, storage = globalThis.localStorage ?? null,
   }) {
     super();
     Object.assign(this, {
       apiUrl, wsUrl, pollUrl, token, user, since, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
       backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, WebSocketImpl, fetchImpl, eventSource,
+      storage,
     });
+    this.storagePrefix = `chat.outbox.${user}.`;
     this.forced = transport === "poll" ? "poll" : null;
     this.transport = null; // "ws" | "poll" while running
     this.status = "idle";
@@ -77,17 +84,27 @@ export class ChatClient extends EventTarget {
   start() {
     if (this.running) return;
     this.running = true;
+    this.stopped = false;
     this.eventSource?.addEventListener?.("offline", this.onOffline);
     this.eventSource?.addEventListener?.("online", this.onOnline);
     if (globalThis.navigator?.onLine === false) this.goOffline();
     else this.connect();
+    for (const saved of this.savedOutbox()) {
+      if (!this.outbox.has(saved.clientMsgId)) this.send(saved.to, saved.body, saved.clientMsgId);
+    }
   }
 
+  // Stops receiving and sending. A message still unsent stays in `storage` for the
+  // next start (of this user, in any tab); it is not retried with a stale token.
   stop() {
     this.running = false;
+    this.stopped = true;
     this.eventSource?.removeEventListener?.("offline", this.onOffline);
     this.eventSource?.removeEventListener?.("online", this.onOnline);
     this.disconnect();
+    for (const entry of this.outbox.values()) {
+      if (entry.waiting) entry.wake();
+    }
     this.setStatus("idle");
   }
 
@@ -247,12 +264,57 @@ export class ChatClient extends EventTarget {
 
   // ---- sending -------------------------------------------------------------------
 
+  // ---- the stored outbox ---------------------------------------------------------
+  // Storage can be missing, full or refused (private mode): the outbox then lives in
+  // memory only, as before, and sending still works.
+
+  savedOutbox() {
+    const saved = [];
+    let keys = [];
+    try {
+      for (let i = 0; i < this.storage.length; i++) keys.push(this.storage.key(i));
+    } catch { keys = []; /* no storage */ }
+    for (const key of keys) {
+      if (!key?.startsWith(this.storagePrefix)) continue;
+      try {
+        const { to, body, at } = JSON.parse(this.storage.getItem(key));
+        if (typeof to === "string" && typeof body === "string") {
+          saved.push({ clientMsgId: key.slice(this.storagePrefix.length), to, body, at: Number(at) || 0 });
+        }
+      } catch { /* not an entry of ours: skip it */ }
+    }
+    return saved.sort((a, b) => a.at - b.at); // typed order
+  }
+
+  keep(entry) {
+    const key = this.storagePrefix + entry.clientMsgId;
+    try {
+      if (this.storage.getItem(key) !== null) return; // resent after a reload: keep its place
+      // `at` orders the outbox as typed, also for messages typed within one millisecond.
+      this.keepSeq = (this.keepSeq ?? 0) + 1;
+      const at = Date.now() * 1000 + (this.keepSeq % 1000);
+      this.storage.setItem(key, JSON.stringify({ to: entry.to, body: entry.body, at }));
+    } catch { /* memory only */ }
+  }
+
+  // Logging out: what is still unsent is dropped, here and in storage (a shared
+  // computer keeps no trace of it). Closing or reloading the tab keeps it.
+  discardOutbox() {
+    for (const saved of this.savedOutbox()) this.forget(saved);
+    for (const entry of this.outbox.values()) this.forget(entry);
+  }
+
+  forget(entry) {
+    try { this.storage.removeItem(this.storagePrefix + entry.clientMsgId); } catch { /* memory only */ }
+  }
+
   // Posts once per client_msg_id; retries network errors, 429 and 5xx with backoff and
   // the same id, so a message typed offline is stored exactly once. Resolves with the
   // stored message, or rejects on a refusal that a retry cannot fix (4xx).
   send(to, body, clientMsgId = globalThis.crypto.randomUUID()) {
     const entry = { clientMsgId, to, body, state: null, message: null, waiting: false, wake: () => {} };
     this.outbox.set(clientMsgId, entry);
+    this.keep(entry);
     this.advance(entry, "sending");
     entry.done = this.deliver(entry);
     return entry;
@@ -289,6 +351,10 @@ export class ChatClient extends EventTarget {
         entry.wake = () => { clearTimeout(timer); resolve(); };
       });
       entry.waiting = false;
+      if (this.stopped) {
+        this.outbox.delete(entry.clientMsgId);
+        throw new Error("client stopped; the message waits in storage for the next start");
+      }
     }
   }
 
@@ -300,6 +366,7 @@ export class ChatClient extends EventTarget {
     this.dispatchEvent(new CustomEvent("outbox", {
       detail: { clientMsgId: entry.clientMsgId, to: entry.to, body: entry.body, state, message: entry.message, error },
     }));
+    if (state !== "sending" && state !== "retrying") this.forget(entry); // stored, or refused for good
     if (state === "delivered" || state === "failed") this.outbox.delete(entry.clientMsgId);
   }
 }

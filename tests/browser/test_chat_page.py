@@ -165,3 +165,75 @@ def test_dev_login_refusals_and_pasting_a_token(web, browser, users):
         page.screenshot(path=ARTIFACTS / "test_token_login-carol.png")
     finally:
         context.close()
+
+
+def test_a_message_typed_before_a_reload_is_sent_after_it_exactly_once(web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    a = open_page(web, alice)
+    open_chat(a, bob)
+    expect(a.locator("#status")).to_have_text("live")
+    posts = []
+
+    def api_down(route):  # this page's POSTs never reach the API
+        posts.append(route.request.post_data_json)
+        route.abort("connectionrefused")
+
+    a.route("**/v1/messages", api_down)
+    send(a, "typed before the reload")
+    expect(a.locator("#messages li.mine .state")).to_have_text(["retrying…"])
+    outbox = "Object.keys(localStorage).filter(k => k.startsWith('chat.outbox.'))"
+    assert len(a.evaluate(outbox)) == 1
+    tried = len(posts)
+
+    a.reload()  # the API is still down: the page comes back and sends what was unsent
+    expect(a.locator("#me")).to_have_text(alice)
+    for _ in range(200):  # Playwright runs route handlers only while one of its calls waits
+        if len(posts) > tried:
+            break
+        a.wait_for_timeout(50)
+    assert len(posts) > tried, "no POST after the reload"
+    open_chat(a, bob)
+    expect(bodies(a)).to_have_text(["typed before the reload"])
+    expect(a.locator("#messages li.mine .state")).to_have_text(["retrying…"])
+    assert {p["client_msg_id"] for p in posts} == {posts[0]["client_msg_id"]}  # one id, every attempt
+
+    a.unroute("**/v1/messages")  # the API answers again
+    expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"], timeout=20_000)
+    assert a.evaluate(outbox) == []
+    rows = mysql_rows(web, "sender = :s", s=alice)
+    assert [(r.body, r.client_msg_id) for r in rows] == [("typed before the reload", posts[0]["client_msg_id"])]
+    b = open_page(web, bob)
+    b.click(f"#conversations li[data-peer='{alice}']")
+    expect(bodies(b)).to_have_text(["typed before the reload"])
+
+
+def test_logging_out_drops_what_is_unsent(web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    a = open_page(web, alice)
+    open_chat(a, bob)
+    a.route("**/v1/messages", lambda route: route.abort("connectionrefused"))
+    send(a, "never sent")
+    expect(a.locator("#messages li.mine .state")).to_have_text(["retrying…"])
+    a.click("#logout")
+    expect(a.locator("#dev-login")).to_be_visible()
+    assert a.evaluate("Object.keys(localStorage).filter(k => k.startsWith('chat.outbox.'))") == []
+    a.unroute("**/v1/messages")
+    a.fill("#dev-user", alice)
+    a.click("#dev-login button")
+    expect(a.locator("#status")).to_have_text("live")
+    time.sleep(1)  # a resent message would be stored by now
+    assert mysql_rows(web, "sender = :s", s=alice) == []
+
+
+def test_older_history_comes_a_page_at_a_time(web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    sent = [post(web, alice, bob, f"m{i:02d}")["body"] for i in range(55)]
+    b = open_page(web, bob)
+    b.click(f"#conversations li[data-peer='{alice}']")
+    expect(bodies(b)).to_have_text(sent[5:])  # the newest page: 50
+    expect(b.locator("#older")).to_be_visible()
+    b.click("#older")
+    expect(bodies(b)).to_have_text(sent)
+    expect(b.locator("#older")).to_be_hidden()  # the conversation's start
+    post(web, alice, bob, "live after paging")
+    expect(bodies(b)).to_have_text([*sent, "live after paging"])

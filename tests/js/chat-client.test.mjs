@@ -23,7 +23,7 @@ function makeClient(options = {}) {
   const win = new EventTarget();
   const client = new ChatClient({
     wsUrl: "ws://d/v1/ws", pollUrl: "http://d/v1/poll", token: "t", user: "bob",
-    backoffBaseMs: 1, backoffMaxMs: 2, WebSocketImpl: FakeSocket, eventSource: win, ...options,
+    backoffBaseMs: 1, backoffMaxMs: 2, WebSocketImpl: FakeSocket, eventSource: win, storage: null, ...options,
   });
   const got = [];
   const statuses = [];
@@ -144,4 +144,79 @@ test("a refusal (4xx) fails the send without retrying", async () => {
   const entry = client.send("not a user", "x");
   await assert.rejects(entry.done, /bad/);
   assert.equal(calls, 1);
+});
+
+// The Web Storage interface (key/length/getItem/setItem/removeItem), in memory.
+class MemoryStorage {
+  constructor() { this.map = new Map(); }
+  get length() { return this.map.size; }
+  key(i) { return [...this.map.keys()][i] ?? null; }
+  getItem(k) { return this.map.has(k) ? this.map.get(k) : null; }
+  setItem(k, v) { this.map.set(k, String(v)); }
+  removeItem(k) { this.map.delete(k); }
+}
+
+test("an unsent message outlives the page: the next start sends it with its client_msg_id", async () => {
+  const storage = new MemoryStorage();
+  storage.setItem("chat.outbox.alice.x1", JSON.stringify({ to: "carol", body: "not mine", at: 1 })); // another user's
+  storage.setItem("chat.outbox.bob.junk", "not json");
+  const down = async () => { throw new TypeError("network down"); };
+  const first = makeClient({ storage, fetchImpl: down });
+  first.client.start();
+  const typed = [first.client.send("alice", "one"), first.client.send("alice", "two")];
+  await tick();
+  assert.equal(storage.length, 4); // both kept, in storage, while unsent
+  first.client.stop(); // logged out: no more retries with this token
+  for (const entry of typed) await assert.rejects(entry.done, /client stopped/);
+  assert.equal(first.client.outbox.size, 0);
+
+  const posted = [];
+  const up = async (url, init) => {
+    const sent = JSON.parse(init.body);
+    posted.push(sent);
+    return { status: 201, ok: true, json: async () => msg(String(20 + posted.length),
+                                                           { from: "bob", to: sent.to, body: sent.body, client_msg_id: sent.client_msg_id }) };
+  };
+  const second = makeClient({ storage, fetchImpl: up });
+  const states = [];
+  second.client.addEventListener("outbox", (e) => states.push([e.detail.body, e.detail.state]));
+  second.client.start();
+  await Promise.all([...second.client.outbox.values()].map((entry) => entry.done));
+  assert.deepEqual(posted.map((p) => [p.to, p.body]), [["alice", "one"], ["alice", "two"]]); // typed order
+  const ids = posted.map((p) => p.client_msg_id);
+  assert.deepEqual(ids, typed.map((entry) => entry.clientMsgId)); // the same ids as before
+  assert.deepEqual(states, [["one", "sending"], ["two", "sending"], ["one", "stored"], ["two", "stored"]]);
+  assert.deepEqual([...storage.map.keys()], ["chat.outbox.alice.x1", "chat.outbox.bob.junk"]); // stored: forgotten
+  second.client.stop();
+});
+
+test("a refused message leaves the stored outbox; no storage at all still sends", async () => {
+  const storage = new MemoryStorage();
+  const refuse = async () => ({ status: 422, ok: false, json: async () => ({ error: "invalid_field", message: "bad" }) });
+  const { client } = makeClient({ storage, fetchImpl: refuse });
+  await assert.rejects(client.send("alice", "x").done, /bad/);
+  assert.equal(storage.length, 0);
+
+  const broken = { get length() { throw new Error("SecurityError"); }, getItem() { throw new Error("SecurityError"); },
+                   setItem() { throw new Error("QuotaExceededError"); }, removeItem() { throw new Error("SecurityError"); } };
+  const ok = async (url, init) => ({ status: 201, ok: true, json: async () => msg("30", JSON.parse(init.body)) });
+  const other = makeClient({ storage: broken, fetchImpl: ok });
+  other.client.start();
+  const message = await other.client.send("alice", "still sent").done;
+  assert.equal(message.id, "30");
+  other.client.stop();
+});
+
+test("logging out discards the unsent outbox, here and in storage", async () => {
+  const storage = new MemoryStorage();
+  storage.setItem("chat.outbox.alice.x1", JSON.stringify({ to: "bob", body: "alice's", at: 1 }));
+  const down = async () => { throw new TypeError("network down"); };
+  const { client } = makeClient({ storage, fetchImpl: down });
+  client.start();
+  const entry = client.send("alice", "unsent");
+  await tick();
+  client.discardOutbox();
+  client.stop();
+  await assert.rejects(entry.done, /client stopped/);
+  assert.deepEqual([...storage.map.keys()], ["chat.outbox.alice.x1"]); // only another user's is left
 });
