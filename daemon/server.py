@@ -38,6 +38,12 @@ from db import mongo
 log = logging.getLogger("chat.daemon")
 
 FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
+# Heartbeats visit the WebSockets this many at a time, then let the loop run.
+# One pass over 10,000 of them (about 500 pings a second at a 20 s interval)
+# held the loop for 18-26 ms of CPU each second (measured, instrumented, in the
+# replay benchmark), and every message that arrived meanwhile waited for it;
+# slices of 256 hold it for 2-6 ms.
+HEARTBEAT_SLICE = 256
 
 
 class Refusal(Exception):
@@ -260,9 +266,14 @@ class Daemon:
         tick = max(0.1, min(1.0, self.settings.ping_interval_seconds / 4, self.settings.ping_timeout_seconds / 4))
         while True:
             await asyncio.sleep(tick)
-            now = time.monotonic()
-            for conn in list(self.sockets):
-                conn.heartbeat(now)
+            conns = list(self.sockets)
+            for start in range(0, len(conns), HEARTBEAT_SLICE):
+                if start:
+                    await asyncio.sleep(0)  # deliveries go first
+                now = time.monotonic()
+                for conn in conns[start:start + HEARTBEAT_SLICE]:
+                    if conn in self.sockets:  # not closed while the loop ran
+                        conn.heartbeat(now)
 
     async def drain(self) -> None:
         """SIGTERM: refuse new clients, answer waiting polls now, close every

@@ -26,3 +26,22 @@ def describe() -> dict:
         "mongo": "FerretDB 1.24 (SQLite backend), not MongoDB",
         "mysql": sh("mariadbd --version | sed 's/.*Ver //; s/ for.*//'") or "MariaDB",
     }
+
+
+class CpuWindow:
+    """How the machine's CPUs spent a window of time. ``steal`` is time the
+    hypervisor gave to other guests while this one had work: a p99 measured
+    while the host stole a third of the CPU says little about the code, so each
+    latency run reports it beside its figures."""
+
+    def __init__(self) -> None:
+        self._start = psutil.cpu_times()
+
+    def result(self) -> dict:
+        end = psutil.cpu_times()
+        delta = {f: getattr(end, f) - getattr(self._start, f) for f in end._fields}
+        # guest time is already counted in user time on Linux
+        total = sum(v for f, v in delta.items() if not f.startswith("guest")) or 1.0
+        idle = delta.get("idle", 0.0) + delta.get("iowait", 0.0)
+        steal = delta.get("steal", 0.0)
+        return {"steal_pct": round(100 * steal / total, 1), "busy_pct": round(100 * (total - idle - steal) / total, 1)}

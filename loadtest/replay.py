@@ -47,7 +47,7 @@ from tqdm import tqdm
 from chat.logs import setup_logging
 from chat.settings import Settings
 from daemon.oplog import RESTARTED
-from loadtest import scrape, wsload
+from loadtest import machine, scrape, wsload
 from loadtest.wsload import Job
 
 RECORD_DB = "chat_replay"
@@ -184,6 +184,7 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
     before = scrape.histograms(metrics_url, HISTOGRAM, daemons)
     ps = [psutil.Process(p.pid) for p in procs]
     cpu_before = sum(p.cpu_times().user + p.cpu_times().system for p in ps)
+    host = machine.CpuWindow()
     # every message goes to its recipient's connection, and to its sender's unless offline
     want = count if senders_offline else 2 * count
     started = time.monotonic()
@@ -200,6 +201,7 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
     elapsed = time.monotonic() - started
     bar.close()
     cpu = sum(p.cpu_times().user + p.cpu_times().system for p in ps) - cpu_before
+    host_cpu = host.result()
     buckets = scrape.merged_delta(before, scrape.histograms(metrics_url, HISTOGRAM, daemons))
     stop_ev.set()
     for p in clients_procs:
@@ -228,7 +230,7 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
         "oplog_to_socket_ms": {"p50": _ms(scrape.quantile(buckets, .5)), "p99": _ms(scrape.quantile(buckets, .99)),
                                "share_within_5ms": round(buckets.get(0.005, 0.0) / total, 4) if total else None,
                                "n": int(total)},
-        "e2e_ms": wsload.percentiles(latencies),
+        "e2e_ms": wsload.percentiles(latencies), "host_cpu": host_cpu,
         "where": "daemon processes fed recorded FerretDB 1.24 oplog entries in-process; no database on the path",
     }
 

@@ -14,6 +14,12 @@ def _fmt(v) -> str:
     return "–" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def _stolen(run: dict) -> str:
+    """The hypervisor's steal during the run (runs from before it was measured: –)."""
+    host = run.get("host_cpu")
+    return "–" if host is None else f"{host['steal_pct']:g} %"
+
+
 def write_report(r: dict, out: Path) -> None:
     m = r["machine"]
     lines = [
@@ -54,16 +60,18 @@ def write_report(r: dict, out: Path) -> None:
     lines += ["## WebSocket clients (creation / fan-out / delivery, as delivery servers publish)", "",
               "creation = POST round trip (API and MySQL commit; the writer answers before its FerretDB insert); fan-out = oplog entry received → frame written,"
               " inside the daemon; delivery = send → receive, end to end; FerretDB tail = its own insert → "
-              "tail latency, measured in the same run.", "",
+              "tail latency, measured in the same run. Host CPU stolen = the share of the machine's CPU time that "
+              "the hypervisor gave to other guests during the run (steal, /proc/stat): this is a shared virtual "
+              "machine, and what it steals shows up as latency.", "",
               "| clients | msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p90/p99/max ms "
-              "| FerretDB tail p50/p99 ms | delivered/s | lost | dup | daemon KB/conn |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| FerretDB tail p50/p99 ms | delivered/s | lost | dup | daemon KB/conn | host CPU stolen |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in r["ws"]:
         c, f, e, t = w["creation_ms"], w["fanout_ms"], w["e2e_ms"], w["ferretdb_tail_ms"]
         lines.append(f"| {w['clients']} | {w['rate']:g} | {_fmt(c['p50'])}/{_fmt(c['p99'])} | "
                      f"{_fmt(f['p50'])}/{_fmt(f['p99'])} | {_fmt(e['p50'])}/{_fmt(e['p90'])}/{_fmt(e['p99'])}/"
                      f"{_fmt(e['max'])} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | {w['delivered_per_s']:g} | "
-                     f"{w['lost']} | {w['duplicates']} | {w['daemon_rss_kb_per_conn']:g} |")
+                     f"{w['lost']} | {w['duplicates']} | {w['daemon_rss_kb_per_conn']:g} | {_stolen(w)} |")
     lines += ["", "![latency against connections](latency_vs_connections.png)",
               "![memory against connections](memory_vs_connections.png)", ""]
     if r.get("hold"):
@@ -87,17 +95,19 @@ def _replay_table(runs: list[dict]) -> list[str]:
              "clients in other processes that check every id) is the production code. oplog → socket is the "
              "daemon's histogram (bucket bounds); e2e adds the clients' own reading.", "",
              "Frames per message: 2 = to the recipient's and the sender's connections; 1 = the senders are "
-             "offline, as when a server publishes to one user's channel (Centrifugo's unit).", "",
+             "offline, as when a server publishes to one user's channel (Centrifugo's unit). Host CPU stolen: "
+             "as above.", "",
              "| clients | daemons | msg/s asked | frames per message | batch | messages/s delivered | frames/s "
-             "| oplog→socket p50/p99 ms | share ≤ 5 ms | e2e p50/p99 ms | daemon CPU µs/msg | lost | dup |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| oplog→socket p50/p99 ms | share ≤ 5 ms | e2e p50/p99 ms | daemon CPU µs/msg | lost | dup "
+             "| host CPU stolen |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in runs:
         o, e = x["oplog_to_socket_ms"], x["e2e_ms"]
         lines.append(f"| {x['clients']} | {x['daemons']} | {x['rate']} | {1 if x.get('senders_offline') else 2} | "
                      f"{x['batch']} | {x['messages_per_s']} | "
                      f"{x['frames_per_s']} | {_fmt(o['p50'])}/{_fmt(o['p99'])} | {_fmt(o['share_within_5ms'])} | "
                      f"{_fmt(e['p50'])}/{_fmt(e['p99'])} | {x['daemon_cpu_us_per_message']} | {x['lost']} | "
-                     f"{x['duplicates']} |")
+                     f"{x['duplicates']} | {_stolen(x)} |")
     return lines + ["", "![latency against message rate](latency_vs_rate.png)", ""]
 
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from chat import auth
 from chatctl.client import Inbox
-from loadtest import leanclient
+from loadtest import leanclient, machine
 
 CLIENTS_PER_PROC = 15_000  # under the 20k open-files limit, with room to spare
 SEND_CONNECTIONS = 64  # keep-alive connections the sender posts over
@@ -199,7 +199,9 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
     rss_after = _rss(daemon_pids)
     per_daemon = [{"pid": pid, "connections": _established(pid), "rss_mb": round(_rss([pid]) / 2**20, 1)}
                   for pid in daemon_pids]
+    host = machine.CpuWindow()
     expected, creation, send_errors = asyncio.run(_send(system.api_url, system.secret, users, rate, seconds, progress))
+    host_cpu = host.result()
     # Wait for delivery to finish: until every expected frame arrived, or no
     # progress for `settle` seconds (then what is missing counts as lost).
     want = sum(len(v) for v in expected.values())
@@ -231,7 +233,7 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
         "connect_seconds": round(connect_seconds, 1), "rate": rate, "seconds": seconds,
         "sent": len(creation), "send_errors": send_errors, "delivered": delivered,
         "delivered_per_s": round(delivered / seconds, 1), "lost": lost, "duplicates": dups,
-        "e2e_ms": percentiles(latencies), "creation_ms": percentiles(creation),
+        "e2e_ms": percentiles(latencies), "creation_ms": percentiles(creation), "host_cpu": host_cpu,
         "daemon_rss_kb_per_conn": round((rss_after - rss_before) / max(1, held) / 1024, 1),
         "daemon_rss_mb": round(rss_after / 2**20, 1), "per_daemon": per_daemon,
     }
