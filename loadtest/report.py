@@ -20,6 +20,11 @@ def _stolen(run: dict) -> str:
     return "–" if host is None else f"{host['steal_pct']:g} %"
 
 
+def _stored(run: dict) -> str:
+    s = run.get("stored_to_client_ms")
+    return "–" if s is None else f"{_fmt(s['p50'])}/{_fmt(s['p99'])}"
+
+
 def write_report(r: dict, out: Path) -> None:
     m = r["machine"]
     lines = [
@@ -59,18 +64,21 @@ def write_report(r: dict, out: Path) -> None:
         lines += ["", f"Averages of {r['post_alone'][0]['iterations']} runs each.", ""]
     lines += ["## WebSocket clients (creation / fan-out / delivery, as delivery servers publish)", "",
               "creation = POST round trip (API and MySQL commit; the writer answers before its FerretDB insert); fan-out = oplog entry received → frame written,"
-              " inside the daemon; delivery = send → receive, end to end; FerretDB tail = its own insert → "
+              " inside the daemon; delivery = send → receive, end to end; stored → client = from the MySQL commit's "
+              "time stamp (`created_at`, whole ms) to receipt: the writer's FerretDB insert, the daemon's tail, "
+              "fan-out and the client's read, i.e. the part to compare with FerretDB tail = its own insert → "
               "tail latency, measured in the same run. Host CPU stolen = the share of the machine's CPU time that "
               "the hypervisor gave to other guests during the run (steal, /proc/stat): this is a shared virtual "
               "machine, and what it steals shows up as latency.", "",
               "| clients | msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p90/p99/max ms "
-              "| FerretDB tail p50/p99 ms | delivered/s | lost | dup | daemon KB/conn | host CPU stolen |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| stored → client p50/p99 ms | FerretDB tail p50/p99 ms | delivered/s | lost | dup | daemon KB/conn "
+              "| host CPU stolen |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in r["ws"]:
         c, f, e, t = w["creation_ms"], w["fanout_ms"], w["e2e_ms"], w["ferretdb_tail_ms"]
         lines.append(f"| {w['clients']} | {w['rate']:g} | {_fmt(c['p50'])}/{_fmt(c['p99'])} | "
                      f"{_fmt(f['p50'])}/{_fmt(f['p99'])} | {_fmt(e['p50'])}/{_fmt(e['p90'])}/{_fmt(e['p99'])}/"
-                     f"{_fmt(e['max'])} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | {w['delivered_per_s']:g} | "
+                     f"{_fmt(e['max'])} | {_stored(w)} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | {w['delivered_per_s']:g} | "
                      f"{w['lost']} | {w['duplicates']} | {w['daemon_rss_kb_per_conn']:g} | {_stolen(w)} |")
     lines += ["", "![latency against connections](latency_vs_connections.png)",
               "![memory against connections](memory_vs_connections.png)", ""]

@@ -14,6 +14,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import aiohttp
@@ -49,6 +50,7 @@ def _client_proc(job: Job, connected, frames, stop) -> None:
 async def _clients(job: Job, connected, frames, stop) -> None:
     inboxes = {u: Inbox() for u in job.users}
     latencies: list[float] = []
+    since_stored: list[float] = []  # from the commit's time stamp (created_at, ms precision)
     failures = 0
     clients = []
     gate = asyncio.Semaphore(200)  # handshakes in flight: stay under somaxconn (4096)
@@ -58,6 +60,7 @@ async def _clients(job: Job, connected, frames, stop) -> None:
     def on_frame(doc: dict, now: float) -> None:
         nonlocal counted
         latencies.append(now - float(doc["body"].split(" ", 1)[0]))
+        since_stored.append(now - datetime.fromisoformat(doc["created_at"]).timestamp())
         counted += 1
 
     async def one(user: str):
@@ -90,7 +93,7 @@ async def _clients(job: Job, connected, frames, stop) -> None:
     Path(job.out).write_bytes(orjson.dumps({
         "received": {u: box.ids for u, box in inboxes.items()},
         "duplicates": sum(box.duplicates for box in inboxes.values()),
-        "latencies": latencies, "failures": failures}))
+        "latencies": latencies, "since_stored": since_stored, "failures": failures}))
 
 
 def _established(pid: int) -> int:
@@ -215,11 +218,13 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
         p.join(60)
     received: dict[str, list[int]] = {}
     latencies: list[float] = []
+    since_stored: list[float] = []
     failures = dups = 0
     for job in jobs:
         data = orjson.loads(Path(job.out).read_bytes())
         received.update(data["received"])
         latencies += data["latencies"]
+        since_stored += data["since_stored"]
         failures += data["failures"]
         dups += data["duplicates"]  # repeats the clients' Inbox dropped (the reference client's dedup)
     lost = 0
@@ -234,6 +239,7 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
         "sent": len(creation), "send_errors": send_errors, "delivered": delivered,
         "delivered_per_s": round(delivered / seconds, 1), "lost": lost, "duplicates": dups,
         "e2e_ms": percentiles(latencies), "creation_ms": percentiles(creation), "host_cpu": host_cpu,
+        "stored_to_client_ms": percentiles(since_stored),
         "daemon_rss_kb_per_conn": round((rss_after - rss_before) / max(1, held) / 1024, 1),
         "daemon_rss_mb": round(rss_after / 2**20, 1), "per_daemon": per_daemon,
     }
