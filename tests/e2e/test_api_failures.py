@@ -10,7 +10,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.e2e.helpers import connect, mongo_docs, mysql_rows, post, receive
+from tests.e2e.helpers import connect, mongo_docs, mongo_docs_soon, mysql_rows, post, receive
 from tests.system import private_system
 
 
@@ -78,6 +78,29 @@ async def test_mongo_down_after_mysql_commit_loses_nothing(private, users):
         assert len(mongo_docs(private, {"from": alice})) == 2
     finally:
         await ws.close()
+
+
+async def test_a_hung_mongo_does_not_hold_the_next_answer(private, users):
+    """The 201 waits for the MySQL commit, not for Mongo: with FerretDB hung
+    (SIGSTOP), a message is answered while the one before it is still being
+    inserted (that insert's timeout is 1 s here). Both reach Mongo, in order,
+    once it is back (the outbox repair)."""
+    alice, bob = users("alice"), users("bob")
+    ferretdb = private.dbs.ferretdb.proc
+    answered = []
+    ferretdb.send_signal(signal.SIGSTOP)
+    try:
+        for body in ("first while hung", "second while hung"):
+            started = time.monotonic()
+            r = await post(private, alice, bob, body)
+            answered.append((r.status_code, round(time.monotonic() - started, 3)))
+    finally:
+        ferretdb.send_signal(signal.SIGCONT)
+    assert [code for code, _ in answered] == [201, 201], answered
+    assert answered[1][1] < 0.5, answered  # it did not wait out the first insert
+    docs = await mongo_docs_soon(private, {"from": alice}, 2, timeout=20)
+    assert [d["body"] for d in docs] == ["first while hung", "second while hung"]
+    assert [r.body for r in mysql_rows(private, "sender = :s", s=alice)] == [d["body"] for d in docs]
 
 
 async def test_api_killed_mid_request_then_retried_stores_each_message_once(private, users):
