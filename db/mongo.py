@@ -69,8 +69,10 @@ def expired_before(retention_seconds: int, now: datetime | None = None) -> datet
 
 async def newest_id(db: AsyncDatabase) -> int:
     """The highest message id stored. Cheap everywhere: the writer records it
-    in meta.head (a lookup by string _id, which even FerretDB answers without
-    a scan); the sorted query is only the fallback for a store without it."""
+    in meta.head, a lookup by string _id in a collection of two documents (FerretDB
+    answers it in SQLite without decoding them; it has no usable index even
+    there); the sorted query over `messages` is only the fallback for a store
+    without it."""
     head = await db[META].find_one({"_id": "head"})
     if head:
         return int(head["id"])
