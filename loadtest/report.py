@@ -142,6 +142,8 @@ def _plots(r: dict, out: Path) -> None:
     ws = r["ws"]
     n = [w["clients"] for w in ws]
     ax = _latency_plot(n, ws, (("e2e_ms", "delivery (end to end)", "o"), ("creation_ms", "creation (API)", "o")))
+    if all("stored_to_client_ms" in w for w in ws):  # runs from before session 6 lack it
+        ax.plot(n, [w["stored_to_client_ms"]["p50"] for w in ws], "^-", label="stored → client p50")
     ax.plot(n, [w["ferretdb_tail_ms"]["p50"] for w in ws], "s:", label="FerretDB insert→tail p50")
     _finish(ax, "connected clients", f"Latency vs connections ({ws[0]['rate']:g} msg/s, FerretDB 1.24)",
             out / "latency_vs_connections.png")
