@@ -223,7 +223,8 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
     total = buckets.get(float("inf"), 0.0)
     return {
         "clients": clients, "held": held, "connect_failures": failures, "daemons": daemons,
-        "rate": rate or "max", "batch": batch, "senders_offline": senders_offline, "messages": count, "frames_expected": want, "frames_delivered": delivered,
+        "rate": rate or "max", "batch": batch, "senders_offline": senders_offline, "messages": count,
+        "frames_expected": want, "frames_delivered": delivered,
         "lost": lost, "duplicates": dups, "seconds": round(elapsed, 2),
         "messages_per_s": round(count / elapsed), "frames_per_s": round(delivered / elapsed),
         "daemon_cpu_us_per_message": round(cpu / count / daemons * 1e6, 1),

@@ -178,12 +178,10 @@ async function loadHistory(peer, before) {
   const reply = await api(`/v1/messages?${query}`);
   if (!reply.ok || openPeer !== peer) return;
   const { messages, next_before: next } = await reply.json();
-  if (before !== null) {
-    for (const msg of messages) place(msg, "history", false); // newest first: each goes on top
-    $("messages").firstElementChild?.scrollIntoView({ block: "start" });
-  } else {
-    for (const msg of messages.reverse()) place(msg, "history");
-  }
+  for (const msg of messages) place(msg, "history", false); // place() orders rows by id
+  // the first page shows the newest message, an older page its oldest one
+  const edge = before === null ? $("messages").lastElementChild : $("messages").firstElementChild;
+  edge?.scrollIntoView({ block: before === null ? "nearest" : "start" });
   showOlder(next);
 }
 
