@@ -13,6 +13,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from datetime import datetime
 
 import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
@@ -38,10 +39,14 @@ TAIL_QUEUE_MAX = 20_000  # oplog entries waiting for the consumer
 FILL = object()  # in the consumer's queue: "read the truth now"
 
 
-@dataclass(slots=True)
-class Entry:
-    msg: Message
-    payload: bytes  # the message's JSON, encoded once
+# One cached message: (id, sender, recipient, created_at, JSON payload).
+# A plain tuple on purpose: the collector stops tracking an exact tuple of
+# ints, strings, bytes and datetimes once it has survived one collection, so
+# a full cache adds nothing to the cyclic GC's full passes. As two objects per
+# message (a dataclass holding a Message), a 50,000-entry cache was 100,000
+# objects that every full collection walked: pauses of 50-130 ms in the
+# replay benchmark, every 31,000 or so messages (README, "GC pauses").
+Cached = tuple[int, str, str, datetime, bytes]
 
 
 @dataclass
@@ -57,7 +62,7 @@ class Stream:
         self._tail = tail
         self._hub = hub
         self._retention = retention_seconds
-        self._cache: deque[Entry] = deque(maxlen=cache_max)  # maxlen 0: no cache, catch-up by query
+        self._cache: deque[Cached] = deque(maxlen=cache_max)  # maxlen 0: no cache, catch-up by query
         self._gap_check = gap_check_seconds
         self._seq = Sequencer(high=0)
         # oplog batches (or FILL) for the consumer; bounded by entries, not batches
@@ -211,7 +216,7 @@ class Stream:
         for doc in docs:
             msg = from_doc(doc)
             payload = msg.frame()
-            self._cache_append(Entry(msg, payload))
+            self._cache_append((msg.id, msg.sender, msg.recipient, msg.created_at, payload))
             delivered = self._hub.dispatch(msg, payload, text_frame)
             if delivered:
                 pushes += delivered
@@ -225,11 +230,11 @@ class Stream:
     def _cache_extend(self, docs: list[dict]) -> None:
         for doc in docs:
             msg = from_doc(doc)
-            self._cache_append(Entry(msg, msg.frame()))
+            self._cache_append((msg.id, msg.sender, msg.recipient, msg.created_at, msg.frame()))
 
-    def _cache_append(self, entry: Entry) -> None:
+    def _cache_append(self, entry: Cached) -> None:
         # catch_up() indexes the cache by id: it must hold consecutive ids only
-        if self._cache and entry.msg.id != self._cache[-1].msg.id + 1:
+        if self._cache and entry[0] != self._cache[-1][0] + 1:
             self._cache.clear()
         self._cache.append(entry)
 
@@ -254,7 +259,7 @@ class Stream:
         except PyMongoError:
             return True
 
-    def _cached(self, start: int, count: int) -> list[Entry]:
+    def _cached(self, start: int, count: int) -> list[Cached]:
         """cache[start:start + count], walked from the nearer end: catch-up
         mostly asks for the newest few, and islice from the left would step
         over up to 50,000 entries (240 us) to get there."""
@@ -273,16 +278,16 @@ class Stream:
         if since >= upto:
             return CatchUp(True, [])
         cutoff = mongo.expired_before(self._retention)
-        if self._cache and self._cache[0].msg.id <= since + 1 and self._cache[-1].msg.id >= upto:
+        if self._cache and self._cache[0][0] <= since + 1 and self._cache[-1][0] >= upto:
             metrics.CATCHUPS_FROM_CACHE.inc()
-            start = since + 1 - self._cache[0].msg.id
+            start = since + 1 - self._cache[0][0]
             recovered, frames = True, []
-            for e in self._cached(start, upto - since):
-                if e.msg.recipient == user or e.msg.sender == user:
-                    if e.msg.created_at < cutoff:
+            for msg_id, sender, recipient, created_at, payload in self._cached(start, upto - since):
+                if recipient == user or sender == user:
+                    if created_at < cutoff:
                         recovered = False
                     else:
-                        frames.append((e.msg.id, e.payload, None))
+                        frames.append((msg_id, payload, None))
                         if len(frames) == most:
                             break
             return CatchUp(recovered, frames)

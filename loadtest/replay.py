@@ -52,6 +52,8 @@ from loadtest.wsload import Job
 
 RECORD_DB = "chat_replay"
 HISTOGRAM = "chat_daemon_oplog_to_socket_seconds"
+GC_PAUSES = "chat_daemon_gc_pause_seconds"
+GC_GENERATIONS = ("1", "2")  # generation 0 passes take well under a millisecond
 
 
 def record(mongo_url: str, count: int = 1000) -> list[dict]:
@@ -182,6 +184,8 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
     held = connected.value
     metrics_url = f"http://127.0.0.1:{port}/metrics"
     before = scrape.histograms(metrics_url, HISTOGRAM, daemons)
+    gc_before = {g: scrape.histograms(metrics_url, GC_PAUSES, daemons, labels=f'generation="{g}"')
+                 for g in GC_GENERATIONS}
     ps = [psutil.Process(p.pid) for p in procs]
     cpu_before = sum(p.cpu_times().user + p.cpu_times().system for p in ps)
     host = machine.CpuWindow()
@@ -203,6 +207,8 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
     cpu = sum(p.cpu_times().user + p.cpu_times().system for p in ps) - cpu_before
     host_cpu = host.result()
     buckets = scrape.merged_delta(before, scrape.histograms(metrics_url, HISTOGRAM, daemons))
+    gc_pauses = {g: _pauses(scrape.merged_delta(gc_before[g], scrape.histograms(
+        metrics_url, GC_PAUSES, daemons, labels=f'generation="{g}"'))) for g in GC_GENERATIONS}
     stop_ev.set()
     for p in clients_procs:
         p.join(60)
@@ -231,9 +237,17 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
         "oplog_to_socket_ms": {"p50": _ms(scrape.quantile(buckets, .5)), "p99": _ms(scrape.quantile(buckets, .99)),
                                "share_within_5ms": round(buckets.get(0.005, 0.0) / total, 4) if total else None,
                                "n": int(total)},
-        "e2e_ms": wsload.percentiles(latencies), "host_cpu": host_cpu,
+        "e2e_ms": wsload.percentiles(latencies), "host_cpu": host_cpu, "gc_pauses": gc_pauses,
         "where": "daemon processes fed recorded FerretDB 1.24 oplog entries in-process; no database on the path",
     }
+
+
+def _pauses(buckets: dict[float, float]) -> dict:
+    """The daemon's GC passes of one generation during the run: how many, how many
+    over 5 ms, and the bucket bound of the longest."""
+    n = int(buckets.get(float("inf"), 0))
+    longest = min((le for le, v in buckets.items() if v >= n), default=None) if n else None
+    return {"n": n, "over_5ms": n - int(buckets.get(0.005, 0)), "max_ms_bucket": _ms(longest)}
 
 
 def _ms(v: float | None) -> float | None:

@@ -104,19 +104,27 @@ def _replay_table(runs: list[dict]) -> list[str]:
              "daemon's histogram (bucket bounds); e2e adds the clients' own reading.", "",
              "Frames per message: 2 = to the recipient's and the sender's connections; 1 = the senders are "
              "offline, as when a server publishes to one user's channel (Centrifugo's unit). Host CPU stolen: "
-             "as above.", "",
+             "as above. Full GC passes: the daemon's generation-2 collections during the run (how many, and "
+             "the bucket of the longest): the event loop stands still through each.", "",
              "| clients | daemons | msg/s asked | frames per message | batch | messages/s delivered | frames/s "
              "| oplog→socket p50/p99 ms | share ≤ 5 ms | e2e p50/p99 ms | daemon CPU µs/msg | lost | dup "
-             "| host CPU stolen |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| host CPU stolen | full GC passes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in runs:
         o, e = x["oplog_to_socket_ms"], x["e2e_ms"]
         lines.append(f"| {x['clients']} | {x['daemons']} | {x['rate']} | {1 if x.get('senders_offline') else 2} | "
                      f"{x['batch']} | {x['messages_per_s']} | "
                      f"{x['frames_per_s']} | {_fmt(o['p50'])}/{_fmt(o['p99'])} | {_fmt(o['share_within_5ms'])} | "
                      f"{_fmt(e['p50'])}/{_fmt(e['p99'])} | {x['daemon_cpu_us_per_message']} | {x['lost']} | "
-                     f"{x['duplicates']} | {_stolen(x)} |")
+                     f"{x['duplicates']} | {_stolen(x)} | {_full_gc(x)} |")
     return lines + ["", "![latency against message rate](latency_vs_rate.png)", ""]
+
+
+def _full_gc(run: dict) -> str:
+    full = run.get("gc_pauses", {}).get("2")
+    if full is None:
+        return "–"  # runs from before it was measured
+    return f"{full['n']} (≤ {_fmt(full['max_ms_bucket'])} ms)" if full["n"] else "0"
 
 
 def _latency_plot(x: list, runs: list[dict], series) -> plt.Axes:

@@ -7,12 +7,14 @@ import re
 
 import httpx
 
-BUCKET = re.compile(r'^(\w+)_bucket\{le="([^"]+)"\} ([\d.e+-]+)$', re.M)
+# name_bucket{[other labels,]le="bound"} count
+BUCKET = re.compile(r'^(\w+)_bucket\{(?:([^}]*),)?le="([^"]+)"\} ([\d.e+-]+)$', re.M)
 PID = re.compile(r'chat_daemon_info\{pid="(\d+)"\}')
 
 
-def histograms(url: str, name: str, daemons: int, tries: int = 60) -> dict[str, dict[float, float]]:
-    """pid -> {upper bound: cumulative count} for histogram `name`."""
+def histograms(url: str, name: str, daemons: int, tries: int = 60, labels: str = "") -> dict[str, dict[float, float]]:
+    """pid -> {upper bound: cumulative count} for histogram `name`; ``labels``
+    picks one child of a labelled one, as written before ``le`` (``generation="2"``)."""
     seen: dict[str, dict[float, float]] = {}
     for _ in range(tries):
         try:
@@ -21,7 +23,8 @@ def histograms(url: str, name: str, daemons: int, tries: int = 60) -> dict[str, 
         except httpx.HTTPError:
             continue  # a daemon busy past the timeout: its figures are left out
         pid = PID.search(text).group(1)
-        seen[pid] = {float(le): float(v) for n, le, v in BUCKET.findall(text) if n == name}
+        seen[pid] = {float(le): float(v) for n, other, le, v in BUCKET.findall(text)
+                     if n == name and other == labels}
         if len(seen) >= daemons:
             break
     return seen

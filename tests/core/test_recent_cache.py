@@ -2,6 +2,7 @@
 exactly the user's messages in (since, upto], oldest first, from any part of
 the cache (it is walked from whichever end is nearer)."""
 
+import gc
 from datetime import UTC, datetime
 
 import pytest
@@ -40,3 +41,11 @@ async def test_catch_up_can_stop_at_the_oldest_few(stream):
     got = await stream.catch_up("bob", 600, 1500, most=4)
     assert [msg_id for msg_id, _payload, _ in got.frames] == [i for i in range(601, 1501) if i % 3 in (0, 1)][:4]
     assert len((await stream.catch_up("bob", 1490, 1500, most=100)).frames) == 7
+
+
+def test_cached_messages_are_not_tracked_by_the_cyclic_gc(stream):
+    # A full collection walks every tracked object and stops the event loop
+    # meanwhile: a 50,000-message cache must not add to it (daemon/stream.py).
+    gc.collect()
+    assert len(stream._cache) == 1000
+    assert not any(gc.is_tracked(entry) for entry in stream._cache)

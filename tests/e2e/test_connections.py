@@ -13,6 +13,7 @@ import httpx
 import psutil
 import pytest
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.e2e.helpers import connect, post, receive
@@ -31,6 +32,18 @@ def strict(dbs):
 
 def connections(system) -> int:
     return httpx.get(f"http://127.0.0.1:{system.daemon_port}/healthz").json()["connections"]
+
+
+def daemon_metrics(system) -> dict[tuple[str, frozenset], float]:
+    """(sample name, its labels) -> value, from the daemon's /metrics (one daemon per system here)."""
+    text = httpx.get(f"http://127.0.0.1:{system.daemon_port}/metrics").text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def grew(before: dict, after: dict, name: str, **labels) -> float:
+    key = (name, frozenset(labels.items()))
+    return after.get(key, 0.0) - before.get(key, 0.0)
 
 
 async def refused(url: str, **kwargs) -> int:
@@ -108,6 +121,7 @@ async def test_slow_consumer_is_closed_with_4008_and_others_are_unaffected(patie
                 await sluggish.recv()
     assert info.value.rcvd.code == 4008
     await healthy.close()
+    assert daemon_metrics(strict)[("chat_daemon_closes_total", frozenset({("reason", "slow_consumer")}))] >= 1
 
 
 async def test_a_client_that_never_reads_its_close_is_cut_off_after_the_close_stall(patient, users):
@@ -149,7 +163,7 @@ async def test_a_client_that_never_reads_its_close_is_cut_off_after_the_close_st
 
 
 async def test_half_open_peer_is_dropped_within_ping_interval_plus_timeout(strict, users):
-    before = connections(strict)
+    before, counted = connections(strict), daemon_metrics(strict)
     sock = socket.create_connection(("127.0.0.1", strict.daemon_port))
     key = base64.b64encode(os.urandom(16)).decode()
     sock.sendall((f"GET /v1/ws?token={strict.token(users('ghost'))} HTTP/1.1\r\nHost: x\r\n"
@@ -164,6 +178,29 @@ async def test_half_open_peer_is_dropped_within_ping_interval_plus_timeout(stric
         assert time.monotonic() - started < 1 + 1 + 2  # interval + timeout + slack
         await asyncio.sleep(0.1)
     sock.close()
+    assert grew(counted, daemon_metrics(strict), "chat_daemon_closes_total", reason="ping_timeout") == 1
+
+
+async def test_metrics_show_connections_pushes_latency_lag_catch_ups_and_gc_pauses(strict, users):
+    alice, bob = users("alice"), users("bob")
+    before = daemon_metrics(strict)
+    ws, _ = await connect(strict, bob)
+    ids = [(await post(strict, alice, bob, f"m{i}")).json()["id"] for i in range(3)]
+    assert [f["id"] for f in await receive(ws, 3)] == ids
+    again, hello = await connect(strict, bob, since=ids[0])  # a second device that missed two
+    assert [f["id"] for f in await receive(again, 2)] == ids[1:]
+    after = daemon_metrics(strict)
+    assert after[("chat_daemon_connections", frozenset({("kind", "ws")}))] >= 2
+    assert grew(before, after, "chat_daemon_pushes_total") >= 3
+    assert grew(before, after, "chat_daemon_oplog_to_socket_seconds_count") >= 3
+    assert grew(before, after, "chat_daemon_catchups_total", source="cache") >= 1
+    assert after[("chat_daemon_stream_position", frozenset())] >= int(ids[-1])
+    assert 0 <= after[("chat_daemon_tail_lag_seconds", frozenset())] < 60
+    # every generation's pauses are exposed from the start, even before the first pass
+    for generation in "012":
+        assert ("chat_daemon_gc_pause_seconds_count", frozenset({("generation", generation)})) in after
+    await ws.close()
+    await again.close()
 
 
 async def test_over_capacity_gets_503_try_again_later(dbs, users):
