@@ -357,6 +357,19 @@ async def run(settings: Settings, tail=None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tasks = [loop.create_task(stream.run(), name="stream"), loop.create_task(daemon.heartbeats(), name="heartbeats")]
+    failed: list[BaseException] = []
+
+    def must_not_end(task: asyncio.Task) -> None:
+        # Both run for the life of the process. One that ends has failed, and a
+        # daemon without its stream would accept clients and deliver nothing:
+        # drain and exit non-zero, so that supervisord starts a fresh one.
+        if not task.cancelled() and not stop.is_set():
+            failed.append(task.exception() or RuntimeError(f"{task.get_name()} ended"))
+            log.error("event=task_failed task=%s action=exit", task.get_name(), exc_info=failed[-1])
+            stop.set()
+
+    for task in tasks:
+        task.add_done_callback(must_not_end)
     acceptor = Acceptor(loop, reuseport_socket(settings.daemon_host, settings.daemon_port), lambda: Connection(daemon))
     # What exists now (modules, classes, settings: some 60,000 objects) lives
     # as long as the process: out of the cyclic GC's sight, so that its full
@@ -376,3 +389,5 @@ async def run(settings: Settings, tail=None) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         await client.close()
         log.info("event=daemon_stopped")
+    if failed:
+        raise SystemExit(1)

@@ -86,18 +86,27 @@ class Stream:
     async def start(self) -> None:
         """Sets the position to the newest stored message and fills the cache.
         The oplog resume point is read first, so nothing lands between the two."""
+        backoff = Backoff(base=0.5, cap=10.0)
         while True:
             try:
-                self._tail.last_ts = await self._tail.newest_ts()
-                high = await mongo.newest_id(self._db)
+                # The cache read is a full scan on FerretDB (seconds at 50,000
+                # messages): it gets the fill's time limit, and a failed one
+                # starts over, never leaving the daemon un-ready for good.
+                with pymongo.timeout(FILL_TIMEOUT_SECONDS):
+                    last_ts = await self._tail.newest_ts()
+                    high = await mongo.newest_id(self._db)
+                    docs = []
+                    if self._cache.maxlen and high:
+                        docs = await mongo.messages_between(self._db, max(0, high - self._cache.maxlen), high,
+                                                            self._cache.maxlen)
                 break
             except PyMongoError as exc:
-                log.warning("event=stream_start_retry error=%s", exc.__class__.__name__)
-                await asyncio.sleep(1)
+                delay = backoff.next()
+                log.warning("event=stream_start_retry error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
+                await asyncio.sleep(delay)
+        self._tail.last_ts = last_ts
         self._seq = Sequencer(high=high)
-        if self._cache.maxlen and high:
-            docs = await mongo.messages_between(self._db, max(0, high - self._cache.maxlen), high, self._cache.maxlen)
-            self._cache_extend(docs)
+        self._cache_extend(docs)
         # meta.head may lag the store by up to a second: read what is past it
         # now, so that a client resuming here right after a restart finds this
         # daemon at least as far along as the one it came from.

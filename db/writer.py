@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 
+import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 from sqlalchemy import select, text, tuple_
@@ -67,6 +68,10 @@ LOCK_NAME = "chat.writer"
 NEXT_LOCK_NAME = "chat.writer.next"
 REPAIR_PAGE = 2000
 SESSION_MAX_SECONDS = 0.25  # then let other API processes have the lock
+# After a failed Mongo write, sessions leave the outbox alone this long
+# (messages are still stored and answered; the copy waits), so that a Mongo
+# that is down or hung costs one timeout, not one per session under the lock.
+MONGO_RETRY_SECONDS = 2.0
 
 
 class WriteUnavailable(Exception):
@@ -147,6 +152,8 @@ class MessageWriter:
         self._retention = retention_seconds
         self._observe_batch = observe_batch
         self._head_written, self._head_at = 0, 0.0
+        self._mongo_retry_at = 0.0  # until then, after a failed Mongo write, the outbox waits
+        self._in_hand: list[_Pending] = []  # the batch being written: the one to fail if the session breaks
 
     # --- the request side -------------------------------------------------
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
@@ -165,14 +172,14 @@ class MessageWriter:
                 first = await asyncio.wait_for(self._queue.get(), timeout=repair_every)
             except TimeoutError:
                 first = None  # idle: a session with no batch repairs any outbox
-            batch = await self._next_batch(first) if first else []
+            self._in_hand = await self._next_batch(first) if first else []
             try:
-                await self._session(batch, idle=first is None)
+                await self._session(self._in_hand, idle=first is None)
             except Exception as exc:  # one guard: every waiting request gets an answer
                 if not isinstance(exc, WriteUnavailable):
                     log.exception("event=writer_session_failed")
                     exc = WriteUnavailable(str(exc))
-                _fail(batch, exc)
+                _fail(self._in_hand, exc)  # the batch in hand when it failed, not the session's first
 
     async def _next_batch(self, first: _Pending | None) -> list[_Pending]:
         if first is None:
@@ -211,7 +218,12 @@ class MessageWriter:
             last_id, mirrored = await self._mysql(self._lock_and_read_state, conn)
             mongo_ok = True
             if mirrored < last_id:
-                mirrored, mongo_ok = await self._repair(conn, mirrored, last_id)
+                if time.monotonic() < self._mongo_retry_at:
+                    # Mongo failed moments ago: commit to the outbox without
+                    # waiting on it again under the lock every API process shares.
+                    mongo_ok = False
+                else:
+                    mirrored, mongo_ok = await self._repair(conn, mirrored, last_id)
             started = time.monotonic()
             inserting: asyncio.Task | None = None  # the previous batch's Mongo insert
             while batch:
@@ -230,17 +242,18 @@ class MessageWriter:
                     break
                 # Linger: the answered clients' next requests come while Mongo
                 # works; take them as they come, and end only once it is done.
-                batch = await self._next_batch(None) or await self._request_or_done(inserting)
+                batch = self._in_hand = await self._next_batch(None) or await self._request_or_done(inserting)
                 if not batch:
                     mongo_ok = await inserting
                     mirrored, inserting = (last_id if mongo_ok else mirrored), None
                     if not await self._mysql(self._others_waiting, conn):
-                        batch = await self._next_batch(None)
+                        batch = self._in_hand = await self._next_batch(None)
             if inserting is not None and await inserting:
                 mirrored = last_id
             # meta.head is only a hint for the daemons' gap check, and every
             # write of it is one more oplog entry: at most about once a second.
-            if mirrored > self._head_written and (idle or time.monotonic() - self._head_at > 1.0):
+            if (mirrored > self._head_written and (idle or time.monotonic() - self._head_at > 1.0)
+                    and time.monotonic() >= self._mongo_retry_at):
                 await self._advance_head(mirrored)
         finally:
             await asyncio.to_thread(self._mark_and_release, conn, mirrored)
@@ -348,6 +361,7 @@ class MessageWriter:
         except (PyMongoError, TimeoutError) as exc:
             log.warning("event=mongo_write_failed error=%s outbox_from=%d outbox_to=%d",
                         exc.__class__.__name__, docs[0]["_id"], docs[-1]["_id"])
+            self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
             return False
 
     async def _advance_head(self, upto: int) -> None:
@@ -355,7 +369,8 @@ class MessageWriter:
             await asyncio.wait_for(mongo.advance_head(self._mongo, upto), self._timeout)
             self._head_written, self._head_at = upto, time.monotonic()
         except (PyMongoError, TimeoutError):
-            pass  # only a hint for the daemons' gap check; the next session writes it again
+            # only a hint for the daemons' gap check; a later session writes it again
+            self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
 
     async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:
         """Copies outbox rows to Mongo, oldest first. Returns (mirrored_upto, ok)."""
@@ -370,9 +385,11 @@ class MessageWriter:
                 # Part of the outbox may already be in Mongo (a crash mid-insert):
                 # insert only what is missing, still in id order.
                 coll = self._mongo[mongo.MESSAGES]
-                present = {d["_id"] async for d in coll.find({"_id": {"$gte": lo, "$lte": hi}}, {"_id": 1})}
+                with pymongo.timeout(self._timeout):  # not the 5x socket timeout: the lock is held
+                    present = {d["_id"] async for d in coll.find({"_id": {"$gte": lo, "$lte": hi}}, {"_id": 1})}
             except PyMongoError as exc:
                 log.warning("event=outbox_repair_failed error=%s", exc.__class__.__name__)
+                self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
                 return mirrored, False
             cutoff = mongo.expired_before(self._retention)
             missing = [d for d in docs if d["_id"] not in present and d["created_at"] >= cutoff]
