@@ -7,7 +7,8 @@ straight to the transport when the hub offers them; the transport's unsent
 bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
 
 Routing and admission live in ``daemon.server``; the bookkeeping in
-``daemon.hub``. Close codes: 1002 protocol error, 1008 inbound frame rate,
+``daemon.hub``. Close codes: 1002 protocol error, 1007 a close reason that
+is not UTF-8, 1008 inbound frame rate,
 1009 inbound frame too big, 1011 server error, 1012 restarting, 1013 behind
 the client's since (retry), 4008 slow consumer.
 """
@@ -32,8 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chat.daemon")
 
-CLOSE_PROTOCOL, CLOSE_RATE, CLOSE_TOO_BIG, CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN = (
-    1002, 1008, 1009, 1011, 1012, 1013)
+CLOSE_PROTOCOL, CLOSE_INVALID_DATA, CLOSE_RATE, CLOSE_TOO_BIG, CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN = (
+    1002, 1007, 1008, 1009, 1011, 1012, 1013)
 REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
 PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
 CLOSE_STALL_SECONDS = 10.0  # a closing peer that reads nothing for this long is cut off (websockets' close_timeout)
@@ -172,6 +173,8 @@ class Connection(Subscriber, asyncio.Protocol):
 
     # --- WebSocket: what the hub calls --------------------------------------
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
+        if self.closing:  # nothing after the close frame (a catch-up can outlast its connection)
+            return
         transport = self.transport
         transport.write(frame if frame is not None else text_frame(payload))
         if transport.get_write_buffer_size() > self.daemon.settings.send_buffer_max_bytes:
@@ -179,8 +182,9 @@ class Connection(Subscriber, asyncio.Protocol):
             self.overflow()
 
     def overflow(self) -> None:
-        metrics.CLOSES.labels("slow_consumer").inc()
-        self.close(SLOW_CONSUMER, "slow consumer: reconnect with since")
+        if not self.closing:
+            metrics.CLOSES.labels("slow_consumer").inc()
+            self.close(SLOW_CONSUMER, "slow consumer: reconnect with since")
 
     # --- WebSocket: what the client sends -------------------------------------
     def _ws_data(self, data: bytes) -> None:
@@ -199,16 +203,18 @@ class Connection(Subscriber, asyncio.Protocol):
         if self.reader.idle:
             self.reader = None
         for frame in frames:
-            if frame.opcode is Opcode.PONG:
-                self.ping_sent = 0.0
+            if frame.opcode is Opcode.PONG and self.ping_sent:
+                self.ping_sent = 0.0  # the answer to our ping
             elif frame.opcode is Opcode.CLOSE:
                 try:
                     code = parse_close(frame.data)
                 except ProtocolError:
                     code = CLOSE_PROTOCOL
+                except UnicodeDecodeError:  # the reason must be UTF-8 (RFC 6455 section 5.5.1)
+                    code = CLOSE_INVALID_DATA
                 self.close(1000 if code == 1005 else code, "")  # the close handshake: echo the code
                 return
-            else:  # text, binary, continuation, ping: nothing is expected, so they are rate-limited
+            else:  # text, binary, continuation, ping, unasked pongs: nothing is expected, so they are rate-limited
                 if not self._within_rate():
                     metrics.CLOSES.labels("frame_rate").inc()
                     self.close(CLOSE_RATE, "too many frames")

@@ -38,6 +38,7 @@ from db import mongo
 
 log = logging.getLogger("chat.daemon")
 
+POLL_DEFAULT_TIMEOUT = 25.0  # seconds, when a poll names none (and the cap allows it)
 FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
 # Heartbeats visit the WebSockets this many at a time, then let the loop run.
 # One pass over 10,000 of them (about 500 pings a second at a 20 s interval)
@@ -206,7 +207,8 @@ class Daemon:
         try:
             token = auth.bearer(request.headers.get("authorization")) or query.get("token")
             user = self.admit(token, None)
-            timeout = _poll_timeout(query.get("timeout", "25"), self.settings.poll_max_timeout_seconds)
+            default = min(POLL_DEFAULT_TIMEOUT, self.settings.poll_max_timeout_seconds)
+            timeout = _poll_timeout(query.get("timeout", f"{default:g}"), self.settings.poll_max_timeout_seconds)
             limit = _poll_limit(query.get("limit"), self.settings.poll_max_messages)
         except Refusal as refusal:
             conn.respond(refusal.status, refusal.body(), keep, headers | refusal.headers)

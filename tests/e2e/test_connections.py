@@ -275,3 +275,41 @@ async def test_unmasked_client_frame_closes_with_1002(strict, users):
     with pytest.raises(ConnectionClosed) as info:
         await asyncio.wait_for(ws.recv(), 5)
     assert info.value.rcvd.code == 1002
+
+
+def masked(opcode: int, payload: bytes) -> bytes:
+    """One client frame, FIN set, masked as RFC 6455 requires of clients."""
+    key = os.urandom(4)
+    assert len(payload) < 126
+    return (bytes((0x80 | opcode, 0x80 | len(payload))) + key
+            + bytes(b ^ key[i % 4] for i, b in enumerate(payload)))
+
+
+async def test_close_reason_that_is_not_utf8_closes_with_1007(strict, users):
+    ws, _ = await connect(strict, users("u"))
+    ws.transport.write(masked(0x8, (1000).to_bytes(2, "big") + b"\xff\xfe bad"))  # a close, reason not UTF-8
+    with pytest.raises(ConnectionClosed) as info:
+        await asyncio.wait_for(ws.recv(), 5)
+    assert info.value.rcvd.code == 1007
+
+
+async def test_unasked_pong_flood_closes_with_1008(strict, users):
+    # Pongs answer the server's pings; a stream of them that nobody asked for
+    # counts against the inbound frame rate like any other frame.
+    ws, _ = await connect(strict, users("u"))
+    with pytest.raises(ConnectionClosed) as info:
+        for _ in range(50):
+            await ws.pong(b"x")
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(ws.recv(), 5)
+    assert info.value.rcvd.code == 1008
+
+
+async def test_a_poll_without_timeout_waits_the_default_or_the_cap_if_lower(dbs, users):
+    with running_system(dbs, daemons=1, apis=0, CHAT_POLL_MAX_TIMEOUT_SECONDS=1) as s:
+        started = time.monotonic()
+        r = httpx.get(f"http://127.0.0.1:{s.daemon_port}/v1/poll", timeout=10,
+                      headers={"Authorization": f"Bearer {s.token(users('u'))}"})
+        assert r.status_code == 200, r.text
+        assert r.json()["messages"] == []  # nobody wrote to this user: it waited, then answered empty
+        assert 0.9 < time.monotonic() - started < 5  # the 1 s cap, not a 422 for the 25 s default
