@@ -76,6 +76,7 @@ class Stream:
         self._fill_backoff = Backoff(base=0.5, cap=10.0)
         self._fill_retry: asyncio.TimerHandle | None = None  # set while a retry waits
         self._advanced = asyncio.Event()  # set and replaced each time the position moves
+        self._lag, self._moved_at = 0.0, time.monotonic()  # for the tail-lag gauge
         self.ready = asyncio.Event()
 
     @property
@@ -181,6 +182,9 @@ class Stream:
                 newest = await mongo.newest_id(self._db)
                 if newest > self.position and self.position == last_position:
                     self._request_fill()
+                    # Stuck with messages waiting: the lag keeps growing even
+                    # though nothing is released to measure it by.
+                    metrics.TAIL_LAG.set(max(self._lag, time.monotonic() - self._moved_at))
                 last_position = self.position
             except PyMongoError as exc:
                 log.warning("event=gap_check_failed error=%s", exc.__class__.__name__)
@@ -233,7 +237,9 @@ class Stream:
                 metrics.OPLOG_TO_SOCKET.observe(time.perf_counter() - received)
         metrics.PUSHES.inc(pushes)
         metrics.POSITION.set(self.position)
-        metrics.TAIL_LAG.set(max(0.0, time.time() - docs[-1]["created_at"].timestamp()))
+        self._lag = max(0.0, time.time() - docs[-1]["created_at"].timestamp())
+        self._moved_at = time.monotonic()
+        metrics.TAIL_LAG.set(self._lag)
         self._notify()
 
     def _cache_extend(self, docs: list[dict]) -> None:
