@@ -107,9 +107,12 @@ class Daemon:
         if origin is not None and not self.origin_allowed(origin):
             metrics.REJECTS.labels("origin").inc()
             raise Refusal(403, "origin_not_allowed", f"origin {origin!r} is not allowed")
-        if self.hub.count >= self.settings.max_connections or self.draining:
+        if self.hub.count >= self.settings.max_connections or self.draining or not self.stream.ready.is_set():
+            # Starting too: a client that waited here would wait out the stream's
+            # start-up (seconds on FerretDB), where a retry may reach a ready daemon.
             metrics.REJECTS.labels("capacity").inc()
-            raise Refusal(503, "try_again_later", "this daemon is full or restarting; retry", {"Retry-After": "1"})
+            raise Refusal(503, "try_again_later", "this daemon is full, starting or restarting; retry",
+                          {"Retry-After": "1"})
         return user
 
     def origin_allowed(self, origin: str) -> bool:
@@ -158,7 +161,6 @@ class Daemon:
         except Refusal as refusal:
             conn.respond(refusal.status, refusal.body(), False, refusal.headers)
             return False
-        await self.stream.ready.wait()
         if conn.closing:
             return True
         conn.upgrade(user, response.serialize())
@@ -213,7 +215,6 @@ class Daemon:
         except Refusal as refusal:
             conn.respond(refusal.status, refusal.body(), keep, headers | refusal.headers)
             return
-        await self.stream.ready.wait()
         waiter = PollWaiter(user, 0)
         self.polls.add(waiter)
         metrics.POLLS_WAITING.inc()

@@ -49,7 +49,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 
-import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 from sqlalchemy import select, text, tuple_
@@ -385,9 +384,14 @@ class MessageWriter:
                 # Part of the outbox may already be in Mongo (a crash mid-insert):
                 # insert only what is missing, still in id order.
                 coll = self._mongo[mongo.MESSAGES]
-                with pymongo.timeout(self._timeout):  # not the 5x socket timeout: the lock is held
-                    present = {d["_id"] async for d in coll.find({"_id": {"$gte": lo, "$lte": hi}}, {"_id": 1})}
-            except PyMongoError as exc:
+
+                async def present_ids() -> set[int]:
+                    return {d["_id"] async for d in coll.find({"_id": {"$gte": lo, "$lte": hi}}, {"_id": 1})}
+
+                # A hard deadline, as for the inserts: the lock is held, and on a hung
+                # server the driver's own timeouts let this wait 4-8 s (measured).
+                present = await asyncio.wait_for(present_ids(), self._timeout)
+            except (PyMongoError, TimeoutError) as exc:
                 log.warning("event=outbox_repair_failed error=%s", exc.__class__.__name__)
                 self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
                 return mirrored, False

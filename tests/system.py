@@ -82,7 +82,7 @@ class System:
     def token(self, user: str, ttl: int = 3600) -> str:
         return auth.mint(self.secret, user, ttl)
 
-    def start(self, name: str) -> subprocess.Popen:
+    def start(self, name: str, wait: bool = True) -> subprocess.Popen:
         module = name.split("_")[0]
         log = open(self.logdir / f"{name}.log", "ab")
         proc = subprocess.Popen([sys.executable, "-m", module], env=self.env, cwd=ROOT, stdout=log, stderr=log)
@@ -91,19 +91,23 @@ class System:
         # The port is shared (SO_REUSEPORT): another process may answer on it
         # already. Wait for this one's own listening socket.
         wait_listening(proc, port, 20)
-        self.wait_ready(name)
+        if wait:
+            self.wait_ready(name, pid=proc.pid)
         return proc
 
-    def wait_ready(self, name: str, timeout: float = 30) -> None:
+    def wait_ready(self, name: str, timeout: float = 30, pid: int | None = None) -> None:
+        """Until the API answers /readyz, or a daemon /healthz "ok"; with ``pid``, that
+        daemon itself: the port is shared, and one still starting refuses clients (503)."""
         url = (f"{self.api_url}/readyz" if name.startswith("api")
                else f"http://127.0.0.1:{self.daemon_port}/healthz")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
-                r = httpx.get(url, timeout=2)
-                if r.status_code == 200 and r.json()["status"] == "ok":
+                r = httpx.get(url, timeout=2)  # a new connection each time: any daemon may answer
+                if (r.status_code == 200 and r.json()["status"] == "ok"
+                        and (pid is None or name.startswith("api") or r.json()["pid"] == pid)):
                     return
-            time.sleep(0.1)
+            time.sleep(0.05)
         raise TimeoutError(f"{name} not ready")
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import os
 import re
+import signal
 import socket
 import time
 
@@ -201,6 +202,38 @@ async def test_metrics_show_connections_pushes_latency_lag_catch_ups_and_gc_paus
         assert ("chat_daemon_gc_pause_seconds_count", frozenset({("generation", generation)})) in after
     await ws.close()
     await again.close()
+
+
+@pytest.fixture
+def no_daemon_yet(tmp_path_factory):
+    """Databases of its own (the test hangs FerretDB) and no process started."""
+    with private_system(tmp_path_factory.mktemp("starting"), daemons=0, apis=0) as s:
+        yield s
+
+
+async def test_a_starting_daemon_refuses_with_503_until_its_stream_is_ready(no_daemon_yet, users):
+    # With FerretDB hung, a new daemon listens but cannot read its stream's
+    # start: clients are told to retry elsewhere, not left waiting on it.
+    s, user = no_daemon_yet, users("early")
+    ferretdb = s.dbs.ferretdb.proc
+    ferretdb.send_signal(signal.SIGSTOP)
+    try:
+        proc = s.start("daemon_0", wait=False)
+        base = f"http://127.0.0.1:{s.daemon_port}"
+        assert httpx.get(f"{base}/healthz").json()["status"] == "starting"
+        with pytest.raises(InvalidStatus) as info:
+            await websockets.connect(f"{s.ws_url}/v1/ws?token={s.token(user)}")
+        assert info.value.response.status_code == 503
+        assert info.value.response.headers["Retry-After"] == "1"
+        r = httpx.get(f"{base}/v1/poll", params={"timeout": "0"},
+                      headers={"Authorization": f"Bearer {s.token(user)}"})
+        assert (r.status_code, r.json()["error"], r.headers["retry-after"]) == (503, "try_again_later", "1")
+    finally:
+        ferretdb.send_signal(signal.SIGCONT)
+    s.wait_ready("daemon_0", pid=proc.pid)
+    ws, hello = await connect(s, user)
+    assert hello["type"] == "hello"
+    await ws.close()
 
 
 async def test_over_capacity_gets_503_try_again_later(dbs, users):
