@@ -76,11 +76,14 @@ async def test_oversized_inbound_frame_closes_with_1009(strict, users):
     assert info.value.rcvd.code == 1009
 
 
-async def test_inbound_frame_flood_closes_with_1008(strict, users):
+@pytest.mark.parametrize("frame", ["text", "unasked pong"])
+async def test_inbound_frame_flood_closes_with_1008(strict, users, frame):
+    # Pongs answer the server's pings; a stream of them that nobody asked for
+    # counts against the inbound frame rate like any other frame.
     ws, _ = await connect(strict, users("u"))
     with pytest.raises(ConnectionClosed) as info:
         for _ in range(50):
-            await ws.send("hi")
+            await (ws.send("hi") if frame == "text" else ws.pong(b"x"))
             await asyncio.sleep(0.01)
         await asyncio.wait_for(ws.recv(), 5)
     assert info.value.rcvd.code == 1008
@@ -324,18 +327,6 @@ async def test_close_reason_that_is_not_utf8_closes_with_1007(strict, users):
     with pytest.raises(ConnectionClosed) as info:
         await asyncio.wait_for(ws.recv(), 5)
     assert info.value.rcvd.code == 1007
-
-
-async def test_unasked_pong_flood_closes_with_1008(strict, users):
-    # Pongs answer the server's pings; a stream of them that nobody asked for
-    # counts against the inbound frame rate like any other frame.
-    ws, _ = await connect(strict, users("u"))
-    with pytest.raises(ConnectionClosed) as info:
-        for _ in range(50):
-            await ws.pong(b"x")
-            await asyncio.sleep(0.01)
-        await asyncio.wait_for(ws.recv(), 5)
-    assert info.value.rcvd.code == 1008
 
 
 async def test_a_poll_without_timeout_waits_the_default_or_the_cap_if_lower(dbs, users):
