@@ -353,9 +353,24 @@ class MessageWriter:
         self._observe_batch(len(committed.answers), time.perf_counter() - committed.started)
         return ok
 
+    async def _within_timeout(self, operation):
+        """A Mongo operation, waited for at most the writer's timeout. On time-out
+        it is cancelled but not waited for: a cancelled driver call may clean up
+        with more I/O to the server that hung (asyncio.wait_for waits for that,
+        and CI measured 2-3 s), and the writer holds the lock every API process
+        shares. What the cancelled call did or did not write is the outbox's to
+        find out."""
+        task = asyncio.ensure_future(operation)
+        done, _ = await asyncio.wait({task}, timeout=self._timeout)
+        if not done:
+            task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
+            raise TimeoutError
+        return task.result()
+
     async def _insert(self, docs: list[dict]) -> bool:
         try:
-            await asyncio.wait_for(self._mongo[mongo.MESSAGES].insert_many(docs, ordered=True), self._timeout)
+            await self._within_timeout(self._mongo[mongo.MESSAGES].insert_many(docs, ordered=True))
             return True
         except (PyMongoError, TimeoutError) as exc:
             log.warning("event=mongo_write_failed error=%s outbox_from=%d outbox_to=%d",
@@ -365,7 +380,7 @@ class MessageWriter:
 
     async def _advance_head(self, upto: int) -> None:
         try:
-            await asyncio.wait_for(mongo.advance_head(self._mongo, upto), self._timeout)
+            await self._within_timeout(mongo.advance_head(self._mongo, upto))
             self._head_written, self._head_at = upto, time.monotonic()
         except (PyMongoError, TimeoutError):
             # only a hint for the daemons' gap check; a later session writes it again
@@ -390,7 +405,7 @@ class MessageWriter:
 
                 # A hard deadline, as for the inserts: the lock is held, and on a hung
                 # server the driver's own timeouts let this wait 4-8 s (measured).
-                present = await asyncio.wait_for(present_ids(), self._timeout)
+                present = await self._within_timeout(present_ids())
             except (PyMongoError, TimeoutError) as exc:
                 log.warning("event=outbox_repair_failed error=%s", exc.__class__.__name__)
                 self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
