@@ -77,6 +77,7 @@ class Stream:
         self._fill_retry: asyncio.TimerHandle | None = None  # set while a retry waits
         self._advanced = asyncio.Event()  # set and replaced each time the position moves
         self._lag, self._moved_at = 0.0, time.monotonic()  # for the tail-lag gauge
+        self._lookups = asyncio.Lock()  # is_stored's reads of `messages`, one at a time
         self.ready = asyncio.Event()
 
     @property
@@ -268,9 +269,20 @@ class Stream:
 
     async def is_stored(self, msg_id: int) -> bool:
         """Whether ``msg_id`` was ever written (ids are gap-free); on a read
-        error, assume so: the client is told to retry, not to reload."""
+        error, assume so: the client is told to retry, not to reload.
+
+        meta.head is read first because it is cheap, but it lags the store: the
+        writer moves it about once a second, and not while its Mongo writes fail.
+        A ``since`` past it may be a message another daemon has delivered already,
+        so the store itself is asked before the answer is "no such message"
+        (which sends the client to reload history). One lookup at a time: on
+        FerretDB each scans `messages`, and a crowd of made-up ids must not
+        multiply that."""
         try:
-            return msg_id <= await mongo.newest_id(self._db)
+            if msg_id <= await mongo.newest_id(self._db):
+                return True
+            async with self._lookups:
+                return await mongo.is_stored(self._db, msg_id)
         except PyMongoError:
             return True
 

@@ -80,6 +80,12 @@ async def newest_id(db: AsyncDatabase) -> int:
     return int(doc["_id"]) if doc else 0
 
 
+async def is_stored(db: AsyncDatabase, msg_id: int) -> bool:
+    """Whether message ``msg_id`` is in `messages`: a lookup by _id, from the
+    index on MongoDB; FerretDB scans the collection for it."""
+    return await db[MESSAGES].find_one({"_id": msg_id}, {"_id": 1}) is not None
+
+
 async def advance_head(db: AsyncDatabase, upto: int) -> None:
     await db[META].update_one({"_id": "head"}, {"$max": {"id": upto}}, upsert=True)
 

@@ -50,7 +50,7 @@ export class ChatClient extends EventTarget {
   constructor({
     apiUrl = "", wsUrl, pollUrl, token, user, since = null, transport = "auto",
     wsFailuresBeforePoll = 4, wsRetryFromPollMs = 30000, helloTimeoutMs = 10000,
-    backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = 25,
+    backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = null,
     WebSocketImpl = globalThis.WebSocket, fetchImpl = globalThis.fetch?.bind(globalThis),
     eventSource = globalThis.window, storage = globalThis.localStorage ?? null,
   }) {
@@ -243,7 +243,10 @@ export class ChatClient extends EventTarget {
     const abort = new AbortController();
     this.pollAbort = abort;
     // A CORS "simple request": GET, token in the query, no custom headers, so no preflight.
-    const url = this.withSince(this.pollUrl, { timeout: String(this.pollTimeoutSeconds) });
+    // No timeout by default: the daemon then waits 25 s, or its cap if that is lower
+    // (CHAT_POLL_MAX_TIMEOUT_SECONDS). Asking for 25 got a 422 from a daemon capped lower.
+    const wait = this.pollTimeoutSeconds === null ? {} : { timeout: String(this.pollTimeoutSeconds) };
+    const url = this.withSince(this.pollUrl, wait);
     try {
       const reply = await this.fetchImpl(url, { signal: abort.signal, cache: "no-store" });
       if (!reply.ok) throw new Error(`poll answered ${reply.status}`);

@@ -220,3 +220,27 @@ async def test_a_resync_that_fails_while_ferretdb_is_down_is_retried_and_deliver
             assert "retry_in_s=" in caplog.text
     finally:
         ferretdb.stop()
+
+
+async def test_a_since_past_a_lagging_meta_head_is_retried_not_reset(dbs, monkeypatch):
+    # A client comes from a daemon further along, with the id of a message
+    # that daemon delivered; this one is behind it, and meta.head, which the
+    # writer moves about once a second, does not cover the id yet. The
+    # message exists, so the client is told to retry (1013 / 503), not
+    # `recovered: false`, which would send it to reload history. An id that
+    # no message has still gets `recovered: false`, served from here.
+    from chat.settings import Settings
+    from daemon import server as server_module
+    from daemon.server import Behind, Daemon
+
+    monkeypatch.setattr(server_module, "FUTURE_SINCE_WAIT", 0.2)
+    async with _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=30) as (db, stream, _):
+        await mongo.advance_head(db, 0)
+        await db[mongo.MESSAGES].insert_one(Message(1, "alice", "carol", "hi", now_ms()).to_doc())
+        daemon = Daemon(Settings(), stream._hub, stream)
+        registered = stream._hub.count
+        with pytest.raises(Behind):
+            await daemon.subscribe(_Recorder("carol", 0), 1)
+        assert stream._hub.count == registered  # nothing left behind
+        catch, cursor = await daemon.subscribe(_Recorder("carol", 0), 7)
+        assert not catch.recovered and cursor == stream.position == 0
