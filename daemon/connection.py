@@ -77,7 +77,7 @@ class HttpPhase:
 
 class Connection(Subscriber, asyncio.Protocol):
     __slots__ = ("daemon", "transport", "http", "reader", "ping_sent", "next_ping",
-                 "window_start", "window_count", "closing")
+                 "window_start", "window_count", "closing", "write_paused", "drain_waiter")
 
     def __init__(self, daemon: Daemon):
         Subscriber.__init__(self, "", 0)
@@ -90,6 +90,8 @@ class Connection(Subscriber, asyncio.Protocol):
         self.window_start = 0.0
         self.window_count = 0
         self.closing = False
+        self.write_paused = False  # the transport holds more than its high-water mark
+        self.drain_waiter: asyncio.Future | None = None  # a paged catch-up waiting for it to drain
 
     # --- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -104,6 +106,7 @@ class Connection(Subscriber, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self._wake_drain_waiter()
         self.daemon.conns.discard(self)
         if self.http is not None:
             if self.http.task is not None:
@@ -111,6 +114,27 @@ class Connection(Subscriber, asyncio.Protocol):
             self.http = None
         else:
             self.daemon.forget(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_drain_waiter()
+
+    def _wake_drain_waiter(self) -> None:
+        waiter, self.drain_waiter = self.drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def drained(self) -> bool:
+        """Waits until the transport is below its low-water mark; False if the
+        connection is closing. A peer that stops reading meanwhile is dropped by
+        the heartbeat (its pong cannot come), which ends the wait."""
+        if self.write_paused and not self.closing:
+            self.drain_waiter = asyncio.get_running_loop().create_future()
+            await self.drain_waiter
+        return not self.closing
 
     # --- HTTP ---------------------------------------------------------------
     def _http_data(self, data: bytes) -> None:
@@ -165,6 +189,11 @@ class Connection(Subscriber, asyncio.Protocol):
         rest = self.http.rest
         self.http = None
         self.user = user
+        # Paged catch-ups wait for the buffer to fall under low before their
+        # next page, and a page is at most a quarter of the bound: catch-up
+        # alone never trips the slow-consumer close.
+        limit = self.daemon.settings.send_buffer_max_bytes
+        self.transport.set_write_buffer_limits(high=limit // 2, low=limit // 8)
         self.transport.write(response)
         self.next_ping = time.monotonic() + self.daemon.settings.ping_interval_seconds
         self.transport.resume_reading()
@@ -247,6 +276,7 @@ class Connection(Subscriber, asyncio.Protocol):
         if self.closing:
             return
         self.closing = True
+        self._wake_drain_waiter()
         self.daemon.forget(self)
         transport = self.transport
         if transport.is_closing():

@@ -58,14 +58,21 @@ class Subscriber:
             return
         self.pending.append((msg_id, payload, frame))
 
-    def go_live(self, catch_up: Iterable[Item]) -> None:
-        """Sends the catch-up frames (ids <= the stream position at register
-        time), then the live frames held meanwhile, each id once, in order."""
-        pending, self.pending, self.pending_bytes = self.pending or [], None, 0
-        for msg_id, payload, frame in itertools.chain(catch_up, pending):
+    def send_page(self, catch_up: Iterable[Item]) -> None:
+        """Sends one page of a catch-up that has more to come; live frames
+        stay held. A long catch-up goes out a page at a time, each once the
+        socket has sent most of the one before, so it is never all in memory."""
+        for msg_id, payload, frame in catch_up:
             if msg_id > self.last_id:
                 self.last_id = msg_id
                 self.send(msg_id, payload, frame)
+
+    def go_live(self, catch_up: Iterable[Item]) -> None:
+        """Sends the (last page of the) catch-up frames (ids <= the stream
+        position at register time), then the live frames held meanwhile, each
+        id once, in order."""
+        pending, self.pending, self.pending_bytes = self.pending or [], None, 0
+        self.send_page(itertools.chain(catch_up, pending))
         if self.overflowed:
             self.overflow()
 

@@ -46,6 +46,11 @@ FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
 # replay benchmark), and every message that arrived meanwhile waited for it;
 # slices of 256 hold it for 2-6 ms.
 HEARTBEAT_SLICE = 256
+# A WebSocket catch-up goes out in pages of at most this many messages (and a
+# quarter of the send buffer's bound), each once the socket has sent most of
+# the page before: a client resuming from far back costs one page of memory,
+# not its whole backlog, and a slow reader is paced instead of cut off (4008).
+CATCH_UP_PAGE = 1000
 
 
 class Refusal(Exception):
@@ -119,9 +124,11 @@ class Daemon:
         allowed = self.settings.allowed_origins
         return "*" in allowed or origin in allowed
 
-    async def subscribe(self, sub: Subscriber, since: int | None, most: int | None = None) -> tuple[CatchUp, int]:
-        """Registers ``sub`` and computes its catch-up (the oldest ``most``
-        messages of it, if given); returns (catch-up, cursor).
+    async def subscribe(self, sub: Subscriber, since: int | None, most: int | None = None,
+                        max_bytes: int | None = None) -> tuple[CatchUp, int]:
+        """Registers ``sub`` and computes the first page of its catch-up (the
+        oldest ``most`` messages, ``max_bytes`` of payload, if given); returns
+        (catch-up, cursor). Later pages end at the cursor too.
 
         The stream position is read and the subscriber registered with no
         await in between: catch-up covers (since, position], live frames the rest.
@@ -140,7 +147,7 @@ class Daemon:
                 raise Behind()
             sub.last_id = position  # no message has that id: serve from here
             return CatchUp(False, []), position
-        catch = await self.stream.catch_up(sub.user, since, position, most)
+        catch = await self.stream.catch_up(sub.user, since, position, most, max_bytes)
         return catch, max(position, since)
 
     # --- /v1/ws ---------------------------------------------------------------------
@@ -166,8 +173,18 @@ class Daemon:
         conn.upgrade(user, response.serialize())
         self.sockets.add(conn)
         metrics.WS_OPEN.inc()
+        page_bytes = self.settings.send_buffer_max_bytes // 4
         try:
-            catch, cursor = await self.subscribe(conn, parse_since(query.get("since")))
+            catch, cursor = await self.subscribe(conn, parse_since(query.get("since")), CATCH_UP_PAGE, page_bytes)
+            if conn.closing:
+                return True
+            hello = {"type": "hello", "recovered": catch.recovered, "cursor": str(cursor), "user": user}
+            conn.transport.write(text_frame(orjson.dumps(hello)))
+            while catch.more:
+                conn.send_page(catch.frames)
+                if not await conn.drained():
+                    return True
+                catch = await self.stream.catch_up(user, conn.last_id, cursor, CATCH_UP_PAGE, page_bytes, catch.cutoff)
         except Behind:
             metrics.REJECTS.labels("behind").inc()
             conn.close(CLOSE_TRY_AGAIN, "this daemon is behind your since: retry")
@@ -176,11 +193,8 @@ class Daemon:
             log.exception("event=ws_error user=%s", user)
             conn.close(CLOSE_ERROR, "server error")
             return True
-        if conn.closing:
-            return True
-        hello = {"type": "hello", "recovered": catch.recovered, "cursor": str(cursor), "user": user}
-        conn.transport.write(text_frame(orjson.dumps(hello)))
-        conn.go_live(catch.frames)
+        if not conn.closing:
+            conn.go_live(catch.frames)
         return True
 
     def forget(self, conn: Connection) -> None:

@@ -19,7 +19,7 @@ import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 
-from chat.messages import Message, from_doc, inserted_docs
+from chat.messages import from_doc, inserted_docs
 from daemon import metrics
 from daemon.hub import Hub, Item
 from daemon.oplog import RESTARTED, Backoff, OplogTail
@@ -53,6 +53,8 @@ Cached = tuple[int, str, str, datetime, bytes]
 class CatchUp:
     recovered: bool
     frames: list[Item]
+    more: bool = False  # cut at `most` or `max_bytes`: the next page starts after the last frame
+    cutoff: datetime | None = None  # the retention cut-off it used; the next page uses it too
 
 
 class Stream:
@@ -298,39 +300,65 @@ class Stream:
         return newest_first[:count]
 
     # --- catch-up -----------------------------------------------------------
-    async def catch_up(self, user: str, since: int, upto: int, most: int | None = None) -> CatchUp:
-        """The user's messages with since < id <= upto (the oldest ``most`` of
-        them, if given), and whether that is all of them (False: some expired,
-        so the client must reload history)."""
+    async def catch_up(self, user: str, since: int, upto: int, most: int | None = None,
+                       max_bytes: int | None = None, cutoff: datetime | None = None) -> CatchUp:
+        """The user's messages with since < id <= upto, and whether that is all
+        of them (False: some expired, so the client must reload history).
+
+        One page: the oldest ``most`` of them, at most ``max_bytes`` of
+        payload (always at least one); ``more`` says it was cut there. A later
+        page passes the first page's ``cutoff``, so that all pages of one
+        catch-up agree on what has expired (the oldest come first, so only a
+        first page finds any)."""
+        cutoff = cutoff or mongo.expired_before(self._retention)
+        page = _Page(most, max_bytes, cutoff)
         if since >= upto:
-            return CatchUp(True, [])
-        cutoff = mongo.expired_before(self._retention)
+            return page.result()
         if self._cache and self._cache[0][0] <= since + 1 and self._cache[-1][0] >= upto:
             metrics.CATCHUPS_FROM_CACHE.inc()
             start = since + 1 - self._cache[0][0]
-            recovered, frames = True, []
             for msg_id, sender, recipient, created_at, payload in self._cached(start, upto - since):
-                if recipient == user or sender == user:
-                    if created_at < cutoff:
-                        recovered = False
-                    else:
-                        frames.append((msg_id, payload, None))
-                        if len(frames) == most:
-                            break
-            return CatchUp(recovered, frames)
+                if (recipient == user or sender == user) and not page.add(msg_id, created_at, payload):
+                    break
+            return page.result()
         metrics.CATCHUP_QUERIES.labels("mongo").inc()
         floor = await mongo.retention_floor(self._db)
-        recovered, frames, after = since >= floor, [], since
+        page.recovered = since >= floor
+        after = since
+        limit = PAGE if most is None else min(PAGE, most + 1)  # one more tells that there is more
         while True:
-            docs = await mongo.messages_for(self._db, user, after, upto, PAGE)
+            docs = await mongo.messages_for(self._db, user, after, upto, limit)
             for doc in docs:
                 msg = from_doc(doc)
-                if msg.created_at < cutoff:
-                    recovered = False
-                else:
-                    frames.append((msg.id, msg.frame(), None))
-                    if len(frames) == most:
-                        return CatchUp(recovered, frames)
-            if len(docs) < PAGE:
-                return CatchUp(recovered, frames)
+                if not page.add(msg.id, msg.created_at, msg.frame()):
+                    return page.result()
+            if len(docs) < limit:
+                return page.result()
             after = int(docs[-1]["_id"])
+
+
+class _Page:
+    """One page of a catch-up being filled, oldest first."""
+
+    __slots__ = ("most", "max_bytes", "cutoff", "recovered", "frames", "size", "more")
+
+    def __init__(self, most: int | None, max_bytes: int | None, cutoff: datetime):
+        self.most, self.max_bytes, self.cutoff = most, max_bytes, cutoff
+        self.recovered, self.frames, self.size, self.more = True, [], 0, False
+
+    def add(self, msg_id: int, created_at: datetime, payload: bytes) -> bool:
+        """Takes one message of the user's; False once the page is full (it
+        was not taken, and ``more`` is set)."""
+        if created_at < self.cutoff:
+            self.recovered = False
+            return True
+        if self.frames and (len(self.frames) == self.most
+                            or (self.max_bytes is not None and self.size + len(payload) > self.max_bytes)):
+            self.more = True
+            return False
+        self.frames.append((msg_id, payload, None))
+        self.size += len(payload)
+        return True
+
+    def result(self) -> CatchUp:
+        return CatchUp(self.recovered, self.frames, self.more, self.cutoff)

@@ -66,6 +66,18 @@ def test_catch_up_frames_go_before_live_frames_held_meanwhile():
     assert b.sent == [4, 5, 6, 7]
 
 
+def test_a_paged_catch_up_holds_live_frames_until_its_last_page():
+    hub = Hub(1000)
+    b = Recorder("b", since=2)
+    hub.register(b)
+    b.send_page([(3, b"m3", None), (4, b"m4", None)])
+    offer(hub, 7)  # live, while the next page is read
+    assert b.sent == [3, 4]
+    b.send_page([(4, b"m4", None), (5, b"m5", None)])  # a page may repeat the edge: sent once
+    b.go_live([(6, b"m6", None)])
+    assert b.sent == [3, 4, 5, 6, 7]
+
+
 def test_ids_at_or_below_last_sent_are_never_sent_again():
     hub = Hub(1000)
     b = Recorder("b", since=5)

@@ -128,6 +128,40 @@ async def test_slow_consumer_is_closed_with_4008_and_others_are_unaffected(patie
     assert daemon_metrics(strict)[("chat_daemon_closes_total", frozenset({("reason", "slow_consumer")}))] >= 1
 
 
+async def test_a_catch_up_bigger_than_the_send_buffer_is_paced_not_cut_off(patient, users):
+    # bob was away while 400 messages of 16 KB (6.4 MB: 100 times the 64 KB
+    # send buffer, and more than the kernel's socket buffers take) came for him. He resumes with since on a socket with small
+    # buffers and reads slowly: the catch-up goes out a page at a time as he
+    # reads, so he gets all of them once, in order, and no 4008. Written at
+    # once, it overran the buffer and the socket was closed as a slow consumer.
+    alice, bob = users("alice"), users("bob")
+    ws, hello = await connect(patient, bob)
+    await ws.close()
+    big = "😀" * 3990
+    async with httpx.AsyncClient(timeout=10) as c:
+        for batch in range(10):
+            await asyncio.gather(*(post(patient, alice, bob, f"{batch * 40 + i}:{big}", client=c) for i in range(40)))
+    while connections(patient):  # the first socket is gone
+        await asyncio.sleep(0.05)
+    while int(httpx.get(f"http://127.0.0.1:{patient.daemon_port}/healthz").json()["position"]) < int(hello["cursor"]) + 400:
+        await asyncio.sleep(0.1)  # the daemon has them all: the resume below is a catch-up, not live
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", patient.daemon_port))
+    ws, again = await connect(patient, bob, since=hello["cursor"], max_queue=1, sock=sock)
+    assert again["recovered"] is True
+    await asyncio.sleep(1)  # not reading yet: a catch-up written at once would overrun now
+    got = []
+    async with asyncio.timeout(60):
+        while len(got) < 400:
+            got += await receive(ws, 1)
+            await asyncio.sleep(0.002)
+    ids = [int(f["id"]) for f in got]
+    assert ids == sorted(set(ids))  # in order, each once
+    assert sorted(int(f["body"].split(":")[0]) for f in got) == list(range(400))  # every one
+    await ws.close()
+
+
 async def test_a_client_that_never_reads_its_close_is_cut_off_after_the_close_stall(patient, users):
     # A slow consumer is closed with 4008, but this one reads nothing at all,
     # so the close frame waits behind bytes it will never take. The daemon

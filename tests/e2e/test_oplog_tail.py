@@ -148,8 +148,27 @@ async def test_catch_up_past_the_cache_reads_the_store_and_can_stop_at_the_oldes
         every = await stream.catch_up("bob", 0, 40)
         assert [i for i, _p, _f in every.frames] == list(range(1, 41, 2)) and every.recovered
         first = await stream.catch_up("bob", 6, 40, most=3)
-        assert [i for i, _p, _f in first.frames] == [7, 9, 11]
+        assert [i for i, _p, _f in first.frames] == [7, 9, 11] and first.more
         assert b'"body":"m7"' in first.frames[0][1]
+        assert not (await stream.catch_up("bob", 0, 40, most=20)).more  # exactly 20: no more
+        assert await _pages(stream, "bob", 0, 40, most=6) == list(range(1, 41, 2))
+
+
+async def _pages(stream, user, since, upto, **page) -> list[int]:
+    """Every id of a catch-up read a page at a time, as a WebSocket's is;
+    checks that each page is cut where it says."""
+    ids, after, cutoff = [], since, None
+    while True:
+        catch = await stream.catch_up(user, after, upto, cutoff=cutoff, **page)
+        assert catch.frames and catch.recovered
+        if "most" in page:
+            assert len(catch.frames) <= page["most"]
+        if "max_bytes" in page:
+            assert len(catch.frames) == 1 or sum(len(p) for _i, p, _f in catch.frames) <= page["max_bytes"]
+        ids += [i for i, _p, _f in catch.frames]
+        if not catch.more:
+            return ids
+        after, cutoff = ids[-1], catch.cutoff
 
 
 class _BurstTail(_SilentTail):
@@ -244,3 +263,19 @@ async def test_a_since_past_a_lagging_meta_head_is_retried_not_reset(dbs, monkey
         assert stream._hub.count == registered  # nothing left behind
         catch, cursor = await daemon.subscribe(_Recorder("carol", 0), 7)
         assert not catch.recovered and cursor == stream.position == 0
+
+
+async def test_catch_up_pages_from_the_cache_by_count_and_by_bytes(dbs):
+    docs = [Message(i, "alice", "bob" if i % 3 else "cat", f"m{i:03}", now_ms()).to_doc() for i in range(1, 61)]
+    tail = _BurstTail(docs, batch=10)
+    async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30) as (db, stream, bob):
+        await db[mongo.MESSAGES].insert_many(docs)
+        tail.go.set()  # the tail shows them: now they are cached
+        async with asyncio.timeout(10):
+            while stream.position < 60:
+                await asyncio.sleep(0.02)
+        mine = [i for i in range(1, 61) if i % 3]
+        one = len((await stream.catch_up("bob", 0, 1)).frames[0][1])
+        assert await _pages(stream, "bob", 0, 60, most=7) == mine
+        assert await _pages(stream, "bob", 0, 60, max_bytes=5 * one) == mine
+        assert await _pages(stream, "bob", 0, 60, max_bytes=1) == mine  # a page holds one at least
