@@ -67,7 +67,12 @@ class Settings(BaseSettings):
     daemon_host: str = Field("127.0.0.1", description="Daemon listen address.")
     daemon_port: int = Field(8100, description="Daemon port, shared by all daemon processes (SO_REUSEPORT).")
     max_connections: int = Field(
-        15_000, ge=1, description="Connections one daemon process holds; more get 503 (open-files limit is 20k)."
+        15_000, ge=1, description="Open sockets one daemon process holds (WebSockets, polls, handshakes under way, "
+        "idle keep-alives); past it, handshakes and polls get 503 (the open-files limit is 20k)."
+    )
+    http_idle_seconds: float = Field(
+        30.0, gt=0, description="A daemon connection still in HTTP (not a WebSocket) that has sent no whole request "
+        "for this long, or idles between keep-alive requests, is closed: a slow request head cannot hold a socket.",
     )
     send_buffer_max_bytes: int = Field(
         256 * 1024, ge=1024,

@@ -51,9 +51,10 @@ class Request:
 class HttpPhase:
     """What a connection needs only until it upgrades (httptools callbacks)."""
 
-    __slots__ = ("parser", "target", "headers", "head_bytes", "requests", "task", "rest")
+    __slots__ = ("parser", "target", "headers", "head_bytes", "requests", "task", "rest", "idle_since")
 
     def __init__(self):
+        self.idle_since = time.monotonic()  # no request in hand since then (Daemon.close_idle_http)
         self.parser = httptools.HttpRequestParser(self)
         self.target = b""
         self.headers: dict[str, str] = {}
@@ -97,6 +98,7 @@ class Connection(Subscriber, asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.daemon.conns.add(self)
+        self.daemon.http_conns.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self.http is not None:
@@ -108,6 +110,7 @@ class Connection(Subscriber, asyncio.Protocol):
         self.closing = True
         self._wake_drain_waiter()
         self.daemon.conns.discard(self)
+        self.daemon.http_conns.discard(self)
         if self.http is not None:
             if self.http.task is not None:
                 self.http.task.cancel()
@@ -175,6 +178,7 @@ class Connection(Subscriber, asyncio.Protocol):
         finally:
             if self.http is http:
                 http.task = None
+                http.idle_since = time.monotonic()
 
     def respond(self, status: int, body: bytes, keep_alive: bool, headers: dict | None = None,
                 content_type: str = "application/json") -> None:
@@ -188,6 +192,7 @@ class Connection(Subscriber, asyncio.Protocol):
         """Switches to WebSocket: the 101 goes out, the HTTP state is dropped."""
         rest = self.http.rest
         self.http = None
+        self.daemon.http_conns.discard(self)
         self.user = user
         # Paged catch-ups wait for the buffer to fall under low before their
         # next page, and a page is at most a quarter of the bound: catch-up

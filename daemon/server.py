@@ -96,7 +96,8 @@ class Daemon:
         self.settings = settings
         self.hub = hub
         self.stream = stream
-        self.conns: set[Connection] = set()  # every open connection, for the drain
+        self.conns: set[Connection] = set()  # every open connection: the cap, the drain
+        self.http_conns: set[Connection] = set()  # those not (yet) WebSockets: the idle sweep
         self.sockets: set[Connection] = set()  # the WebSockets among them, for heartbeats
         self.polls: set[PollWaiter] = set()
         self.draining = False
@@ -112,7 +113,9 @@ class Daemon:
         if origin is not None and not self.origin_allowed(origin):
             metrics.REJECTS.labels("origin").inc()
             raise Refusal(403, "origin_not_allowed", f"origin {origin!r} is not allowed")
-        if self.hub.count >= self.settings.max_connections or self.draining or not self.stream.ready.is_set():
+        # Every open socket counts, this one included: handshakes under way and
+        # idle keep-alives hold file descriptors as much as WebSockets do.
+        if len(self.conns) > self.settings.max_connections or self.draining or not self.stream.ready.is_set():
             # Starting too: a client that waited here would wait out the stream's
             # start-up (seconds on FerretDB), where a retry may reach a ready daemon.
             metrics.REJECTS.labels("capacity").inc()
@@ -284,6 +287,7 @@ class Daemon:
         tick = max(0.1, min(1.0, self.settings.ping_interval_seconds / 4, self.settings.ping_timeout_seconds / 4))
         while True:
             await asyncio.sleep(tick)
+            self.close_idle_http(time.monotonic())
             conns = list(self.sockets)
             for start in range(0, len(conns), HEARTBEAT_SLICE):
                 if start:
@@ -292,6 +296,16 @@ class Daemon:
                 for conn in conns[start:start + HEARTBEAT_SLICE]:
                     if conn in self.sockets:  # not closed while the loop ran
                         conn.heartbeat(now)
+
+    def close_idle_http(self, now: float) -> None:
+        """Closes HTTP connections that have had no request in hand for
+        ``http_idle_seconds``: an idle keep-alive, or a request head that
+        trickles in (slowloris) or never comes. Each holds a file descriptor."""
+        limit = self.settings.http_idle_seconds
+        for conn in [c for c in self.http_conns if c.http.task is None and now - c.http.idle_since > limit]:
+            metrics.CLOSES.labels("http_idle").inc()
+            self.http_conns.discard(conn)
+            conn.transport.close()
 
     async def drain(self) -> None:
         """SIGTERM: refuse new clients, answer waiting polls now, close every

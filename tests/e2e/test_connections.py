@@ -286,6 +286,42 @@ async def test_over_capacity_gets_503_try_again_later(dbs, users):
         await c.close()
 
 
+async def test_sockets_mid_handshake_count_toward_the_cap_and_idle_ones_are_closed(dbs, users):
+    # Two sockets that never finish a request (one silent, one trickling a
+    # head, as slowloris does) hold file descriptors like WebSockets: with a
+    # cap of 2 the next handshake is refused. The daemon closes both once
+    # they have been idle for CHAT_HTTP_IDLE_SECONDS, and there is room again.
+    with running_system(dbs, daemons=1, apis=0, CHAT_MAX_CONNECTIONS=2, CHAT_HTTP_IDLE_SECONDS=1) as s:
+        created = time.monotonic()
+        silent = socket.create_connection(("127.0.0.1", s.daemon_port))
+        trickle = socket.create_connection(("127.0.0.1", s.daemon_port))
+        trickle.sendall(b"GET /v1/ws?tok")
+        await asyncio.sleep(0.3)
+        url = f"{s.ws_url}/v1/ws?token={s.token(users('c'))}"
+        assert await refused(url) == 503
+        sent = 0
+        for chunk in b"en=x HTTP/1.1\r\nHost: x\r\n":  # one byte every 0.1 s: never a whole head
+            try:
+                trickle.send(bytes([chunk]))
+            except OSError:
+                break
+            sent += 1
+            await asyncio.sleep(0.1)
+        assert sent >= 5  # taken for half a second and more: idle, then closed, not refused at once
+        for sock in (silent, trickle):
+            sock.settimeout(5)
+            try:
+                assert sock.recv(1024) == b""  # closed by the daemon, nothing said
+            except ConnectionResetError:
+                pass  # closed with the trickled bytes unread: a reset
+            sock.close()
+        assert time.monotonic() - created < 5
+        c, _ = await connect(s, users("c"))  # room again
+        await c.close()
+        closes = daemon_metrics(s)[("chat_daemon_closes_total", frozenset({("reason", "http_idle")}))]
+        assert closes >= 2
+
+
 async def test_sigterm_closes_clients_with_1012_and_they_resume_elsewhere(dbs, users):
     with running_system(dbs, daemons=1, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0) as s:
         alice, bob = users("alice"), users("bob")
