@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,19 +19,20 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from api import metrics
 from api.errors import ApiError
 from api.openapi import OPENAPI
 from api.ratelimit import RateLimiter
-from api.validation import parse_dev_login, parse_history_query, parse_message
+from api.post_message import PostMessage, front, read_body
+from api.validation import parse_dev_login, parse_history_query
 from chat import auth
-from chat.parsing import is_decimal
 from chat.settings import Settings
 from db import mongo
 from db.retention import run_sweeper
 from db.sql import conversation_key, make_engine, messages
-from db.writer import ClientIdConflict, MessageWriter, WriterOverloaded, WriteUnavailable, row_to_message
+from db.writer import MessageWriter, row_to_message
 
 log = logging.getLogger("chat.api")
 STATIC = Path(__file__).with_name("static")
@@ -73,44 +75,6 @@ def authenticate(request: Request, settings: Settings) -> str:
         return auth.verify(settings.jwt_secret.get_secret_value(), auth.bearer(request.headers.get("authorization")))
     except auth.AuthError as exc:
         raise ApiError(401, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, or 413 as soon as it is known to exceed ``limit``."""
-    too_big = ApiError(413, "body_too_large", f"request body is larger than {limit} bytes")
-    declared = request.headers.get("content-length")
-    if declared is not None and (not is_decimal(declared, 18) or int(declared) > limit):
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big  # read no further
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def post_message(request: Request) -> Response:
-    st = _state(request)
-    sender = authenticate(request, st.settings)
-    raw = await read_body(request, st.settings.request_max_bytes)
-    wait = st.limiter.allow(sender)
-    if wait:
-        raise ApiError(429, "rate_limited", "too many messages; retry after the given seconds",
-                       headers={"Retry-After": str(max(1, round(wait + 0.5)))})
-    draft = parse_message(raw, sender, st.settings.body_max_chars)
-    try:
-        msg, created = await st.writer.submit(draft)
-    except (WriteUnavailable, WriterOverloaded) as exc:
-        kind = "overloaded" if isinstance(exc, WriterOverloaded) else "mysql_unavailable"
-        raise ApiError(503, kind, "the permanent store is unavailable; nothing was stored, retry",
-                       headers={"Retry-After": "1"}) from None
-    except ClientIdConflict:
-        raise ApiError(409, "client_msg_id_conflict",
-                       "client_msg_id was already used by this sender for a different message",
-                       field="client_msg_id") from None
-    metrics.MESSAGES.labels("created" if created else "replayed").inc()
-    return json_response(msg.to_public(), 201 if created else 200)
 
 
 async def get_history(request: Request) -> Response:
@@ -161,7 +125,8 @@ async def dev_token(request: Request) -> Response:
     st = _state(request)
     if not st.settings.dev_login:
         raise ApiError(404, "not_found", f"no route {request.url.path}")
-    user = parse_dev_login(await read_body(request, st.settings.request_max_bytes))
+    raw = await read_body(request.receive, request.headers.get("content-length"), st.settings.request_max_bytes)
+    user = parse_dev_login(raw)
     token = auth.mint(st.settings.jwt_secret.get_secret_value(), user, DEV_TOKEN_TTL_SECONDS)
     return json_response({"token": token, "user": user})
 
@@ -236,8 +201,10 @@ async def method_not_allowed(request: Request, exc) -> Response:
     return ApiError(405, "method_not_allowed", f"{request.method} is not allowed here").response()
 
 
+POST_MESSAGE = PostMessage()
+
 ROUTES = [
-    Route("/v1/messages", post_message, methods=["POST"]),
+    Route("/v1/messages", POST_MESSAGE, methods=["POST"]),  # served by api.post_message.front
     Route("/v1/messages", get_history, methods=["GET"]),
     Route("/v1/conversations", get_conversations, methods=["GET"]),
     Route("/v1/client-config", client_config, methods=["GET"]),
@@ -255,7 +222,7 @@ PAGE_ROUTES = [
 ]
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings) -> ASGIApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
@@ -269,6 +236,11 @@ def create_app(settings: Settings) -> Starlette:
         tasks = [asyncio.create_task(writer.run(), name="writer"),
                  asyncio.create_task(run_sweeper(
                      db, engine, settings.retention_seconds, settings.sweep_interval_seconds), name="sweeper")]
+        # What start-up made (modules, the app, the pools) lives as long as the
+        # process: out of the cyclic GC's sight, so that its full passes walk
+        # only what requests create (as in the daemon).
+        gc.freeze()
+        metrics.watch_gc()
         log.info("event=api_started")
         try:
             yield
@@ -282,4 +254,4 @@ def create_app(settings: Settings) -> Starlette:
     app = Starlette(routes=[*ROUTES, *PAGE_ROUTES], lifespan=lifespan,
                     exception_handlers={ApiError: api_error, 404: not_found, 405: method_not_allowed})
     app.add_middleware(metrics.MetricsMiddleware)
-    return app
+    return front(app, POST_MESSAGE)

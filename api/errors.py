@@ -16,8 +16,11 @@ class ApiError(Exception):
         self.field = field
         self.headers = headers or {}
 
-    def response(self) -> Response:
+    def body(self) -> bytes:
         body = {"error": self.code, "message": self.message}
         if self.field is not None:
             body["field"] = self.field
-        return Response(orjson.dumps(body), self.status, self.headers, media_type="application/json")
+        return orjson.dumps(body)
+
+    def response(self) -> Response:
+        return Response(self.body(), self.status, self.headers, media_type="application/json")

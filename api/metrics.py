@@ -6,6 +6,8 @@ import time
 
 from prometheus_client import Counter, Histogram
 
+from chat import gcpauses
+
 REQUESTS = Counter("chat_api_requests_total", "HTTP requests answered", ["route", "status"])
 LATENCY = Histogram("chat_api_request_seconds", "Time to answer a request", ["route"],
                     buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
@@ -14,7 +16,16 @@ BATCH_SIZE = Histogram("chat_api_batch_messages", "Messages per group commit",
                        buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000))
 BATCH_SECONDS = Histogram("chat_api_batch_seconds", "Time of one group commit (MySQL + Mongo)",
                           buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+GC_PAUSES = Histogram("chat_api_gc_pause_seconds", "Cyclic garbage collector passes, by generation: "
+                      "no request is read or answered meanwhile", ["generation"], buckets=gcpauses.BUCKETS)
 MESSAGES = Counter("chat_api_messages_total", "Messages stored (created) or replayed (retry)", ["result"])
+# The children the hot path (api.post_message) touches, looked up once.
+MESSAGES_CREATED, MESSAGES_REPLAYED = MESSAGES.labels("created"), MESSAGES.labels("replayed")
+POST_LATENCY = LATENCY.labels("/v1/messages")
+
+
+def watch_gc() -> None:
+    gcpauses.watch(GC_PAUSES)
 
 
 def observe_batch(size: int, seconds: float) -> None:
