@@ -92,9 +92,8 @@ class PostMessage:
 
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
     """The request body, or 413 as soon as it is known to exceed ``limit``."""
-    too_big = ApiError(413, "body_too_large", f"request body is larger than {limit} bytes")
     if declared is not None and (not is_decimal(declared, 18) or int(declared) > limit):
-        raise too_big
+        raise _too_big(limit)
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -103,10 +102,14 @@ async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise too_big  # read no further
+            raise _too_big(limit)  # read no further
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _too_big(limit: int) -> ApiError:
+    return ApiError(413, "body_too_large", f"request body is larger than {limit} bytes")
 
 
 def front(app: Starlette, post: PostMessage) -> ASGIApp:
