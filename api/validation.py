@@ -32,6 +32,11 @@ def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict:
     return obj
 
 
+# One decoder for every request: json.loads(raw, object_pairs_hook=...) built a
+# new JSONDecoder per call.
+_DUPLICATE_KEYS = json.JSONDecoder(object_pairs_hook=_reject_duplicates)
+
+
 def _depth(value: object, limit: int) -> int:
     stack = [(value, 1)]
     deepest = 0
@@ -57,7 +62,7 @@ def parse_json(raw: bytes) -> object:
         raise ApiError(400, "malformed_json", f"request body is not valid JSON: {exc}") from None
     if _depth(value, MAX_DEPTH) > MAX_DEPTH:
         raise ApiError(400, "malformed_json", f"JSON nested deeper than {MAX_DEPTH} levels")
-    json.loads(raw, object_pairs_hook=_reject_duplicates)
+    _DUPLICATE_KEYS.decode(raw.decode())  # valid UTF-8: orjson said so
     return value
 
 
