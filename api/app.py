@@ -26,7 +26,7 @@ from api.errors import ApiError
 from api.openapi import OPENAPI
 from api.ratelimit import RateLimiter
 from api.post_message import PostMessage, front, read_body
-from api.validation import parse_dev_login, parse_history_query
+from api.validation import parse_bearer, parse_dev_login, parse_history_query
 from chat import auth
 from chat.settings import Settings
 from db import mongo
@@ -71,10 +71,7 @@ def _state(request: Request) -> State:
 
 
 def authenticate(request: Request, settings: Settings) -> str:
-    try:
-        return auth.verify(settings.jwt_secret.get_secret_value(), auth.bearer(request.headers.get("authorization")))
-    except auth.AuthError as exc:
-        raise ApiError(401, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
+    return parse_bearer(request.headers.get("authorization"), settings.jwt_secret.get_secret_value())
 
 
 async def get_history(request: Request) -> Response:

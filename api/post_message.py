@@ -20,8 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import metrics
 from api.errors import ApiError
-from api.validation import parse_message
-from chat import auth
+from api.validation import parse_bearer, parse_message
 from chat.parsing import is_decimal
 from db.writer import ClientIdConflict, WriterOverloaded, WriteUnavailable
 
@@ -29,7 +28,7 @@ log = logging.getLogger("chat.api")
 
 PATH = "/v1/messages"
 JSON = (b"content-type", b"application/json")
-SERVER_ERROR = b'{"error":"server_error","message":"internal error; nothing may have been stored, retry"}'
+SERVER_ERROR = b'{"error":"server_error","message":"internal error; retry with the same client_msg_id"}'
 
 
 class Disconnected(Exception):
@@ -61,15 +60,12 @@ class PostMessage:
 
     async def store(self, st, scope: Scope, receive: Receive) -> tuple[int, bytes, list]:
         authorization = content_length = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
+        for name, value in scope["headers"]:  # the first of each, as Starlette's Headers.get
+            if name == b"authorization" and authorization is None:
                 authorization = value.decode("latin-1")
-            elif name == b"content-length":
+            elif name == b"content-length" and content_length is None:
                 content_length = value.decode("latin-1")
-        try:
-            sender = auth.verify(st.settings.jwt_secret.get_secret_value(), auth.bearer(authorization))
-        except auth.AuthError as exc:
-            raise ApiError(401, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
+        sender = parse_bearer(authorization, st.settings.jwt_secret.get_secret_value())
         raw = await read_body(receive, content_length, st.settings.request_max_bytes)
         wait = st.limiter.allow(sender)
         if wait:

@@ -14,6 +14,7 @@ import re
 import orjson
 
 from api.errors import ApiError
+from chat import auth
 from chat.auth import is_user_id
 from chat.parsing import is_decimal
 from db.writer import Draft
@@ -75,6 +76,14 @@ def _string(obj: dict, name: str, *, required: bool) -> str | None:
     if not isinstance(value, str):
         raise ApiError(422, "invalid_field", f"`{name}` must be a string, got {type(value).__name__}", field=name)
     return value
+
+
+def parse_bearer(header: str | None, secret: str) -> str:
+    """The user an ``Authorization: Bearer <jwt>`` header speaks for, or 401."""
+    try:
+        return auth.verify(secret, auth.bearer(header))
+    except auth.AuthError as exc:
+        raise ApiError(401, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
 
 
 def parse_message(raw: bytes, sender: str, body_max_chars: int) -> Draft:

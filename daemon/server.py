@@ -16,6 +16,7 @@ import os
 import signal
 import time
 import urllib.parse
+from collections.abc import AsyncIterator
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -128,10 +129,9 @@ class Daemon:
         return "*" in allowed or origin in allowed
 
     async def subscribe(self, sub: Subscriber, since: int | None, most: int | None = None,
-                        max_bytes: int | None = None) -> tuple[CatchUp, int]:
-        """Registers ``sub`` and computes the first page of its catch-up (the
-        oldest ``most`` messages, ``max_bytes`` of payload, if given); returns
-        (catch-up, cursor). Later pages end at the cursor too.
+                        max_bytes: int | None = None) -> tuple[AsyncIterator[CatchUp], int]:
+        """Registers ``sub``; returns its catch-up, in pages of at most ``most``
+        messages and ``max_bytes`` of payload, and the cursor.
 
         The stream position is read and the subscriber registered with no
         await in between: catch-up covers (since, position], live frames the rest.
@@ -140,7 +140,7 @@ class Daemon:
         sub.last_id = since if since is not None else position
         self.hub.register(sub)
         if since is None:
-            return CatchUp(False, []), position
+            return _one(CatchUp(False, [])), position
         if since > position and not await self.stream.wait_for(since, FUTURE_SINCE_WAIT):
             if await self.stream.is_stored(since):
                 # The client saw more than this daemon has (it came from one
@@ -149,9 +149,8 @@ class Daemon:
                 self.hub.unregister(sub)
                 raise Behind()
             sub.last_id = position  # no message has that id: serve from here
-            return CatchUp(False, []), position
-        catch = await self.stream.catch_up(sub.user, since, position, most, max_bytes)
-        return catch, max(position, since)
+            return _one(CatchUp(False, [])), position
+        return self.stream.pages(sub.user, since, position, most, max_bytes), max(position, since)
 
     # --- /v1/ws ---------------------------------------------------------------------
     async def handle_upgrade(self, conn: Connection, request: Request) -> bool:
@@ -176,29 +175,49 @@ class Daemon:
         conn.upgrade(user, response.serialize())
         self.sockets.add(conn)
         metrics.WS_OPEN.inc()
-        page_bytes = self.settings.send_buffer_max_bytes // 4
         try:
-            catch, cursor = await self.subscribe(conn, parse_since(query.get("since")), CATCH_UP_PAGE, page_bytes)
-            if conn.closing:
-                return True
-            hello = {"type": "hello", "recovered": catch.recovered, "cursor": str(cursor), "user": user}
-            conn.transport.write(text_frame(orjson.dumps(hello)))
-            while catch.more:
-                conn.send_page(catch.frames)
-                if not await conn.drained():
-                    return True
-                catch = await self.stream.catch_up(user, conn.last_id, cursor, CATCH_UP_PAGE, page_bytes, catch.cutoff)
+            await self.serve_socket(conn, user, parse_since(query.get("since")))
         except Behind:
             metrics.REJECTS.labels("behind").inc()
             conn.close(CLOSE_TRY_AGAIN, "this daemon is behind your since: retry")
-            return True
         except Exception:
             log.exception("event=ws_error user=%s", user)
             conn.close(CLOSE_ERROR, "server error")
-            return True
-        if not conn.closing:
-            conn.go_live(catch.frames)
         return True
+
+    async def serve_socket(self, conn: Connection, user: str, since: int | None) -> None:
+        """The hello, the catch-up a page at a time, then live frames.
+
+        Each page goes out once the socket has sent most of the one before
+        (``drained``), so the daemon holds one page of a long catch-up, and a
+        slow reader is paced instead of overrunning its send buffer. Live
+        frames wait behind the catch-up within their own bound; past it the
+        client is closed with 4008 after the last catch-up frame it got, and
+        resumes from there."""
+        pages, cursor = await self.subscribe(conn, since, CATCH_UP_PAGE, self.settings.send_buffer_max_bytes // 4)
+        try:
+            page = await anext(pages)
+            if conn.closing:
+                return
+            hello = {"type": "hello", "recovered": page.recovered, "cursor": str(cursor), "user": user}
+            conn.transport.write(text_frame(orjson.dumps(hello)))
+            while page.more:
+                conn.send_page(page.frames)
+                if not await conn.drained():
+                    return
+                if conn.overflowed:  # live frames outran the catch-up: go no further
+                    conn.overflow()
+                    return
+                page = await anext(pages)
+                if not page.recovered:
+                    # Messages expired while the client read the pages before:
+                    # its resume from the last one it got says `recovered: false`.
+                    conn.close(CLOSE_TRY_AGAIN, "messages expired during catch-up: reconnect with since")
+                    return
+            if await conn.drained():
+                conn.go_live(page.frames)
+        finally:
+            await pages.aclose()
 
     def forget(self, conn: Connection) -> None:
         """A WebSocket is gone (closed either way); idempotent."""
@@ -238,7 +257,11 @@ class Daemon:
         try:
             try:
                 # One more than the answer holds: more than `limit` tells that it is cut.
-                catch, cursor = await self.subscribe(waiter, parse_since(query.get("since")), limit + 1)
+                pages, cursor = await self.subscribe(waiter, parse_since(query.get("since")), limit + 1)
+                try:
+                    catch = await anext(pages)
+                finally:
+                    await pages.aclose()
             except Behind:
                 metrics.REJECTS.labels("behind").inc()
                 conn.respond(503, _error_body("try_again_later", "this daemon is behind your since: retry"),
@@ -305,7 +328,10 @@ class Daemon:
         for conn in [c for c in self.http_conns if c.http.task is None and now - c.http.idle_since > limit]:
             metrics.CLOSES.labels("http_idle").inc()
             self.http_conns.discard(conn)
-            conn.transport.close()
+            if conn.transport.get_write_buffer_size():
+                conn.transport.abort()  # a client that has not read its last answer for this long: owed nothing
+            else:
+                conn.transport.close()
 
     async def drain(self) -> None:
         """SIGTERM: refuse new clients, answer waiting polls now, close every
@@ -337,6 +363,10 @@ ROUTES = {
     "/healthz": Daemon.healthz,
     "/metrics": Daemon.metrics_endpoint,
 }
+
+
+async def _one(page: CatchUp) -> AsyncIterator[CatchUp]:
+    yield page
 
 
 def _split(target: bytes) -> tuple[str, dict[str, str]]:

@@ -12,6 +12,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -53,8 +54,7 @@ Cached = tuple[int, str, str, datetime, bytes]
 class CatchUp:
     recovered: bool
     frames: list[Item]
-    more: bool = False  # cut at `most` or `max_bytes`: the next page starts after the last frame
-    cutoff: datetime | None = None  # the retention cut-off it used; the next page uses it too
+    more: bool = False  # another page follows
 
 
 class Stream:
@@ -80,6 +80,7 @@ class Stream:
         self._advanced = asyncio.Event()  # set and replaced each time the position moves
         self._lag, self._moved_at = 0.0, time.monotonic()  # for the tail-lag gauge
         self._lookups = asyncio.Lock()  # is_stored's reads of `messages`, one at a time
+        self._known_stored = 0  # the highest id is_stored found in `messages`
         self.ready = asyncio.Event()
 
     @property
@@ -281,10 +282,15 @@ class Stream:
         FerretDB each scans `messages`, and a crowd of made-up ids must not
         multiply that."""
         try:
-            if msg_id <= await mongo.newest_id(self._db):
+            if msg_id <= max(self._known_stored, self.position, await mongo.newest_id(self._db)):
                 return True
             async with self._lookups:
-                return await mongo.is_stored(self._db, msg_id)
+                if msg_id <= max(self._known_stored, self.position):  # found while this one waited
+                    return True
+                if not await mongo.is_stored(self._db, msg_id):
+                    return False
+                self._known_stored = max(self._known_stored, msg_id)  # ids are gap-free: all below exist too
+                return True
         except PyMongoError:
             return True
 
@@ -300,65 +306,95 @@ class Stream:
         return newest_first[:count]
 
     # --- catch-up -----------------------------------------------------------
-    async def catch_up(self, user: str, since: int, upto: int, most: int | None = None,
-                       max_bytes: int | None = None, cutoff: datetime | None = None) -> CatchUp:
-        """The user's messages with since < id <= upto, and whether that is all
-        of them (False: some expired, so the client must reload history).
+    async def catch_up(self, user: str, since: int, upto: int, most: int | None = None) -> CatchUp:
+        """The first page of ``pages``: the oldest ``most`` of the user's
+        messages with since < id <= upto (all of them if ``most`` is None)."""
+        pages = self.pages(user, since, upto, most)
+        try:
+            return await anext(pages)
+        finally:
+            await pages.aclose()
 
-        One page: the oldest ``most`` of them, at most ``max_bytes`` of
-        payload (always at least one); ``more`` says it was cut there. A later
-        page passes the first page's ``cutoff``, so that all pages of one
-        catch-up agree on what has expired (the oldest come first, so only a
-        first page finds any)."""
-        cutoff = cutoff or mongo.expired_before(self._retention)
-        page = _Page(most, max_bytes, cutoff)
-        if since >= upto:
-            return page.result()
-        if self._cache and self._cache[0][0] <= since + 1 and self._cache[-1][0] >= upto:
+    async def pages(self, user: str, since: int, upto: int, most: int | None = None,
+                    max_bytes: int | None = None) -> AsyncIterator[CatchUp]:
+        """The user's messages (either side) with since < id <= upto, oldest
+        first, in pages of at most ``most`` messages and ``max_bytes`` of
+        payload (one message at least); the last page has ``more`` False.
+
+        A page's ``recovered`` is False if messages before or in it were left
+        out for having expired. On the first page that sends the client to
+        reload history. On a later one, messages expired while the client read
+        the earlier pages: a caller must not pass that page on as if nothing
+        were missing (the WebSocket closes, and the client's resume finds the
+        gap). The cache is a snapshot taken at the start, so only reads of the
+        store can meet such a gap: the retention floor (the sweeper's mark,
+        written before it deletes) or the TTL edge passing the read position
+        shows it."""
+        cutoff = mongo.expired_before(self._retention)
+        page = _Page(most, max_bytes)
+        if since < upto and self._cache and self._cache[0][0] <= since + 1 and self._cache[-1][0] >= upto:
             metrics.CATCHUPS_FROM_CACHE.inc()
             start = since + 1 - self._cache[0][0]
             for msg_id, sender, recipient, created_at, payload in self._cached(start, upto - since):
-                if (recipient == user or sender == user) and not page.add(msg_id, created_at, payload):
+                if recipient != user and sender != user:
+                    continue
+                if created_at < cutoff:
+                    page.recovered = False
+                    continue
+                if page.full(len(payload)):
+                    yield page.result(more=True)
+                    page = _Page(most, max_bytes)
+                page.add(msg_id, payload)
+        elif since < upto:
+            metrics.CATCHUP_QUERIES.labels("mongo").inc()
+            after, newest = since, None
+            limit = PAGE if most is None else min(PAGE, most)
+            while True:
+                docs = await mongo.messages_for(self._db, user, after, upto, limit)
+                # Read after the query: the sweeper raises the floor before it deletes.
+                if await mongo.retention_floor(self._db) > after or (
+                        newest is not None and newest < mongo.expired_before(self._retention)):
+                    # Some of (after, ...] may have been deleted before this
+                    # read: what was read before it goes out as it was, and
+                    # the page after the gap says so.
+                    if page.frames:
+                        yield page.result(more=True)
+                        page = _Page(most, max_bytes)
+                    page.recovered = False
+                for doc in docs:
+                    msg = from_doc(doc)
+                    if msg.created_at < cutoff:
+                        page.recovered = False
+                        continue
+                    payload = msg.frame()
+                    if page.full(len(payload)):
+                        yield page.result(more=True)
+                        page = _Page(most, max_bytes)
+                    page.add(msg.id, payload)
+                    newest = msg.created_at
+                if len(docs) < limit:
                     break
-            return page.result()
-        metrics.CATCHUP_QUERIES.labels("mongo").inc()
-        floor = await mongo.retention_floor(self._db)
-        page.recovered = since >= floor
-        after = since
-        limit = PAGE if most is None else min(PAGE, most + 1)  # one more tells that there is more
-        while True:
-            docs = await mongo.messages_for(self._db, user, after, upto, limit)
-            for doc in docs:
-                msg = from_doc(doc)
-                if not page.add(msg.id, msg.created_at, msg.frame()):
-                    return page.result()
-            if len(docs) < limit:
-                return page.result()
-            after = int(docs[-1]["_id"])
+                after = int(docs[-1]["_id"])
+        yield page.result(more=False)
 
 
 class _Page:
     """One page of a catch-up being filled, oldest first."""
 
-    __slots__ = ("most", "max_bytes", "cutoff", "recovered", "frames", "size", "more")
+    __slots__ = ("most", "max_bytes", "recovered", "frames", "size")
 
-    def __init__(self, most: int | None, max_bytes: int | None, cutoff: datetime):
-        self.most, self.max_bytes, self.cutoff = most, max_bytes, cutoff
-        self.recovered, self.frames, self.size, self.more = True, [], 0, False
+    def __init__(self, most: int | None, max_bytes: int | None):
+        self.most, self.max_bytes = most, max_bytes
+        self.recovered, self.frames, self.size = True, [], 0
 
-    def add(self, msg_id: int, created_at: datetime, payload: bytes) -> bool:
-        """Takes one message of the user's; False once the page is full (it
-        was not taken, and ``more`` is set)."""
-        if created_at < self.cutoff:
-            self.recovered = False
-            return True
-        if self.frames and (len(self.frames) == self.most
-                            or (self.max_bytes is not None and self.size + len(payload) > self.max_bytes)):
-            self.more = True
-            return False
+    def full(self, adding: int) -> bool:
+        """Whether a payload of ``adding`` bytes must start the next page."""
+        return bool(self.frames) and (len(self.frames) == self.most
+                                      or (self.max_bytes is not None and self.size + adding > self.max_bytes))
+
+    def add(self, msg_id: int, payload: bytes) -> None:
         self.frames.append((msg_id, payload, None))
         self.size += len(payload)
-        return True
 
-    def result(self) -> CatchUp:
-        return CatchUp(self.recovered, self.frames, self.more, self.cutoff)
+    def result(self, more: bool) -> CatchUp:
+        return CatchUp(self.recovered, self.frames, more)

@@ -17,11 +17,17 @@ def test_healthz_and_readyz(system):
     assert ready.status_code == 200 and ready.json()["checks"] == {"mysql": "ok", "mongo": "ok"}
 
 
+def _sample(text: str, line_start: str) -> float:
+    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start)), 0.0)
+
+
 async def test_metrics_count_requests_batches_and_errors(system, users):
+    created = 'chat_api_requests_total{route="/v1/messages",status="201"}'
+    before = _sample(httpx.get(f"{system.api_url}/metrics").text, created)
     await post(system, users("a"), users("b"), "x")
     httpx.post(f"{system.api_url}/v1/messages", content=b"{", headers={"Authorization": "Bearer x"})
     text = httpx.get(f"{system.api_url}/metrics").text
-    assert 'chat_api_requests_total{route="/v1/messages",status="201"}' in text
+    assert _sample(text, created) == before + 1  # counted once (one API process serves the shared system)
     assert "chat_api_request_seconds_bucket" in text
     assert "chat_api_batch_messages_count" in text
     assert 'chat_api_errors_total{kind="unauthorized"}' in text

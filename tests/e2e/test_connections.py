@@ -320,6 +320,12 @@ async def test_sockets_mid_handshake_count_toward_the_cap_and_idle_ones_are_clos
         await c.close()
         closes = daemon_metrics(s)[("chat_daemon_closes_total", frozenset({("reason", "http_idle")}))]
         assert closes >= 2
+        # A long poll is a request in hand, not an idle connection: it gets its answer.
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=10) as client:
+            r = await client.get(s.poll_url, params={"timeout": "2.5"},
+                                 headers={"Authorization": f"Bearer {s.token(users('d'))}"})
+        assert r.status_code == 200 and r.json()["messages"] == [] and time.monotonic() - started >= 2.4
 
 
 async def test_sigterm_closes_clients_with_1012_and_they_resume_elsewhere(dbs, users):

@@ -152,23 +152,45 @@ async def test_catch_up_past_the_cache_reads_the_store_and_can_stop_at_the_oldes
         assert b'"body":"m7"' in first.frames[0][1]
         assert not (await stream.catch_up("bob", 0, 40, most=20)).more  # exactly 20: no more
         assert await _pages(stream, "bob", 0, 40, most=6) == list(range(1, 41, 2))
+        assert await _pages(stream, "bob", 0, 40, most=6, max_bytes=100) == list(range(1, 41, 2))
+
+
+async def test_messages_that_expire_between_pages_mark_the_next_page_not_recovered(dbs):
+    # A slow reader pages through a catch-up from the store; meanwhile the
+    # sweeper raises the retention floor and deletes what it passed. The
+    # page after the gap says so (the WebSocket then closes, and the client's
+    # resume from its last id says `recovered: false`): never a silent gap.
+    async with _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=0, gap_check_seconds=30) as (db, stream, bob):
+        await db[mongo.MESSAGES].insert_many([Message(i, "alice", "bob", f"m{i}", now_ms()).to_doc()
+                                              for i in range(1, 31)])
+        pages = stream.pages("bob", 0, 30, most=5)
+        first = await anext(pages)
+        assert [i for i, _p, _f in first.frames] == [1, 2, 3, 4, 5] and first.recovered and first.more
+        # as db.retention.sweep_once does it: the floor first, then the delete
+        await db[mongo.META].update_one({"_id": "retention"}, {"$max": {"floor": 20}}, upsert=True)
+        await db[mongo.MESSAGES].delete_many({"_id": {"$lte": 20}})
+        later = [p async for p in pages]
+        # What was read before the delete goes out as it was; the first page
+        # after the gap, and only it, says recovered: false.
+        ids = [i for p in later for i, _p, _f in p.frames]
+        assert ids[-10:] == list(range(21, 31)) and ids[:-10] == list(range(6, 6 + len(ids) - 10))
+        after_gap = next(n for n, p in enumerate(later) if p.frames and p.frames[0][0] > 20)
+        assert [p.recovered for p in later] == [n != after_gap for n in range(len(later))]
 
 
 async def _pages(stream, user, since, upto, **page) -> list[int]:
     """Every id of a catch-up read a page at a time, as a WebSocket's is;
-    checks that each page is cut where it says."""
-    ids, after, cutoff = [], since, None
-    while True:
-        catch = await stream.catch_up(user, after, upto, cutoff=cutoff, **page)
+    checks that each page is cut where it says and only the last says no more."""
+    ids, pages = [], [p async for p in stream.pages(user, since, upto, **page)]
+    for catch in pages:
         assert catch.frames and catch.recovered
         if "most" in page:
             assert len(catch.frames) <= page["most"]
         if "max_bytes" in page:
             assert len(catch.frames) == 1 or sum(len(p) for _i, p, _f in catch.frames) <= page["max_bytes"]
         ids += [i for i, _p, _f in catch.frames]
-        if not catch.more:
-            return ids
-        after, cutoff = ids[-1], catch.cutoff
+    assert [c.more for c in pages] == [True] * (len(pages) - 1) + [False]
+    return ids
 
 
 class _BurstTail(_SilentTail):
@@ -261,8 +283,9 @@ async def test_a_since_past_a_lagging_meta_head_is_retried_not_reset(dbs, monkey
         with pytest.raises(Behind):
             await daemon.subscribe(_Recorder("carol", 0), 1)
         assert stream._hub.count == registered  # nothing left behind
-        catch, cursor = await daemon.subscribe(_Recorder("carol", 0), 7)
-        assert not catch.recovered and cursor == stream.position == 0
+        pages, cursor = await daemon.subscribe(_Recorder("carol", 0), 7)
+        assert [(p.recovered, p.frames, p.more) async for p in pages] == [(False, [], False)]
+        assert cursor == stream.position == 0
 
 
 async def test_catch_up_pages_from_the_cache_by_count_and_by_bytes(dbs):
