@@ -1,8 +1,8 @@
 """Tails local.oplog.rs. One loop owns the cursor and the resume point.
 
 What it does, after Meteor's oplog tailer:
-- a tailable awaitData cursor from the last ``ts`` seen, narrowed on MongoDB
-  to the messages namespace (and ``admin.$cmd`` for its transactions);
+- a tailable awaitData cursor from the last ``ts`` seen, narrowed to the
+  messages namespace (and ``admin.$cmd`` for MongoDB transactions);
 - on any error, re-open from that ``ts`` after a capped, jittered backoff;
 - a watchdog re-opens a cursor that has been silent for too long;
 - after an error, a watchdog restart or a fall-off it tells its consumer
@@ -21,17 +21,6 @@ twice more once data arrives. With two daemons that cost FerretDB about a
 core at 200 messages/s and put its tail at 260 ms p50; polling every 20 ms
 gave 160 ms (loadtest/results, README). MongoDB wakes an awaitData cursor
 when an entry commits, so there the cursor waits on the server.
-
-On FerretDB the cursor is not narrowed to a namespace: a getMore finds its
-place again by the last record it returned, and FerretDB fails it
-("iterator is read to the end or closed") once that record has left the
-small capped oplog. With a namespace filter, a quiet spell of messages while
-other writes (meta, the sweeper's deletes, a probe) turn the oplog over made
-the first getMore of the next burst fail, and a slow re-open under that
-burst lost its first messages to a resync from `messages` (README, session
-8). Unfiltered, the last record is always the newest entry; the consumer
-skips other namespaces, as it must anyway (FerretDB filters in Go, entry by
-entry, either way).
 """
 
 from __future__ import annotations
@@ -103,11 +92,10 @@ class OplogTail:
         # drops it as a repeat). Both matter on FerretDB: it closes a tailable
         # cursor whose first batch is shorter than batchSize, and its getMore
         # fails unless the cursor has returned a record it can find again.
-        where = {"ts": {"$gte": self.last_ts}}
-        if not poll:
-            where["ns"] = {"$in": [self.namespace, "admin.$cmd"]}
         reply = await self._local.command({
-            "find": "oplog.rs", "filter": where, "tailable": True, "awaitData": not poll, "batchSize": 1,
+            "find": "oplog.rs",
+            "filter": {"ts": {"$gte": self.last_ts}, "ns": {"$in": [self.namespace, "admin.$cmd"]}},
+            "tailable": True, "awaitData": not poll, "batchSize": 1,
         })
         cursor = reply["cursor"]
         first = cursor["firstBatch"]

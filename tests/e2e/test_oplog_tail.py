@@ -78,53 +78,6 @@ async def test_the_tail_reads_every_insert(quiet_dbs, force_await):
         assert list(dict.fromkeys(seen)) == list(range(30))
 
 
-async def test_a_quiet_tail_keeps_its_place_while_other_writes_turn_the_oplog_over(quiet_dbs):
-    # The local oplog holds 200 entries. Between two messages, 400 writes to
-    # another collection push the first message's entry out of it. A tail
-    # narrowed to the messages namespace lost its place there: FerretDB failed
-    # its next getMore and the tail re-opened and reported a fall-off (under
-    # load, the burst's first messages were then read back from `messages`,
-    # seconds late). The tail must go on with no restart.
-    client = mongo.make_client(quiet_dbs.ferretdb.url, 5)
-    namespace = "chat.tail_quiet"
-    tail = OplogTail(client, namespace, ferretdb_poll_seconds=0.02)
-    tail.last_ts = await tail.newest_ts()
-    seen: list[int] = []
-    restarts = -1  # the first open is announced too
-    arrived = asyncio.Event()
-
-    async def read():
-        nonlocal restarts
-        async for batch in tail.batches():
-            if batch is RESTARTED:
-                restarts += 1
-                continue
-            new = [e["o"]["_id"] for e in batch if e.get("op") == "i" and e.get("ns") == namespace]
-            seen.extend(new)
-            if new:
-                arrived.set()
-
-    reader = asyncio.create_task(read())
-    try:
-        await asyncio.sleep(0.3)
-        messages, other = client["chat"]["tail_quiet"], client["chat"]["tail_other"]
-        await messages.insert_one({"_id": 1})
-        await asyncio.wait_for(arrived.wait(), 10)
-        arrived.clear()
-        for k in range(8):
-            await other.insert_many([{"_id": k * 50 + i} for i in range(50)])
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.6)  # FerretDB's capped cleanup runs every 200 ms
-        oldest = await client["local"]["oplog.rs"].find_one({}, sort=[("$natural", 1)])
-        assert oldest["ns"] == "chat.tail_other"  # the message's entry is gone from the oplog
-        await messages.insert_one({"_id": 2})
-        await asyncio.wait_for(arrived.wait(), 10)
-        assert list(dict.fromkeys(seen)) == [1, 2] and restarts == 0 and tail.restarts == 1
-    finally:
-        reader.cancel()
-        await client.close()
-
-
 class _SilentTail:
     """A tail that never shows an entry: what FerretDB does for a document it
     stored without writing its oplog entry."""
