@@ -8,6 +8,7 @@ loadtest/results/latest.json, report.md and PNG plots.
 
 from __future__ import annotations
 
+import configparser
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,17 @@ from loadtest.report import write_report
 from tests.system import databases, running_system
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _deployed(program: str) -> int:
+    """How many processes of ``program`` `make run` starts (supervisord.conf):
+    the whole-system scenarios run as deployed."""
+    conf = configparser.RawConfigParser()
+    conf.read(RESULTS.parent.parent / "supervisord.conf")
+    return conf.getint(f"program:{program}", "numprocs")
+
+
+DEPLOYED_APIS, DEPLOYED_DAEMONS = _deployed("api"), _deployed("daemon")
 SEED = {  # the seed experiment: phpDaemon / Node.js behind ab -k, requests/s
     10: (54.36, 64.0), 100: (75.15, 64.12), 500: (67.73, 61.71), 1000: (56.99, 75.02)}
 
@@ -205,13 +217,13 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
     sections = set(only) or {"replay", "ws", "ab", "post_alone", "hold"}
     if full:
         levels, seconds, iterations = [10, 100, 500, 1000], 20, 5
-        sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, 2
+        sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, DEPLOYED_DAEMONS
         replay_clients, replay_rates, replay_max = 10_000, [1000, 2000, 5000, 10_000], 200_000
         hold = (100_000, 8, 100, 20)  # clients, daemons, msg/s, seconds
         post_alone_matrix = ([100, 1000], 20, 3)  # levels, seconds, iterations
     else:
         levels, seconds, iterations = [10, 100, 500, 1000], 5, 1
-        sizes, rate, ws_seconds, daemons = [100, 1000], 200, 10, 2
+        sizes, rate, ws_seconds, daemons = [100, 1000], 200, 10, DEPLOYED_DAEMONS
         replay_clients, replay_rates, replay_max = 2000, [1000, 2000, 5000], 50_000
         hold = None
         post_alone_matrix = ([100], 5, 1)
@@ -228,12 +240,14 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
     # weigh on the next one's figures.
     if "ws" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-"))) as dbs:
-            with running_system(dbs, daemons=daemons, apis=2, **env) as system:
+            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, **env) as system:
                 results["ws"] = ws_runs(system, sizes, rate, ws_seconds)
+            results.setdefault("deployed", {})["ws"] = {"apis": DEPLOYED_APIS, "daemons": daemons}
     if "ab" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-ab-"))) as dbs:
-            with running_system(dbs, daemons=daemons, apis=2, **env) as system:
+            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, **env) as system:
                 results["ab"] = ab_matrix(system, levels, seconds, iterations, poll_rate=20)
+            results.setdefault("deployed", {})["ab"] = {"apis": DEPLOYED_APIS, "daemons": daemons}
     if "post_alone" in sections:
         results["post_alone"] = post_alone(*post_alone_matrix, env)
     if hold is not None and "hold" in sections:

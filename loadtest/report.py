@@ -36,6 +36,9 @@ def write_report(r: dict, out: Path) -> None:
         lines += [f"Section `{name}` rerun on its own (`--only {name}`): {rerun['date']}, commit {rerun['commit']}.", ""]
     for failure in r.get("failures", []):
         lines += [f"**{failure}** (the run's row below carries the figures it had).", ""]
+    for name, shape in r.get("deployed", {}).items():
+        lines += [f"Section `{name}` ran the system as `make run` deploys it: {shape['apis']} API process(es) "
+                  f"and {shape['daemons']} daemons.", ""]
     lines += [
         "## ab -k on the daemons' long-poll endpoint (writer at a fixed rate)", "",
         "| connections | complete requests | requests/s | time per request (ms, across all) | min ms | max ms "
