@@ -33,7 +33,7 @@ from daemon.acceptor import Acceptor
 from daemon.connection import CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN, Connection, Request
 from daemon.hub import Hub, Subscriber
 from daemon.oplog import OplogTail
-from daemon.stream import CatchUp, Stream
+from daemon.stream import CatchUp, Stream, first_page
 from daemon.wire import text_frame
 from db import mongo
 
@@ -258,10 +258,7 @@ class Daemon:
             try:
                 # One more than the answer holds: more than `limit` tells that it is cut.
                 pages, cursor = await self.subscribe(waiter, parse_since(query.get("since")), limit + 1)
-                try:
-                    catch = await anext(pages)
-                finally:
-                    await pages.aclose()
+                catch = await first_page(pages)
             except Behind:
                 metrics.REJECTS.labels("behind").inc()
                 conn.respond(503, _error_body("try_again_later", "this daemon is behind your since: retry"),

@@ -309,11 +309,7 @@ class Stream:
     async def catch_up(self, user: str, since: int, upto: int, most: int | None = None) -> CatchUp:
         """The first page of ``pages``: the oldest ``most`` of the user's
         messages with since < id <= upto (all of them if ``most`` is None)."""
-        pages = self.pages(user, since, upto, most)
-        try:
-            return await anext(pages)
-        finally:
-            await pages.aclose()
+        return await first_page(self.pages(user, since, upto, most))
 
     async def pages(self, user: str, since: int, upto: int, most: int | None = None,
                     max_bytes: int | None = None) -> AsyncIterator[CatchUp]:
@@ -327,17 +323,30 @@ class Stream:
         the earlier pages: a caller must not pass that page on as if nothing
         were missing (the WebSocket closes, and the client's resume finds the
         gap). The cache is a snapshot taken at the start, so only reads of the
-        store can meet such a gap: the retention floor (the sweeper's mark,
-        written before it deletes) or the TTL edge passing the read position
-        shows it."""
+        store can meet such a gap (``_stored`` says where)."""
         cutoff = mongo.expired_before(self._retention)
         page = _Page(most, max_bytes)
-        if since < upto and self._cache and self._cache[0][0] <= since + 1 and self._cache[-1][0] >= upto:
+        if since >= upto:
+            items = _no_items()
+        elif self._cache and self._cache[0][0] <= since + 1 and self._cache[-1][0] >= upto:
             metrics.CATCHUPS_FROM_CACHE.inc()
-            start = since + 1 - self._cache[0][0]
-            for msg_id, sender, recipient, created_at, payload in self._cached(start, upto - since):
-                if recipient != user and sender != user:
+            items = self._from_cache(user, since, upto)
+        else:
+            metrics.CATCHUP_QUERIES.labels("mongo").inc()
+            # One past the page: the first page, all a long-poll needs, is one
+            # read of the store (a full scan on FerretDB) and still knows there is more.
+            items = self._stored(user, since, upto, PAGE if most is None else min(PAGE, most + 1))
+        try:
+            async for item in items:
+                if item is GAP:
+                    # What was read before the gap goes out as it was; the page
+                    # after it says that messages are missing.
+                    if page.frames:
+                        yield page.result(more=True)
+                        page = _Page(most, max_bytes)
+                    page.recovered = False
                     continue
+                msg_id, created_at, payload = item
                 if created_at < cutoff:
                     page.recovered = False
                     continue
@@ -345,37 +354,51 @@ class Stream:
                     yield page.result(more=True)
                     page = _Page(most, max_bytes)
                 page.add(msg_id, payload)
-        elif since < upto:
-            metrics.CATCHUP_QUERIES.labels("mongo").inc()
-            after, newest = since, None
-            limit = PAGE if most is None else min(PAGE, most)
-            while True:
-                docs = await mongo.messages_for(self._db, user, after, upto, limit)
-                # Read after the query: the sweeper raises the floor before it deletes.
-                if await mongo.retention_floor(self._db) > after or (
-                        newest is not None and newest < mongo.expired_before(self._retention)):
-                    # Some of (after, ...] may have been deleted before this
-                    # read: what was read before it goes out as it was, and
-                    # the page after the gap says so.
-                    if page.frames:
-                        yield page.result(more=True)
-                        page = _Page(most, max_bytes)
-                    page.recovered = False
-                for doc in docs:
-                    msg = from_doc(doc)
-                    if msg.created_at < cutoff:
-                        page.recovered = False
-                        continue
-                    payload = msg.frame()
-                    if page.full(len(payload)):
-                        yield page.result(more=True)
-                        page = _Page(most, max_bytes)
-                    page.add(msg.id, payload)
-                    newest = msg.created_at
-                if len(docs) < limit:
-                    break
-                after = int(docs[-1]["_id"])
-        yield page.result(more=False)
+            yield page.result(more=False)
+        finally:
+            await items.aclose()  # a reader that stops early leaves no store read suspended
+
+    async def _from_cache(self, user: str, since: int, upto: int) -> AsyncIterator[tuple[int, datetime, bytes]]:
+        start = since + 1 - self._cache[0][0]
+        for msg_id, sender, recipient, created_at, payload in self._cached(start, upto - since):
+            if recipient == user or sender == user:
+                yield msg_id, created_at, payload
+
+    async def _stored(self, user: str, since: int, upto: int, limit: int) -> AsyncIterator:
+        """The user's messages from `messages`, ``limit`` per read, and GAP
+        where some of them may have been deleted before a read: the retention
+        floor (the sweeper raises it before it deletes) or the TTL edge passed
+        the read position."""
+        after, newest = since, None
+        while True:
+            docs = await mongo.messages_for(self._db, user, after, upto, limit)
+            # Read after the query, for the floor to cover what it deleted.
+            if await mongo.retention_floor(self._db) > after or (
+                    newest is not None and newest < mongo.expired_before(self._retention)):
+                yield GAP
+            for doc in docs:
+                msg = from_doc(doc)
+                newest = msg.created_at
+                yield msg.id, msg.created_at, msg.frame()
+            if len(docs) < limit:
+                return
+            after = int(docs[-1]["_id"])
+
+
+GAP = object()  # in a catch-up's items: messages may be missing here
+
+
+async def _no_items() -> AsyncIterator:
+    return
+    yield  # an async generator that yields nothing
+
+
+async def first_page(pages: AsyncIterator[CatchUp]) -> CatchUp:
+    """The first page of a catch-up; the rest is never read."""
+    try:
+        return await anext(pages)
+    finally:
+        await pages.aclose()
 
 
 class _Page:

@@ -140,15 +140,25 @@ async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_c
         assert bob.got == [1]
 
 
-async def test_catch_up_past_the_cache_reads_the_store_and_can_stop_at_the_oldest_few(dbs):
+async def test_catch_up_past_the_cache_reads_the_store_and_can_stop_at_the_oldest_few(dbs, monkeypatch):
+    reads = []  # each a full scan of `messages` on FerretDB
+    real_read = mongo.messages_for
+
+    async def counted_read(*args):
+        reads.append(args)
+        return await real_read(*args)
+
+    monkeypatch.setattr(mongo, "messages_for", counted_read)
     async with _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=30) as (db, stream, bob):
         # Stored behind the stream's back: the cache has none of them.
         await db[mongo.MESSAGES].insert_many([Message(i, "alice", "bob" if i % 2 else "cat", f"m{i}", now_ms()).to_doc()
                                               for i in range(1, 41)])
         every = await stream.catch_up("bob", 0, 40)
         assert [i for i, _p, _f in every.frames] == list(range(1, 41, 2)) and every.recovered
+        reads.clear()
         first = await stream.catch_up("bob", 6, 40, most=3)
         assert [i for i, _p, _f in first.frames] == [7, 9, 11] and first.more
+        assert len(reads) == 1  # a long-poll's answer, and that there is more, in one read
         assert b'"body":"m7"' in first.frames[0][1]
         assert not (await stream.catch_up("bob", 0, 40, most=20)).more  # exactly 20: no more
         assert await _pages(stream, "bob", 0, 40, most=6) == list(range(1, 41, 2))
