@@ -83,3 +83,50 @@ async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_h
         for w in (busy, other):
             w._engine.dispose()
             await w._mongo.client.close()
+
+
+async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
+    """The next session commits while the last one's final insert runs, but its
+    own inserts wait for that one (the Mongo turn): `messages`, read in its
+    natural (insertion) order, holds every id once, in order. A daemon that saw
+    id N can therefore rely on every id below N being there."""
+    writers = [_writer(own_dbs), _writer(own_dbs)]
+    tasks = [asyncio.create_task(w.run()) for w in writers]
+    tag = uuid.uuid4().hex[:8]
+    written: list[int] = []
+
+    async def client(w: MessageWriter, i: int) -> None:
+        while len(written) < 3000:
+            msg, _ = await w.submit(Draft(f"{tag}{i}", "r", "both busy"))
+            written.append(msg.id)
+
+    try:
+        clients = asyncio.gather(*(client(w, i) for i, w in enumerate(writers * 40)))
+        while len(written) < 200:  # the first session repairs what the last test's cancelled writers left
+            await asyncio.sleep(0.01)
+        caplog.clear()
+        await asyncio.wait_for(clients, 120)
+        # the last sessions' inserts are done once each writer's outbox is empty
+        engine = writers[0]._engine
+        for _ in range(100):
+            with engine.connect() as conn:
+                last, mirrored = conn.execute(text("SELECT last_id, mirrored_upto FROM stream_state")).one()
+            if mirrored == last:
+                break
+            await asyncio.sleep(0.1)
+        coll = writers[0]._mongo[mongo.MESSAGES]
+        natural = [d["_id"] async for d in coll.find({"body": "both busy"}, {"_id": 1})]
+        mine = sorted(written)
+        assert natural == mine, "Mongo holds the ids out of order or not each once"
+        assert mine == list(range(mine[0], mine[0] + len(mine)))  # gap-free
+        assert mirrored == last
+        # No session took another's in-flight insert for an outbox to repair
+        # (a read of `messages` under the lock; a full scan on FerretDB).
+        assert not [r for r in caplog.records if "outbox_repair" in r.getMessage()]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for w in writers:
+            w._engine.dispose()
+            await w._mongo.client.close()
