@@ -8,5 +8,5 @@ from chat.settings import Settings
 if __name__ == "__main__":
     settings = Settings()
     setup_logging(settings.log_level)
-    serve(create_app(settings), settings.api_host, settings.api_port,
+    serve(create_app(settings), settings.api_host, settings.api_port, settings.api_head_timeout_seconds,
           limit_concurrency=4000, timeout_keep_alive=75, h11_max_incomplete_event_size=16 * 1024)

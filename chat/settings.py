@@ -70,6 +70,10 @@ class Settings(BaseSettings):
         15_000, ge=1, description="Open sockets one daemon process holds (WebSockets, polls, handshakes under way, "
         "idle keep-alives); past it, handshakes and polls get 503 (the open-files limit is 20k)."
     )
+    api_head_timeout_seconds: float = Field(
+        10.0, gt=0, description="A write-API request head (request line and headers) that is not complete this long "
+        "after its first byte gets 408 and the connection is closed (a trickled head cannot hold a socket).",
+    )
     http_idle_seconds: float = Field(
         30.0, gt=0, description="A daemon connection still in HTTP (not a WebSocket) that has sent no whole request "
         "for this long, or idles between keep-alive requests, is closed: a slow request head cannot hold a socket.",

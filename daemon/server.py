@@ -67,9 +67,12 @@ class Behind(Exception):
     """This daemon has not yet reached the client's ``since``."""
 
 
+MAX_ID = 2**63 - 1  # BSON's widest integer: a larger `since` cannot be looked up, so it is unknown
+
+
 def parse_since(raw: str | None) -> int | None:
     """A resume point: a message id or a hello cursor (both decimal strings)."""
-    if raw is None or not is_decimal(raw, 19):
+    if raw is None or not is_decimal(raw, 19) or int(raw) > MAX_ID:
         return None
     return int(raw)
 

@@ -121,30 +121,42 @@ class Stream:
 
     # --- the loop ---------------------------------------------------------
     async def run(self) -> None:
-        """Two loops: the reader keeps the oplog cursor moving at all times
+        """Three loops: the reader keeps the oplog cursor moving at all times
         (a tail that pauses falls off a small oplog), the consumer releases,
-        and does every read of the truth. They meet in a bounded queue; past
-        its bound entries are dropped and the hole is read back by query."""
+        and does every read of the truth, the gap check covers what the oplog
+        never shows. The reader and the consumer meet in a bounded queue; past
+        its bound entries are dropped and the hole is read back by query.
+        Each loop runs for the life of the stream: one that ends, by an error
+        or otherwise, ends the stream with it (the daemon then exits, and
+        supervisord starts a fresh one) instead of leaving the rest waiting."""
         await self.start()
-        reader = asyncio.create_task(self._read_oplog(), name="oplog-reader")
-        checker = asyncio.create_task(self._periodic_gap_check(), name="gap-check")
+        loops = [asyncio.create_task(self._consume(), name="stream-consumer"),
+                 asyncio.create_task(self._read_oplog(), name="oplog-reader"),
+                 asyncio.create_task(self._periodic_gap_check(), name="gap-check")]
         try:
-            while True:
-                batch, received = await self._inbox.get()
-                if batch is FILL:
-                    self._fill_requested = False
-                    await self._fill_from_truth()
-                    continue
-                self._queued -= len(batch)
-                docs = [d for entry in batch for d in inserted_docs(entry, self._tail.namespace)]
-                metrics.OPLOG_ENTRIES.inc(len(batch))
-                if docs:
-                    self._release(self._seq.offer(docs), received)
-                    if self._seq.hole:
-                        await self._fill_from_truth()
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+            ended = done.pop()
+            ended.result()  # raises what stopped it
+            raise RuntimeError(f"{ended.get_name()} ended")
         finally:
-            reader.cancel()
-            checker.cancel()
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _consume(self) -> None:
+        while True:
+            batch, received = await self._inbox.get()
+            if batch is FILL:
+                self._fill_requested = False
+                await self._fill_from_truth()
+                continue
+            self._queued -= len(batch)
+            docs = [d for entry in batch for d in inserted_docs(entry, self._tail.namespace)]
+            metrics.OPLOG_ENTRIES.inc(len(batch))
+            if docs:
+                self._release(self._seq.offer(docs), received)
+                if self._seq.hole:
+                    await self._fill_from_truth()
 
     async def _read_oplog(self) -> None:
         async for batch in self._tail.batches():

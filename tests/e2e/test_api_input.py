@@ -1,6 +1,7 @@
 """Every bad input gets a clear JSON error naming the field, and nothing is written."""
 
 import asyncio
+import socket
 import time
 
 import httpx
@@ -96,6 +97,28 @@ def test_body_over_16_kib_gets_413_without_reading_it(system, users):
                    headers={"Authorization": f"Bearer {system.token(sender)}"}, timeout=10)
     assert r.status_code == 413
     assert nothing_stored(system, sender)
+
+
+def _answer_then_close(system, head: bytes) -> tuple[bytes, float]:
+    """Sends a request head that never ends; returns all the API answers before it closes."""
+    host, port = system.api_url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(head)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data, time.monotonic() - started
+
+
+def test_an_oversized_or_trickled_request_head_is_refused_and_closed(system):
+    # The shared system's API has CHAT_API_HEAD_TIMEOUT_SECONDS=2 (default 10).
+    data, _ = _answer_then_close(system, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 40_000)
+    assert data.startswith(b"HTTP/1.1 431 ") and b'"error":"headers_too_large"' in data
+    data, took = _answer_then_close(system, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # no blank line: unfinished
+    assert data.startswith(b"HTTP/1.1 408 ") and b'"error":"request_timeout"' in data
+    assert 1.5 < took < 8
+    assert httpx.get(f"{system.api_url}/healthz").status_code == 200  # the others are served as before
 
 
 @pytest.mark.parametrize("body", [

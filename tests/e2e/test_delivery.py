@@ -192,5 +192,6 @@ async def test_poll_answers_are_capped_and_the_cursor_pages_through_the_rest(dbs
             r = httpx.get(s.poll_url, params={"since": start, "timeout": 0, "limit": bad}, headers=headers)
             assert r.status_code == 422 and "`limit`" in r.json()["message"], bad
         # A `since` that is no number is an unknown since, not a server error.
-        r = httpx.get(s.poll_url, params={"since": "²", "timeout": 0}, headers=headers)
-        assert r.status_code == 200 and r.json()["recovered"] is False
+        for unknown in ("²", "9" * 19):  # 19 digits, past BSON's widest integer: no lookup can hold it
+            r = httpx.get(s.poll_url, params={"since": unknown, "timeout": 0}, headers=headers)
+            assert r.status_code == 200 and r.json()["recovered"] is False, unknown

@@ -11,6 +11,7 @@ import contextlib
 import uuid
 
 import pytest
+from bson.errors import InvalidBSON
 
 from chat.messages import Message, now_ms
 from daemon.hub import Hub, Subscriber
@@ -90,6 +91,15 @@ class _SilentTail:
 
     async def batches(self):
         await asyncio.Event().wait()
+        yield  # never reached: makes this an async generator
+
+
+class _BrokenTail(_SilentTail):
+    """A tail that fails with an error that is not the driver's (an entry
+    that does not decode, say): no retry loop catches it."""
+
+    async def batches(self):
+        raise InvalidBSON("an oplog entry that does not decode")
         yield  # never reached: makes this an async generator
 
 
@@ -312,3 +322,18 @@ async def test_catch_up_pages_from_the_cache_by_count_and_by_bytes(dbs):
         assert await _pages(stream, "bob", 0, 60, most=7) == mine
         assert await _pages(stream, "bob", 0, 60, max_bytes=5 * one) == mine
         assert await _pages(stream, "bob", 0, 60, max_bytes=1) == mine  # a page holds one at least
+
+
+async def test_a_stream_whose_oplog_reader_dies_ends_instead_of_waiting_forever(dbs):
+    """The daemon exits when its stream ends (supervisord starts a fresh one).
+    A reader that died quietly left the consumer waiting on an empty queue:
+    a daemon that accepts clients and delivers nothing."""
+    client = mongo.make_client(dbs.ferretdb.url, 5)
+    db = client[f"stream_{uuid.uuid4().hex[:8]}"]
+    stream = Stream(db, _BrokenTail(), Hub(1 << 20), retention_seconds=86_400, cache_max=100, gap_check_seconds=60)
+    try:
+        with pytest.raises(InvalidBSON):
+            await asyncio.wait_for(stream.run(), 10)
+    finally:
+        await client.drop_database(db.name)
+        await client.close()
