@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     recent_cache_max: int = Field(
         50_000, ge=0, description="Recent messages each daemon keeps in memory to serve catch-up without a query."
     )
+    recent_cache_max_bytes: int = Field(
+        64 << 20, ge=0, description="Payload bytes that cache may hold at most; the oldest messages leave it first."
+    )
 
     log_level: str = Field("INFO", description="Log level of every process.")
 

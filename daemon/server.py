@@ -260,14 +260,20 @@ class Daemon:
         try:
             try:
                 # One more than the answer holds: more than `limit` tells that it is cut.
-                pages, cursor = await self.subscribe(waiter, parse_since(query.get("since")), limit + 1)
+                pages, cursor = await self.subscribe(waiter, parse_since(query.get("since")), limit + 1,
+                                                     self.settings.send_buffer_max_bytes)
                 catch = await first_page(pages)
             except Behind:
                 metrics.REJECTS.labels("behind").inc()
                 conn.respond(503, _error_body("try_again_later", "this daemon is behind your since: retry"),
                              keep, headers | {"Retry-After": "1"})
                 return
-            waiter.go_live(catch.frames)
+            if catch.more:
+                # Cut by bytes: the answer is this page alone (no live message,
+                # which would come after what is left out); the cursor resumes after it.
+                waiter.send_page(catch.frames)
+            else:
+                waiter.go_live(catch.frames)
             if not waiter.items and timeout > 0 and not self.draining:
                 waiter.wake.clear()
                 try:
@@ -282,7 +288,7 @@ class Daemon:
         if len(items) > limit:  # bounded answers: the client pages with the cursor
             items = items[:limit]
             last = items[-1][0]
-        elif waiter.overflowed:
+        elif waiter.overflowed or catch.more:
             last = waiter.last_id
         else:
             last = max(cursor, waiter.last_id)
@@ -412,7 +418,8 @@ async def run(settings: Settings, tail=None) -> None:
         tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds,
                          ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
     stream = Stream(db, tail, hub, retention_seconds=settings.retention_seconds,
-                    cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds)
+                    cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds,
+                    cache_max_bytes=settings.recent_cache_max_bytes)
     daemon = Daemon(settings, hub, stream)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -59,12 +59,14 @@ class CatchUp:
 
 class Stream:
     def __init__(self, db: AsyncDatabase, tail: OplogTail, hub: Hub, *, retention_seconds: int,
-                 cache_max: int, gap_check_seconds: float):
+                 cache_max: int, gap_check_seconds: float, cache_max_bytes: int = 64 << 20):
         self._db = db
         self._tail = tail
         self._hub = hub
         self._retention = retention_seconds
         self._cache: deque[Cached] = deque(maxlen=cache_max)  # maxlen 0: no cache, catch-up by query
+        # Bounded by bytes too: 50,000 messages of 4,000 four-byte characters would be 800 MB.
+        self._cache_bytes, self._cache_max_bytes = 0, cache_max_bytes
         self._gap_check = gap_check_seconds
         self._seq = Sequencer(high=0)
         # oplog batches (or FILL) for the consumer; bounded by entries, not batches
@@ -236,6 +238,7 @@ class Stream:
     def _skip(self, upto: int) -> None:
         log.error("event=stream_skip after=%d upto=%d reason=expired_or_deleted", self.position, upto)
         self._cache.clear()  # it must stay contiguous
+        self._cache_bytes = 0
         self._release(self._seq.skip_to(upto), time.perf_counter())
 
     def _release(self, docs: list[dict], received: float) -> None:
@@ -265,9 +268,18 @@ class Stream:
 
     def _cache_append(self, entry: Cached) -> None:
         # catch_up() indexes the cache by id: it must hold consecutive ids only
-        if self._cache and entry[0] != self._cache[-1][0] + 1:
-            self._cache.clear()
-        self._cache.append(entry)
+        cache = self._cache
+        if cache and entry[0] != cache[-1][0] + 1:
+            cache.clear()
+            self._cache_bytes = 0
+        if not cache.maxlen:
+            return
+        if len(cache) == cache.maxlen:
+            self._cache_bytes -= len(cache[0][4])  # append() drops it
+        cache.append(entry)
+        self._cache_bytes += len(entry[4])
+        while self._cache_bytes > self._cache_max_bytes and len(cache) > 1:
+            self._cache_bytes -= len(cache.popleft()[4])
 
     def _notify(self) -> None:
         advanced, self._advanced = self._advanced, asyncio.Event()

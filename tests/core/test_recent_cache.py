@@ -49,3 +49,15 @@ def test_cached_messages_are_not_tracked_by_the_cyclic_gc(stream):
     gc.collect()
     assert len(stream._cache) == 1000
     assert not any(gc.is_tracked(entry) for entry in stream._cache)
+
+
+async def test_the_cache_is_bounded_in_bytes_too_and_drops_the_oldest_first():
+    s = Stream(None, None, Hub(1 << 20), retention_seconds=86_400, cache_max=1000, gap_check_seconds=1,
+               cache_max_bytes=20_000)
+    s._cache_extend([doc(i) for i in range(1, 1501)])
+    sizes = [len(entry[4]) for entry in s._cache]
+    assert sum(sizes) <= 20_000 < sum(sizes) + 200  # full: one more message would not fit
+    assert [entry[0] for entry in s._cache] == list(range(1501 - len(sizes), 1501))  # the newest, contiguous
+    assert s._cache_bytes == sum(sizes)
+    got = await s.catch_up("bob", 1490, 1500)
+    assert [msg_id for msg_id, _payload, _ in got.frames] == [i for i in range(1491, 1501) if i % 3 in (0, 1)]

@@ -195,3 +195,28 @@ async def test_poll_answers_are_capped_and_the_cursor_pages_through_the_rest(dbs
         for unknown in ("²", "9" * 19):  # 19 digits, past BSON's widest integer: no lookup can hold it
             r = httpx.get(s.poll_url, params={"since": unknown, "timeout": 0}, headers=headers)
             assert r.status_code == 200 and r.json()["recovered"] is False, unknown
+
+
+async def test_a_poll_answer_is_capped_in_bytes_and_the_cursor_pages_through_the_rest(system, users):
+    """An answer holds about CHAT_SEND_BUFFER_MAX_BYTES (256 KiB) of messages at
+    most, one message at least: 30 messages of 12 KB come in two answers, each
+    once, in order, and the first answer's cursor is its own last message."""
+    alice, bob = users("alice"), users("bob")
+    headers = {"Authorization": f"Bearer {system.token(bob)}"}
+    start = httpx.get(system.poll_url, params={"timeout": 0}, headers=headers).json()["cursor"]
+    ids = [(await post(system, alice, bob, f"{i:02d}" + "€" * 3998)).json()["id"] for i in range(30)]
+    positions: dict[int, int] = {}
+    async with asyncio.timeout(15):  # both daemons hold all 30 before the first poll
+        while len(positions) < 2 or min(positions.values()) < int(ids[-1]):
+            health = httpx.get(f"http://127.0.0.1:{system.daemon_port}/healthz").json()
+            positions[health["pid"]] = int(health["position"])
+    answers, cursor = [], start
+    while sum((a["messages"] for a in answers), []) == [] or answers[-1]["messages"]:
+        r = httpx.get(system.poll_url, params={"since": cursor, "timeout": 0}, headers=headers)
+        answers.append(r.json())
+        cursor = answers[-1]["cursor"]
+        assert len(r.content) < 256 * 1024 + 13_000 and len(answers) < 5
+    got = [m["id"] for a in answers for m in a["messages"]]
+    assert got == ids
+    first = answers[0]["messages"]
+    assert 0 < len(first) < 30 and answers[0]["cursor"] == first[-1]["id"]
