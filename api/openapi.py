@@ -20,7 +20,9 @@ _MESSAGE_RESPONSES = {
     "413": _err("Request body over 16 KiB (CHAT_REQUEST_MAX_BYTES)"),
     "422": _err("Valid JSON of the wrong shape; `field` names the field"),
     "429": _err("Sender over its rate limit; see Retry-After"),
-    "503": _err("MySQL down or slow, or the writer queue full; nothing stored; see Retry-After"),
+    "503": _err("MySQL down or slow, or the writer queue full: nothing stored (error mysql_unavailable, "
+                "overloaded); or the COMMIT failed and may have taken (outcome_unknown: retry with the same "
+                "client_msg_id); see Retry-After"),
 }
 
 OPENAPI = {

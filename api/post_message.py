@@ -22,7 +22,7 @@ from api import metrics
 from api.errors import ApiError
 from api.validation import parse_bearer, parse_message
 from chat.parsing import is_decimal
-from db.writer import ClientIdConflict, WriterOverloaded, WriteUnavailable
+from db.writer import ClientIdConflict, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
 
 log = logging.getLogger("chat.api")
 
@@ -74,6 +74,9 @@ class PostMessage:
         draft = parse_message(raw, sender, st.settings.body_max_chars)
         try:
             msg, created = await st.writer.submit(draft)
+        except WriteOutcomeUnknown:
+            raise ApiError(503, "outcome_unknown", "the permanent store failed while committing; the message may "
+                           "have been stored: retry with the same client_msg_id", headers={"Retry-After": "1"}) from None
         except (WriteUnavailable, WriterOverloaded) as exc:
             kind = "overloaded" if isinstance(exc, WriterOverloaded) else "mysql_unavailable"
             raise ApiError(503, kind, "the permanent store is unavailable; nothing was stored, retry",

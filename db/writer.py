@@ -52,6 +52,7 @@ the idle repair tick copies the outbox before anything newer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -88,6 +89,20 @@ MONGO_RETRY_SECONDS = 2.0
 
 class WriteUnavailable(Exception):
     """MySQL is down, slow or locked past the timeout: nothing was stored."""
+
+
+class WriteOutcomeUnknown(WriteUnavailable):
+    """MySQL failed during the commit itself and could not be asked afterwards
+    whether it took: the messages may be stored. A retry with the same
+    client_msg_id returns them if so, and stores them once if not."""
+
+
+class _CommitFailed(Exception):
+    """The batch's COMMIT (or the round trip that carries it) failed: it may have taken."""
+
+    def __init__(self, committed: "_Committed", last_id: int):
+        super().__init__("commit failed")
+        self.committed, self.last_id = committed, last_id
 
 
 class WriterOverloaded(Exception):
@@ -240,6 +255,12 @@ class MessageWriter:
                 except WriteUnavailable as exc:
                     _fail(batch, exc)
                     break
+                except _CommitFailed as failed:
+                    # The session's connection, and the writer lock with it,
+                    # may be gone: the session ends, and what did commit is an
+                    # outbox that the next session copies to Mongo.
+                    await self._settle(failed)
+                    break
                 _answer_all(committed)  # stored: MySQL is the permanent store
                 if not turn:
                     # The first commit ran while the last holder's final insert
@@ -272,6 +293,33 @@ class MessageWriter:
                 await self._advance_head(head)
         finally:
             await asyncio.to_thread(self._mark_and_release, conn, mirrored)
+
+    async def _settle(self, failed: _CommitFailed) -> None:
+        """Answers a batch whose COMMIT failed. Its rows, read on a fresh
+        connection, say if it took: then the answers are the usual 201s. If
+        they are not there, the commit may still be under way (a read time-out
+        on a slow MySQL), so the answer is "may be stored", never "nothing stored"."""
+        new = failed.committed.new_messages
+        try:
+            took = await asyncio.to_thread(self._rows_present, new)
+        except SQLAlchemyError:
+            took = False
+        log.warning("event=commit_failed messages=%d found_committed=%s", len(new), took)
+        if took:
+            _answer_all(failed.committed)
+        else:
+            _fail([pending for pending, _msg, _created in failed.committed.answers],
+                  WriteOutcomeUnknown("mysql: the commit failed and may have taken"))
+
+    def _rows_present(self, new: list[Message]) -> bool:
+        if not new:
+            return True  # only retries: nothing was to be written
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(messages.c.id, messages.c.sender, messages.c.client_msg_id, messages.c.body)
+                                .where(messages.c.id.between(new[0].id, new[-1].id))).all()
+        # One transaction: all of them or none. Another process may have taken
+        # these ids since (a lost connection frees the writer lock): ours only if they match.
+        return {tuple(r) for r in rows} == {(m.id, m.sender, m.client_msg_id, m.body) for m in new}
 
     async def _mongo_turn(self, conn: Connection, upto: int) -> tuple[int | None, bool]:
         """Takes this session's turn at Mongo, after the previous holder's last
@@ -355,10 +403,15 @@ class MessageWriter:
                      "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None)}
                     for m in new])
                 conn.execute(stream_state.update().where(stream_state.c.id == 1).values(last_id=last_id))
-            waiting = self._others_waiting(conn)
         except SQLAlchemyError:
             conn.rollback()
             raise
+        try:
+            waiting = self._others_waiting(conn)  # carries the COMMIT
+        except SQLAlchemyError:
+            with contextlib.suppress(SQLAlchemyError):
+                conn.rollback()  # on a live connection, never commit this later by accident
+            raise _CommitFailed(_Committed(new, answers, started, False), last_id) from None
         return _Committed(new, answers, started, waiting), last_id
 
     @staticmethod

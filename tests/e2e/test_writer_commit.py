@@ -1,0 +1,92 @@
+"""A COMMIT that fails is answered by what MySQL holds, never by a guess.
+
+The failure is injected at the one round trip that carries the batch's
+COMMIT (``MessageWriter._others_waiting``), against the real MariaDB and
+FerretDB: once after the commit took (its answer lost on the way back, as
+with a read time-out on a slow MySQL), once before it was sent.
+"""
+
+import asyncio
+import uuid
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from db import mongo
+from db.sql import make_engine
+from db.writer import Draft, MessageWriter, WriteOutcomeUnknown
+from tests.system import databases
+
+
+class _LosesOneCommit(MessageWriter):
+    def __init__(self, *args, took: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.took, self.armed = took, True
+
+    def _others_waiting(self, conn):
+        if self.armed:
+            self.armed = False
+            if self.took:
+                super()._others_waiting(conn)  # committed; the answer is what goes missing
+            raise OperationalError("COMMIT", {}, Exception("Lost connection to server during query"))
+        return super()._others_waiting(conn)
+
+
+@pytest.fixture(scope="module")
+def own_dbs(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("commit")) as d:
+        yield d
+
+
+async def _with_writer(dbs, took: bool, scenario):
+    settings = dbs.settings()
+    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
+    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)
+    writer = _LosesOneCommit(engine, client[settings.mongo_db], batch_max=50, window_ms=2, queue_max=100,
+                             timeout_seconds=5, retention_seconds=86_400, took=took)
+    task = asyncio.create_task(writer.run(repair_every=0.2))
+    try:
+        await scenario(writer, engine, client[settings.mongo_db])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        engine.dispose()
+        await client.close()
+
+
+def _bodies(engine, sender):
+    with engine.connect() as conn:
+        return [r.body for r in conn.execute(text("SELECT body FROM messages WHERE sender = :s ORDER BY id"),
+                                             {"s": sender})]
+
+
+async def test_a_commit_that_took_but_lost_its_answer_is_answered_201_and_still_reaches_mongo(own_dbs):
+    sender = f"s{uuid.uuid4().hex[:8]}"
+
+    async def scenario(writer, engine, db):
+        msgs = await asyncio.gather(*(writer.submit(Draft(sender, "r", f"m{i}", f"c{i}")) for i in range(5)))
+        assert all(created for _msg, created in msgs)  # stored, and told so (was: 503 "nothing stored")
+        assert _bodies(engine, sender) == [f"m{i}" for i in range(5)]
+        ids = sorted(msg.id for msg, _ in msgs)
+        async with asyncio.timeout(10):  # the outbox: the next session copies the batch to Mongo
+            while len([d async for d in db[mongo.MESSAGES].find({"from": sender})]) < 5:
+                await asyncio.sleep(0.1)
+        assert sorted([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender})]) == ids
+
+    await _with_writer(own_dbs, True, scenario)
+
+
+async def test_a_commit_that_failed_says_the_outcome_is_unknown_and_a_retry_stores_it_once(own_dbs):
+    sender = f"s{uuid.uuid4().hex[:8]}"
+
+    async def scenario(writer, engine, db):
+        with pytest.raises(WriteOutcomeUnknown):
+            await writer.submit(Draft(sender, "r", "once", "c1"))
+        assert _bodies(engine, sender) == []  # rolled back, never committed later by accident
+        msg, created = await writer.submit(Draft(sender, "r", "once", "c1"))  # the client's retry
+        assert created and _bodies(engine, sender) == ["once"]
+        again, created = await writer.submit(Draft(sender, "r", "once", "c1"))
+        assert not created and again.id == msg.id
+
+    await _with_writer(own_dbs, False, scenario)
