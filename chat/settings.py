@@ -67,8 +67,9 @@ class Settings(BaseSettings):
     daemon_host: str = Field("127.0.0.1", description="Daemon listen address.")
     daemon_port: int = Field(8100, description="Daemon port, shared by all daemon processes (SO_REUSEPORT).")
     max_connections: int = Field(
-        15_000, ge=1, description="Open sockets one daemon process holds (WebSockets, polls, handshakes under way, "
-        "idle keep-alives); past it, handshakes and polls get 503 (the open-files limit is 20k)."
+        15_000, ge=1, le=18_000, description="Open sockets one daemon process holds (WebSockets, polls, handshakes "
+        "under way, idle keep-alives); past it, handshakes and polls get 503, and past it by a sixteenth (64 at "
+        "least) a new connection gets 503 at once and is closed (the open-files limit is 20k)."
     )
     api_head_timeout_seconds: float = Field(
         10.0, gt=0, description="A write-API request head (request line and headers) that is not complete this long "

@@ -24,14 +24,23 @@ log = logging.getLogger("chat.daemon")
 BATCH = 1024  # accepts per readiness event, so one burst cannot starve the clients already here
 RETRY_SECONDS = 1.0  # out of file descriptors: pause accepting, as asyncio does
 OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+# Said to a connection accepted past the ceiling, then closed: it never costs
+# more than the accept. A client that has not sent its request yet reads it
+# as the answer to it.
+_FULL_BODY = b'{"error":"try_again_later","message":"this daemon is full; retry"}'
+FULL = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_FULL_BODY), _FULL_BODY))
 
 
 class Acceptor:
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 protocol_factory: Callable[[], asyncio.Protocol]):
+                 protocol_factory: Callable[[], asyncio.Protocol], room: Callable[[int], bool] = lambda n: True):
+        """``room(n)``: whether the daemon takes one more connection when ``n``
+        are accepted but not yet handed to it."""
         self._loop = loop
         self._sock = sock
         self._factory = protocol_factory
+        self._room = room
         self._pending: set[asyncio.Task] = set()
         sock.setblocking(False)
 
@@ -59,6 +68,15 @@ class Acceptor:
                 self._loop.call_later(RETRY_SECONDS, self.start)
                 return
             conn.setblocking(False)
+            if not self._room(len(self._pending)):
+                # Past the ceiling: silent sockets could otherwise take every
+                # file descriptor, and the daemon's own (its Mongo client's) with them.
+                try:
+                    conn.send(FULL)
+                except OSError:
+                    pass
+                conn.close()
+                continue
             task = self._loop.create_task(self._connect(conn))
             self._pending.add(task)  # a task nobody holds can be collected mid-way
             task.add_done_callback(self._pending.discard)

@@ -438,7 +438,12 @@ async def run(settings: Settings, tail=None) -> None:
 
     for task in tasks:
         task.add_done_callback(must_not_end)
-    acceptor = Acceptor(loop, reuseport_socket(settings.daemon_host, settings.daemon_port), lambda: Connection(daemon))
+    # Past the cap, a connection is refused once it sends a request (503, as
+    # it should be told); past the ceiling above it, at once, so that silent
+    # sockets stop short of the open-files limit.
+    ceiling = settings.max_connections + max(64, settings.max_connections // 16)
+    acceptor = Acceptor(loop, reuseport_socket(settings.daemon_host, settings.daemon_port), lambda: Connection(daemon),
+                        room=lambda accepting: len(daemon.conns) + accepting < ceiling)
     # What exists now (modules, classes, settings: some 60,000 objects) lives
     # as long as the process: out of the cyclic GC's sight, so that its full
     # passes walk only what the connections and messages create since.

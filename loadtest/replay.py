@@ -143,7 +143,7 @@ def bench(clients: int, rate: float, count: int, daemons: int, batch: int, progr
         entries_file.write_bytes(b"".join(bson.encode(e) for e in entries))
         port = free_port()
         env = env_for(dbs.mariadb, dbs.ferretdb, CHAT_DAEMON_PORT=str(port), CHAT_MONGO_DB="replay_empty",
-                      CHAT_GAP_CHECK_SECONDS="3600", CHAT_LOG_LEVEL="WARNING", CHAT_MAX_CONNECTIONS="19000",
+                      CHAT_GAP_CHECK_SECONDS="3600", CHAT_LOG_LEVEL="WARNING", CHAT_MAX_CONNECTIONS="18000",
                       CHAT_PING_INTERVAL_SECONDS="60")
         procs = [subprocess.Popen([sys.executable, "-m", "loadtest.replay", "--serve", "--entries", str(entries_file),
                                    "--clients", str(clients), "--count", str(count), "--rate", str(rate),

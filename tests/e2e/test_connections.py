@@ -413,3 +413,31 @@ async def test_a_poll_without_timeout_waits_the_default_or_the_cap_if_lower(dbs,
         assert r.status_code == 200, r.text
         assert r.json()["messages"] == []  # nobody wrote to this user: it waited, then answered empty
         assert 0.9 < time.monotonic() - started < 5  # the 1 s cap, not a 422 for the 25 s default
+
+
+async def test_past_the_ceiling_a_connection_gets_503_at_once_and_is_closed(dbs, users):
+    """With a cap of 2 the ceiling is 2 + 64 open sockets. Silent sockets (no
+    request, ever) fill it; the next connection is told 503 and closed at
+    accept, so silent sockets cannot take every file descriptor of the daemon."""
+    with running_system(dbs, daemons=1, apis=0, CHAT_MAX_CONNECTIONS=2, CHAT_HTTP_IDLE_SECONDS=30) as s:
+        silent = [socket.create_connection(("127.0.0.1", s.daemon_port)) for _ in range(66)]
+        try:
+            await asyncio.sleep(0.3)
+            late = socket.create_connection(("127.0.0.1", s.daemon_port))
+            late.settimeout(5)
+            answer = b""
+            while chunk := late.recv(4096):  # said without a request, then closed
+                answer += chunk
+            late.close()
+            assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in answer
+            assert b'"error":"try_again_later"' in answer
+            for sock in silent:
+                sock.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    sock.recv(1)  # still open, nothing said: below the ceiling, each waits for its request
+        finally:
+            for sock in silent:
+                sock.close()
+        await asyncio.sleep(0.3)
+        c, _ = await connect(s, users("c"))  # room again
+        await c.close()
