@@ -28,6 +28,7 @@ from api.ratelimit import RateLimiter
 from api.post_message import PostMessage, front, read_body
 from api.validation import parse_bearer, parse_dev_login, parse_history_query
 from chat import auth
+from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from db import mongo
 from db.retention import run_sweeper
@@ -238,6 +239,7 @@ def create_app(settings: Settings) -> ASGIApp:
         # only what requests create (as in the daemon).
         gc.freeze()
         metrics.watch_gc()
+        serve_metrics(settings.api_host, settings.metrics_port)
         log.info("event=api_started")
         try:
             yield

@@ -109,6 +109,11 @@ class Settings(BaseSettings):
         64 << 20, ge=0, description="Payload bytes that cache may hold at most; the oldest messages leave it first."
     )
 
+    metrics_port: int = Field(
+        0, ge=0, le=65535, description="A port of this process alone that serves /metrics (0: none). The shared "
+        "API and daemon ports answer /metrics from whichever process the kernel picks: scrape each process here "
+        "(supervisord.conf gives each its own).",
+    )
     log_level: str = Field("INFO", description="Log level of every process.")
 
 

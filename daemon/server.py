@@ -25,6 +25,7 @@ from websockets.http11 import Request as WsRequest
 from websockets.server import ServerProtocol
 
 from chat import auth
+from chat.metrics_port import serve_metrics
 from chat.parsing import is_decimal
 from chat.serve import reuseport_socket
 from chat.settings import Settings
@@ -449,6 +450,7 @@ async def run(settings: Settings, tail=None) -> None:
     # passes walk only what the connections and messages create since.
     gc.freeze()
     metrics.watch_gc()
+    serve_metrics(settings.daemon_host, settings.metrics_port)
     acceptor.start()
     log.info("event=daemon_started port=%d pid=%d", settings.daemon_port, os.getpid())
     try:

@@ -612,3 +612,26 @@ def test_nginx_t_accepts_the_config(tmp_path):
 def test_deploy_readme_states_what_is_untested():
     assert ("The Dockerfile and compose.yaml are untested here: there is no Docker engine on the "
             "development machine. A test parses and validates them statically.") in (DEPLOY / "README.md").read_text()
+
+
+@pytest.mark.parametrize("conf", [ROOT / "supervisord.conf", SUPERVISORD])
+def test_each_api_and_daemon_process_gets_a_metrics_port_of_its_own(conf, tmp_path, monkeypatch):
+    """Read by supervisord's own parser, which expands %(process_num)02d: the
+    shared service ports answer /metrics from any one process, so each needs
+    its own scrape target (chat/metrics_port.py)."""
+    from supervisor.options import ServerOptions
+
+    monkeypatch.setenv("CHAT_DAEMON_MONGO_URL", "mongodb://db.example/")
+    text = conf.read_text().replace("/var/log/chat-delivery", str(tmp_path)).replace("/run/chat-delivery", str(tmp_path))
+    (tmp_path / "var" / "log").mkdir(parents=True)
+    (tmp_path / "supervisord.conf").write_text(text)
+    options = ServerOptions()
+    options.configfile = str(tmp_path / "supervisord.conf")
+    options.process_config(do_usage=False)
+    ports = {p.name: (p.environment or {}).get("CHAT_METRICS_PORT")
+             for group in options.process_group_configs for p in group.process_configs
+             if p.name.startswith(("api_", "daemon_"))}
+    assert ports and all(port and port.isdigit() for port in ports.values()), ports
+    assert len(set(ports.values())) == len(ports)
+    used = {Settings.model_fields[f].default for f in ("api_port", "daemon_port")}
+    assert not used & {int(p) for p in ports.values()}

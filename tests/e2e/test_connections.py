@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.e2e.helpers import connect, post, receive
-from tests.system import private_system, running_system
+from tests.system import free_port, private_system, running_system
 
 
 @pytest.fixture(scope="module")
@@ -441,3 +441,19 @@ async def test_past_the_ceiling_a_connection_gets_503_at_once_and_is_closed(dbs,
         await asyncio.sleep(0.3)
         c, _ = await connect(s, users("c"))  # room again
         await c.close()
+
+
+async def test_each_process_serves_its_own_metrics_on_its_metrics_port(dbs, users):
+    """CHAT_METRICS_PORT: the registry of that one process, whichever process
+    the shared port would have picked (supervisord.conf gives each its own)."""
+    for module in ("daemon", "api"):
+        port = free_port()
+        counts = {"daemons": 1, "apis": 0} if module == "daemon" else {"daemons": 0, "apis": 1}
+        with running_system(dbs, **counts, CHAT_METRICS_PORT=port) as s:
+            pid = s.procs[f"{module}_0"].pid
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            names = {f.name for f in text_string_to_metric_families(text)}
+            if module == "daemon":
+                assert f'chat_daemon_info{{pid="{pid}"}} 1.0' in text and "chat_daemon_connections" in names
+            else:
+                assert "chat_api_requests" in names and "chat_api_batch_messages" in names
