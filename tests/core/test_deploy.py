@@ -245,7 +245,7 @@ def test_dev_login_is_on_in_development_only():
     assert "CHAT_DEV_LOGIN" not in prod
     dev = configparser.ConfigParser(interpolation=None)
     dev.read(ROOT / "supervisord.conf")
-    assert dev["program:api"]["environment"] == 'CHAT_DEV_LOGIN="true"'
+    assert 'CHAT_DEV_LOGIN="true"' in dev["program:api"]["environment"].split(",")
     assert "CHAT_DEV_LOGIN" not in dev["program:daemon"].get("environment", "")
 
 
@@ -280,7 +280,7 @@ def test_supervisord_itself_accepts_the_prod_config(tmp_path, monkeypatch):
     assert {name: len(g.process_configs) for name, g in groups.items()} == {"api": 4, "daemon": 6}
     assert groups["daemon"].priority > groups["api"].priority  # daemons stop first
     daemon = groups["daemon"].process_configs[0]
-    assert daemon.environment == {"CHAT_MONGO_URL": url}  # commas and & survive the parsing
+    assert daemon.environment == {"CHAT_MONGO_URL": url, "CHAT_METRICS_PORT": "9100"}  # commas and & survive
     assert daemon.command.endswith("/deploy/../.venv/bin/python -m daemon")
     assert options.minfds == 20000
 
@@ -614,19 +614,20 @@ def test_deploy_readme_states_what_is_untested():
             "development machine. A test parses and validates them statically.") in (DEPLOY / "README.md").read_text()
 
 
-@pytest.mark.parametrize("conf", [ROOT / "supervisord.conf", SUPERVISORD])
-def test_each_api_and_daemon_process_gets_a_metrics_port_of_its_own(conf, tmp_path, monkeypatch):
+@pytest.mark.parametrize("prod", [False, True])
+def test_each_api_and_daemon_process_gets_a_metrics_port_of_its_own(prod, tmp_path, monkeypatch):
     """Read by supervisord's own parser, which expands %(process_num)02d: the
     shared service ports answer /metrics from any one process, so each needs
     its own scrape target (chat/metrics_port.py)."""
     from supervisor.options import ServerOptions
 
     monkeypatch.setenv("CHAT_DAEMON_MONGO_URL", "mongodb://db.example/")
-    text = conf.read_text().replace("/var/log/chat-delivery", str(tmp_path)).replace("/run/chat-delivery", str(tmp_path))
-    (tmp_path / "var" / "log").mkdir(parents=True)
-    (tmp_path / "supervisord.conf").write_text(text)
     options = ServerOptions()
-    options.configfile = str(tmp_path / "supervisord.conf")
+    if prod:
+        options.configfile = str(prod_config_copy(tmp_path))
+    else:  # %(here)s/var/log must exist
+        (tmp_path / "var" / "log").mkdir(parents=True)
+        options.configfile = str(shutil.copy(ROOT / "supervisord.conf", tmp_path))
     options.process_config(do_usage=False)
     ports = {p.name: (p.environment or {}).get("CHAT_METRICS_PORT")
              for group in options.process_group_configs for p in group.process_configs
