@@ -226,7 +226,9 @@ def create_app(settings: Settings) -> ASGIApp:
         engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
         client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
         db = client[settings.mongo_db]
-        writer = MessageWriter(engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
+        # The writer's own connections: the reads cannot take them all from it.
+        writer_engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=2)
+        writer = MessageWriter(writer_engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
                                queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
                                retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch)
         app.state.chat = State(settings, engine, client,  writer,
@@ -248,6 +250,8 @@ def create_app(settings: Settings) -> ASGIApp:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
+            writer.close()
+            writer_engine.dispose()
             engine.dispose()
 
     app = Starlette(routes=[*ROUTES, *PAGE_ROUTES], lifespan=lifespan,

@@ -47,12 +47,16 @@ class KeepAliveHttp10(HttpToolsProtocol):
 
     head_timeout = 10.0  # serve() sets it from the settings
     _in_head = True  # no complete request head since the last one (or the connection's start)
+    _ended = False  # a request ended within the read being parsed
     _head_bytes = 0
     _head_timer = None
 
     def data_received(self, data: bytes) -> None:
+        self._ended = False
         super().data_received(data)
-        if self._in_head and not self.transport.is_closing():  # a head is arriving in parts
+        # A head arriving in parts. Not if a request ended within this read:
+        # then part of it was that request's body (one read is bounded anyway).
+        if self._in_head and not self._ended and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self.config.h11_max_incomplete_event_size:
                 self._refuse(HEAD_TOO_LARGE)
@@ -73,7 +77,7 @@ class KeepAliveHttp10(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._in_head = True  # what comes next is the next request's head
+        self._in_head = self._ended = True  # what comes next is the next request's head
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._head_timer is not None:

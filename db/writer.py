@@ -56,6 +56,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC
 
@@ -171,6 +172,10 @@ class MessageWriter:
                  queue_max: int, timeout_seconds: float, retention_seconds: int,
                  observe_batch: Callable[[int, float], None] = lambda n, s: None):
         self._engine = engine
+        # Threads of its own for its MySQL calls: the default executor also
+        # runs the history reads, the sweeper and /readyz, and six slow ones
+        # there would hold every message back behind them.
+        self._threads = ThreadPoolExecutor(2, thread_name_prefix="writer")
         self._mongo = mongo_db
         self._batch_max = batch_max
         self._window = window_ms / 1000
@@ -237,7 +242,7 @@ class MessageWriter:
 
     async def _session(self, batch: list[_Pending], idle: bool = False) -> None:
         try:
-            conn = await asyncio.to_thread(self._engine.connect)
+            conn = await self._thread(self._engine.connect)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
         mirrored = None  # known to be in Mongo; set once this session has its Mongo turn
@@ -292,7 +297,7 @@ class MessageWriter:
                     and time.monotonic() >= self._mongo_retry_at):
                 await self._advance_head(head)
         finally:
-            await asyncio.to_thread(self._mark_and_release, conn, mirrored)
+            await self._thread(self._mark_and_release, conn, mirrored)
 
     async def _settle(self, failed: _CommitFailed) -> None:
         """Answers a batch whose COMMIT failed. Its rows, read on a fresh
@@ -301,7 +306,7 @@ class MessageWriter:
         on a slow MySQL), so the answer is "may be stored", never "nothing stored"."""
         new = failed.committed.new_messages
         try:
-            took = await asyncio.to_thread(self._rows_present, new)
+            took = await self._thread(self._rows_present, new)
         except SQLAlchemyError:
             took = False
         log.warning("event=commit_failed messages=%d found_committed=%s", len(new), took)
@@ -336,9 +341,15 @@ class MessageWriter:
             return await self._repair(conn, mirrored, upto)
         return mirrored, True
 
+    def _thread(self, fn, *args):
+        return asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False)
+
     async def _mysql(self, fn, *args):
         try:
-            return await asyncio.to_thread(fn, *args)
+            return await self._thread(fn, *args)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
 

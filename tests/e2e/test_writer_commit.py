@@ -7,6 +7,8 @@ with a read time-out on a slow MySQL), once before it was sent.
 """
 
 import asyncio
+import os
+import time
 import uuid
 
 import pytest
@@ -20,9 +22,9 @@ from tests.system import databases
 
 
 class _LosesOneCommit(MessageWriter):
-    def __init__(self, *args, took: bool, **kwargs):
+    def __init__(self, *args, took: bool | None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.took, self.armed = took, True
+        self.took, self.armed = took, took is not None  # None: loses nothing
 
     def _others_waiting(self, conn):
         if self.armed:
@@ -39,7 +41,7 @@ def own_dbs(tmp_path_factory):
         yield d
 
 
-async def _with_writer(dbs, took: bool, scenario):
+async def _with_writer(dbs, took: bool | None, scenario):
     settings = dbs.settings()
     engine = make_engine(settings.mysql_url.get_secret_value(), 5)
     client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)
@@ -90,3 +92,20 @@ async def test_a_commit_that_failed_says_the_outcome_is_unknown_and_a_retry_stor
         assert not created and again.id == msg.id
 
     await _with_writer(own_dbs, False, scenario)
+
+
+async def test_slow_work_in_the_default_executor_does_not_hold_the_writer_back(own_dbs):
+    """History reads, the sweeper and /readyz run in asyncio's default executor
+    (6 threads here). Six slow ones there must not queue the writer's MySQL
+    calls behind them: it has threads of its own."""
+    sender = f"s{uuid.uuid4().hex[:8]}"
+
+    async def scenario(writer, engine, db):
+        threads = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor, all of it
+        hogs = asyncio.gather(*(asyncio.to_thread(time.sleep, 3) for _ in range(threads)))
+        await asyncio.sleep(0.1)
+        msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "not held back")), 10)
+        assert created and not hogs.done()  # stored while every default thread was still asleep
+        await hogs
+
+    await _with_writer(own_dbs, None, scenario)
