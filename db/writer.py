@@ -6,18 +6,14 @@ queued within a few milliseconds form a batch. Batches are written in
 processes share:
 
 1. lock; read ``stream_state`` (last_id, mirrored_upto);
-2. per batch: resolve retries by (sender, client_msg_id), give new messages
+2. repair: copy any outbox rows (mirrored_upto, last_id] to Mongo first;
+3. per batch: resolve retries by (sender, client_msg_id), give new messages
    the ids last_id+1, last_id+2, ... and commit them to MySQL in one
    transaction; answer at once (MySQL is the permanent store: the message
    is stored), then ``insert_many`` them into Mongo, in id order, once the
    previous batch's insert is done;
-3. before the session's first Mongo write, take the *Mongo turn*
-   (``chat.writer.mongo``): the previous session keeps it until its last
-   insert is done and recorded. Then repair: copy any outbox rows
-   (mirrored_upto, last_id at lock time] to Mongo first;
 4. when the queue is still empty once the last insert is done (or the
-   session has held the lock long enough, or another process is queued):
-   unlock, wait for the last insert, record mirrored_upto, end the turn.
+   session has held the lock long enough): record mirrored_upto, unlock.
 
 Why a lock across both stores: ids are gap-free and become visible in Mongo
 (and its oplog) strictly in id order. A daemon that has seen id N therefore
@@ -37,10 +33,14 @@ A process queued for the lock holds ``chat.writer.next`` meanwhile; the
 holder sees it and hands over after the batch in hand, so that lingering
 never holds another process's requests for a whole session.
 
-Across sessions the stores are pipelined too: the next holder commits its
-first batch, and answers it, while the last holder's final insert runs; it
-waits for the Mongo turn only to insert. Measured with ab -k -c 100 on two API
-processes and no daemon (FerretDB): 2,762-2,828 -> 3,222-3,782 requests/s.
+Across sessions the stores are not pipelined, on purpose. Tried (session 9):
+the next holder committed and answered its first batch while the last one's
+final insert ran, and waited for that insert (a second named lock) only to
+insert its own. The write path alone went from 2,762-2,828 to 3,222-3,782
+POST/s (ab -k -c 100, two API processes, no daemon), but with the daemons
+tailing, FerretDB saw inserts back to back: at 1,000 msg/s and 1,000
+WebSocket clients the daemons fell off its oplog 3-6 times per 20 s run
+(0 before) and delivery p99 went from 400-425 ms to 3.5-4.7 s. Reverted.
 
 MySQL commits first, so a message is never in Mongo but not in MySQL. If a
 Mongo write fails, or the process dies before it, the committed rows are the
@@ -76,10 +76,6 @@ LOCK_NAME = "chat.writer"
 # Held by the process queued for LOCK_NAME while it waits: the holder sees it
 # and ends its session after the batch in hand instead of taking another.
 NEXT_LOCK_NAME = "chat.writer.next"
-# Held from a session's first Mongo write until its last insert is done and
-# recorded in stream_state: the next session commits meanwhile, and waits for
-# it only to insert, so Mongo still sees the ids in order.
-MONGO_LOCK_NAME = "chat.writer.mongo"
 REPAIR_PAGE = 2000
 SESSION_MAX_SECONDS = 0.25  # then let other API processes have the lock
 # After a failed Mongo write, sessions leave the outbox alone this long
@@ -245,12 +241,17 @@ class MessageWriter:
             conn = await self._thread(self._engine.connect)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
-        mirrored = None  # known to be in Mongo; set once this session has its Mongo turn
+        mirrored = None
         try:
-            start_id, state_mirrored = await self._mysql(self._lock_and_read_state, conn)
-            last_id, mongo_ok, turn = start_id, False, False
-            if idle and state_mirrored < start_id:  # an outbox, or the last holder still inserting
-                (mirrored, mongo_ok), turn = await self._mongo_turn(conn, start_id), True
+            last_id, mirrored = await self._mysql(self._lock_and_read_state, conn)
+            mongo_ok = True
+            if mirrored < last_id:
+                if time.monotonic() < self._mongo_retry_at:
+                    # Mongo failed moments ago: commit to the outbox without
+                    # waiting on it again under the lock every API process shares.
+                    mongo_ok = False
+                else:
+                    mirrored, mongo_ok = await self._repair(conn, mirrored, last_id)
             started = time.monotonic()
             inserting: asyncio.Task | None = None  # the previous batch's Mongo insert
             while batch:
@@ -267,10 +268,6 @@ class MessageWriter:
                     await self._settle(failed)
                     break
                 _answer_all(committed)  # stored: MySQL is the permanent store
-                if not turn:
-                    # The first commit ran while the last holder's final insert
-                    # may still have been going on; the inserts wait for it.
-                    (mirrored, mongo_ok), turn = await self._mongo_turn(conn, start_id), True
                 if inserting is not None:
                     mongo_ok = await inserting
                     mirrored = inserted_upto if mongo_ok else mirrored
@@ -285,17 +282,13 @@ class MessageWriter:
                     mirrored, inserting = (last_id if mongo_ok else mirrored), None
                     if not await self._mysql(self._others_waiting, conn):
                         batch = self._in_hand = await self._next_batch(None)
-            # The next holder may commit (and answer its clients) while this
-            # session's last insert runs: it waits for the Mongo turn only to insert.
-            await self._mysql(self._release, conn, LOCK_NAME)
             if inserting is not None and await inserting:
                 mirrored = last_id
             # meta.head is only a hint for the daemons' gap check, and every
             # write of it is one more oplog entry: at most about once a second.
-            head = max(mirrored or 0, state_mirrored)
-            if (head > self._head_written and (idle or time.monotonic() - self._head_at > 1.0)
+            if (mirrored > self._head_written and (idle or time.monotonic() - self._head_at > 1.0)
                     and time.monotonic() >= self._mongo_retry_at):
-                await self._advance_head(head)
+                await self._advance_head(mirrored)
         finally:
             await self._thread(self._mark_and_release, conn, mirrored)
 
@@ -326,21 +319,6 @@ class MessageWriter:
         # these ids since (a lost connection frees the writer lock): ours only if they match.
         return {tuple(r) for r in rows} == {(m.id, m.sender, m.client_msg_id, m.body) for m in new}
 
-    async def _mongo_turn(self, conn: Connection, upto: int) -> tuple[int | None, bool]:
-        """Takes this session's turn at Mongo, after the previous holder's last
-        insert, and copies any outbox up to ``upto`` (the last id committed
-        before this session). Returns (mirrored_upto, whether to insert)."""
-        mirrored = await self._mysql(self._lock_mongo_turn, conn)
-        if mirrored is None:  # the last holder's insert hangs: commit to the outbox only
-            return None, False
-        if mirrored < upto:
-            if time.monotonic() < self._mongo_retry_at:
-                # Mongo failed moments ago: commit to the outbox without
-                # waiting on it again under the lock every API process shares.
-                return mirrored, False
-            return await self._repair(conn, mirrored, upto)
-        return mirrored, True
-
     def _thread(self, fn, *args):
         return asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
@@ -370,23 +348,6 @@ class MessageWriter:
                              .where(stream_state.c.id == 1)).one()
         conn.commit()
         return state.last_id, state.mirrored_upto
-
-    def _lock_mongo_turn(self, conn: Connection) -> int | None:
-        """Waits for MONGO_LOCK_NAME, which the last holder keeps until its
-        final insert is done and recorded; returns mirrored_upto, or None on
-        time-out."""
-        got = conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": MONGO_LOCK_NAME, "t": self._timeout}).scalar()
-        conn.commit()  # the read below must see what the last holder recorded
-        if got != 1:
-            return None
-        mirrored = conn.execute(select(stream_state.c.mirrored_upto).where(stream_state.c.id == 1)).scalar_one()
-        conn.commit()
-        return mirrored
-
-    @staticmethod
-    def _release(conn: Connection, name: str) -> None:
-        conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": name})
-        conn.commit()
 
     def _commit_batch(self, conn: Connection, batch: list[_Pending], last_id: int) -> tuple[_Committed, int]:
         started = time.perf_counter()
@@ -448,8 +409,7 @@ class MessageWriter:
                 conn.execute(stream_state.update().where(stream_state.c.id == 1)
                              .where(stream_state.c.mirrored_upto < mirrored).values(mirrored_upto=mirrored))
                 conn.commit()
-            for name in (LOCK_NAME, MONGO_LOCK_NAME):  # the writer lock may be released already
-                conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": name})
+            conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
             conn.commit()
         except SQLAlchemyError:
             log.warning("event=release_failed mirrored_upto=%s", mirrored)  # the lock dies with the session

@@ -86,10 +86,10 @@ async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_h
 
 
 async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
-    """The next session commits while the last one's final insert runs, but its
-    own inserts wait for that one (the Mongo turn): `messages`, read in its
-    natural (insertion) order, holds every id once, in order. A daemon that saw
-    id N can therefore rely on every id below N being there."""
+    """Sessions of two busy writers alternate, and `messages`, read in its
+    natural (insertion) order, holds every id once, in order, with no session
+    taking another's insert for an outbox. A daemon that saw id N can
+    therefore rely on every id below N being there."""
     writers = [_writer(own_dbs), _writer(own_dbs)]
     tasks = [asyncio.create_task(w.run()) for w in writers]
     tag = uuid.uuid4().hex[:8]
