@@ -41,6 +41,7 @@ class Acceptor:
         self._sock = sock
         self._factory = protocol_factory
         self._room = room
+        self._handing = 0  # accepted, and not yet a protocol the daemon counts
         self._pending: set[asyncio.Task] = set()
         sock.setblocking(False)
 
@@ -68,7 +69,7 @@ class Acceptor:
                 self._loop.call_later(RETRY_SECONDS, self.start)
                 return
             conn.setblocking(False)
-            if not self._room(len(self._pending)):
+            if not self._room(self._handing):
                 # Past the ceiling: silent sockets could otherwise take every
                 # file descriptor, and the daemon's own (its Mongo client's) with them.
                 try:
@@ -77,12 +78,26 @@ class Acceptor:
                     pass
                 conn.close()
                 continue
+            self._handing += 1
             task = self._loop.create_task(self._connect(conn))
             self._pending.add(task)  # a task nobody holds can be collected mid-way
             task.add_done_callback(self._pending.discard)
 
     async def _connect(self, conn: socket.socket) -> None:
+        made = False
+
+        def factory() -> asyncio.Protocol:
+            # From here on the daemon counts it: counted here too, it would
+            # count twice until the task ends.
+            nonlocal made
+            made = True
+            self._handing -= 1
+            return self._factory()
+
         try:
-            await self._loop.connect_accepted_socket(self._factory, conn)
+            await self._loop.connect_accepted_socket(factory, conn)
         except OSError:  # the peer left before the transport was made
             conn.close()
+        finally:
+            if not made:
+                self._handing -= 1

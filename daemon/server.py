@@ -56,12 +56,12 @@ CATCH_UP_PAGE = 1000
 
 
 class Refusal(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
+    def __init__(self, status: int, code: str, message: str, headers: dict | None = None, field: str | None = None):
         super().__init__(message)
-        self.status, self.code, self.headers = status, code, headers or {}
+        self.status, self.code, self.headers, self.field = status, code, headers or {}, field
 
     def body(self) -> bytes:
-        return _error_body(self.code, str(self))
+        return _error_body(self.code, str(self), self.field)
 
 
 class Behind(Exception):
@@ -162,6 +162,12 @@ class Daemon:
         path, query = _split(request.target)
         if path != "/v1/ws":
             conn.respond(404, _error_body("not_found", f"no route {path}"), False)
+            return False
+        version = request.headers.get("sec-websocket-version")
+        if version is not None and version.strip() != "13":
+            # RFC 6455 4.2.2: say which version this server speaks, so the client can retry with it
+            conn.respond(426, _error_body("unsupported_websocket_version", "this server speaks WebSocket version 13"),
+                         False, {"Sec-WebSocket-Version": "13"})
             return False
         handshake = ServerProtocol(max_size=self.settings.ws_max_frame_bytes)
         response = handshake.accept(WsRequest(path, Headers(request.headers)))
@@ -386,8 +392,12 @@ def _split(target: bytes) -> tuple[str, dict[str, str]]:
     return path, dict(urllib.parse.parse_qsl(query))
 
 
-def _error_body(code: str, message: str) -> bytes:
-    return orjson.dumps({"error": code, "message": message})
+def _error_body(code: str, message: str, field: str | None = None) -> bytes:
+    """The write API's error shape: ``{"error", "message", "field"?}``."""
+    body = {"error": code, "message": message}
+    if field is not None:
+        body["field"] = field
+    return orjson.dumps(body)
 
 
 def _poll_timeout(raw: str, limit: float) -> float:
@@ -397,7 +407,7 @@ def _poll_timeout(raw: str, limit: float) -> float:
             return timeout
     except ValueError:
         pass
-    raise Refusal(422, "invalid_field", f"`timeout` must be seconds from 0 to {limit:g}")
+    raise Refusal(422, "invalid_field", f"`timeout` must be seconds from 0 to {limit:g}", field="timeout")
 
 
 def _poll_limit(raw: str | None, most: int) -> int:
@@ -405,7 +415,7 @@ def _poll_limit(raw: str | None, most: int) -> int:
         return most
     if is_decimal(raw, 9) and 1 <= int(raw) <= most:
         return int(raw)
-    raise Refusal(422, "invalid_field", f"`limit` must be an integer from 1 to {most}")
+    raise Refusal(422, "invalid_field", f"`limit` must be an integer from 1 to {most}", field="limit")
 
 
 async def run(settings: Settings, tail=None) -> None:

@@ -127,6 +127,7 @@ def test_an_oversized_or_trickled_request_head_is_refused_and_closed(system):
     "emoji 😀👩‍👩‍👧 and flags 🇫🇷, zero-width \u200d joiner",
     "مرحبا بالعالم \u202e RTL override שלום",
     "tab\tnewline\nnull-ish \\u0000 backslash \\",
+    "a real NUL \x00 and C1 \x85 controls \x1b[31m",
 ])
 async def test_hostile_and_unicode_text_is_stored_and_returned_byte_for_byte(system, users, body):
     alice, bob = users("alice"), users("bob")

@@ -364,6 +364,31 @@ async def test_request_head_over_16_kib_gets_431_and_the_socket_closes(strict):
     assert status == [b"HTTP/1.1 431 Request Header Fields Too Large"]
 
 
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"\x16\x03\x01\x02\x00garbage, not HTTP\r\n\r\n", b"HTTP/1.1 400 Bad Request"),  # e.g. TLS to a plain port
+    (b"GET /v1/poll HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n", b"HTTP/1.1 400 Bad Request"),
+    (b"POST /v1/poll HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", b"HTTP/1.1 405 Method Not Allowed"),
+    (b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+     b"Sec-WebSocket-Version: 13\r\n\r\n", b"HTTP/1.1 400 Bad Request"),  # no Sec-WebSocket-Key
+    (b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 7\r\n\r\n",
+     b"HTTP/1.1 426 Upgrade Required"),  # an old protocol version
+])
+async def test_malformed_requests_and_handshakes_get_a_clear_status(strict, request_bytes, status):
+    assert raw_http(strict, request_bytes) == [status]
+
+
+async def test_an_unsupported_websocket_version_is_told_which_one_to_use(strict):
+    request = (b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 7\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", strict.daemon_port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 426 ") and b"\r\nSec-WebSocket-Version: 13\r\n" in data
+
+
 async def test_plain_get_on_the_websocket_path_gets_426(strict):
     assert raw_http(strict, b"GET /v1/ws HTTP/1.1\r\nHost: x\r\n\r\n") == [b"HTTP/1.1 426 Upgrade Required"]
 

@@ -190,7 +190,7 @@ async def test_poll_answers_are_capped_and_the_cursor_pages_through_the_rest(dbs
         assert pages == [ids[0:4], ids[4:8], ids[8:12], [], []]
         for bad in ("0", "6", "x", "²", "1" * 5000):
             r = httpx.get(s.poll_url, params={"since": start, "timeout": 0, "limit": bad}, headers=headers)
-            assert r.status_code == 422 and "`limit`" in r.json()["message"], bad
+            assert r.status_code == 422 and "`limit`" in r.json()["message"] and r.json()["field"] == "limit", bad
         # A `since` that is no number is an unknown since, not a server error.
         for unknown in ("²", "9" * 19):  # 19 digits, past BSON's widest integer: no lookup can hold it
             r = httpx.get(s.poll_url, params={"since": unknown, "timeout": 0}, headers=headers)
