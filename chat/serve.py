@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import socket
 
+import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 def _error_response(status: bytes, code: str, message: str) -> bytes:
-    body = b'{"error":"%s","message":"%s"}' % (code.encode(), message.encode())
+    """A whole answer in the API's error shape, for the protocol to write
+    before it closes (no ASGI app is involved yet)."""
+    body = orjson.dumps({"error": code, "message": message})
     return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n%s" % (status, len(body), body))
 

@@ -19,6 +19,10 @@ import logging
 import socket
 from collections.abc import Callable
 
+import orjson
+
+from daemon.wire import http_response
+
 log = logging.getLogger("chat.daemon")
 
 BATCH = 1024  # accepts per readiness event, so one burst cannot starve the clients already here
@@ -27,9 +31,16 @@ OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 # Said to a connection accepted past the ceiling, then closed: it never costs
 # more than the accept. A client that has not sent its request yet reads it
 # as the answer to it.
-_FULL_BODY = b'{"error":"try_again_later","message":"this daemon is full; retry"}'
-FULL = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_FULL_BODY), _FULL_BODY))
+FULL = http_response(503, orjson.dumps({"error": "try_again_later", "message": "this daemon is full; retry"}),
+                     headers={"Retry-After": "1"})
+
+
+def connection_ceiling(max_connections: int) -> int:
+    """Open sockets past which a new one is refused at accept: the cap (past
+    which requests get 503) plus a sixteenth, 64 at least. At the largest
+    cap the settings allow (18,000) it stays under the 20,000 open files a
+    process may have, with room for the daemon's own (its Mongo client, logs)."""
+    return max_connections + max(64, max_connections // 16)
 
 
 class Acceptor:

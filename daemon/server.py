@@ -30,7 +30,7 @@ from chat.parsing import is_decimal
 from chat.serve import reuseport_socket
 from chat.settings import Settings
 from daemon import metrics
-from daemon.acceptor import Acceptor
+from daemon.acceptor import Acceptor, connection_ceiling
 from daemon.connection import CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN, Connection, Request
 from daemon.hub import Hub, Subscriber
 from daemon.oplog import OplogTail
@@ -266,8 +266,7 @@ class Daemon:
         metrics.POLLS_WAITING.inc()
         try:
             try:
-                # One more than the answer holds: more than `limit` tells that it is cut.
-                pages, cursor = await self.subscribe(waiter, parse_since(query.get("since")), limit + 1,
+                pages, cursor = await self.subscribe(waiter, parse_since(query.get("since")), limit,
                                                      self.settings.send_buffer_max_bytes)
                 catch = await first_page(pages)
             except Behind:
@@ -276,8 +275,9 @@ class Daemon:
                              keep, headers | {"Retry-After": "1"})
                 return
             if catch.more:
-                # Cut by bytes: the answer is this page alone (no live message,
-                # which would come after what is left out); the cursor resumes after it.
+                # Cut at `limit` messages or the byte bound: the answer is this
+                # page alone (no live message, which would come after what is
+                # left out), and the cursor resumes after it.
                 waiter.send_page(catch.frames)
             else:
                 waiter.go_live(catch.frames)
@@ -292,7 +292,7 @@ class Daemon:
             self.polls.discard(waiter)
             metrics.POLLS_WAITING.dec()
         items = waiter.items
-        if len(items) > limit:  # bounded answers: the client pages with the cursor
+        if len(items) > limit:  # live messages came on top of the catch-up: the rest waits for the next poll
             items = items[:limit]
             last = items[-1][0]
         elif waiter.overflowed or catch.more:
@@ -452,7 +452,7 @@ async def run(settings: Settings, tail=None) -> None:
     # Past the cap, a connection is refused once it sends a request (503, as
     # it should be told); past the ceiling above it, at once, so that silent
     # sockets stop short of the open-files limit.
-    ceiling = settings.max_connections + max(64, settings.max_connections // 16)
+    ceiling = connection_ceiling(settings.max_connections)
     acceptor = Acceptor(loop, reuseport_socket(settings.daemon_host, settings.daemon_port), lambda: Connection(daemon),
                         room=lambda accepting: len(daemon.conns) + accepting < ceiling)
     # What exists now (modules, classes, settings: some 60,000 objects) lives

@@ -97,9 +97,9 @@ class WriteOutcomeUnknown(WriteUnavailable):
 class _CommitFailed(Exception):
     """The batch's COMMIT (or the round trip that carries it) failed: it may have taken."""
 
-    def __init__(self, committed: "_Committed", last_id: int):
+    def __init__(self, committed: "_Committed"):
         super().__init__("commit failed")
-        self.committed, self.last_id = committed, last_id
+        self.committed = committed
 
 
 class WriterOverloaded(Exception):
@@ -383,7 +383,7 @@ class MessageWriter:
         except SQLAlchemyError:
             with contextlib.suppress(SQLAlchemyError):
                 conn.rollback()  # on a live connection, never commit this later by accident
-            raise _CommitFailed(_Committed(new, answers, started, False), last_id) from None
+            raise _CommitFailed(_Committed(new, answers, started, False)) from None
         return _Committed(new, answers, started, waiting), last_id
 
     @staticmethod
@@ -462,10 +462,8 @@ class MessageWriter:
     async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:
         """Copies outbox rows to Mongo, oldest first. Returns (mirrored_upto, ok)."""
         while mirrored < last_id:
-            # Only up to last_id: rows above it are this session's own, inserted by it.
-            rows = await self._mysql(lambda c: c.execute(
-                select(messages).where(messages.c.id > mirrored, messages.c.id <= last_id)
-                .order_by(messages.c.id).limit(REPAIR_PAGE)).all(), conn)
+            rows = await self._mysql(lambda c: c.execute(select(messages).where(messages.c.id > mirrored)
+                                                         .order_by(messages.c.id).limit(REPAIR_PAGE)).all(), conn)
             if not rows:
                 return last_id, True
             docs = [row_to_message(r).to_doc() for r in rows]

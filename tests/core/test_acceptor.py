@@ -10,9 +10,11 @@ import socket
 
 import pytest
 import uvloop
+from pydantic import ValidationError
 
 from chat.serve import reuseport_socket
-from daemon.acceptor import Acceptor
+from chat.settings import Settings
+from daemon.acceptor import Acceptor, connection_ceiling
 
 BURST = 300
 
@@ -97,3 +99,10 @@ def test_one_event_takes_at_most_a_batch_and_running_out_of_descriptors_pauses_t
     monkeypatch.setattr(acceptor_module, "RETRY_SECONDS", 0.2)
     assert uvloop.run(_bounded_and_paused()) == 30
     assert "event=accept_paused error=EMFILE" in caplog.text
+
+
+def test_the_accept_ceiling_stays_under_the_open_files_limit_at_the_largest_cap():
+    assert connection_ceiling(2) == 66 and connection_ceiling(15_000) == 15_937
+    assert connection_ceiling(18_000) <= 20_000 - 500  # room for the process's own files
+    with pytest.raises(ValidationError):  # a cap whose ceiling would not fit is refused at start-up
+        Settings(max_connections=18_001)
