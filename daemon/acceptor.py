@@ -95,20 +95,22 @@ class Acceptor:
             task.add_done_callback(self._pending.discard)
 
     async def _connect(self, conn: socket.socket) -> None:
-        made = False
+        made: asyncio.Protocol | None = None
 
         def factory() -> asyncio.Protocol:
-            # From here on the daemon counts it: counted here too, it would
-            # count twice until the task ends.
+            # The protocol counts itself from here on (``room``): counted here
+            # too, it would count twice until the task ends.
             nonlocal made
-            made = True
             self._handing -= 1
-            return self._factory()
+            made = self._factory()
+            return made
 
         try:
             await self._loop.connect_accepted_socket(factory, conn)
-        except OSError:  # the peer left before the transport was made
+        except OSError as exc:  # the peer left before the transport was made
             conn.close()
+            if made is not None:
+                made.connection_lost(exc)  # it counted itself: it must uncount
         finally:
-            if not made:
+            if made is None:
                 self._handing -= 1

@@ -93,11 +93,14 @@ class Connection(Subscriber, asyncio.Protocol):
         self.closing = False
         self.write_paused = False  # the transport holds more than its high-water mark
         self.drain_waiter: asyncio.Future | None = None  # a paged catch-up waiting for it to drain
+        # Counted from the moment it exists, not from connection_made: the
+        # acceptor counts a socket until its protocol is made, and the two
+        # counts must meet with no gap (a burst of accepts slipped through it).
+        daemon.conns.add(self)
 
     # --- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        self.daemon.conns.add(self)
         self.daemon.http_conns.add(self)
 
     def data_received(self, data: bytes) -> None:
