@@ -78,6 +78,24 @@ def from_doc(doc: dict) -> Message:
     )
 
 
+# (id, sender, recipient, created_at, JSON payload): what a daemon keeps of a message
+Encoded = tuple[int, str, str, datetime, bytes]
+
+
+def encode_doc(doc: dict) -> Encoded:
+    """``from_doc(doc)`` and its ``frame()`` in one step, for the daemon's hot
+    path: building the Message first cost 0.6 us of a message's ~4 us of
+    Python (loadtest/replay.py). A test holds the bytes equal to ``frame()``."""
+    created = doc["created_at"]
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=UTC)
+    msg_id, sender, recipient = int(doc["_id"]), doc["from"], doc["to"]
+    payload = orjson.dumps({"type": "message", "id": str(msg_id), "from": sender, "to": recipient,
+                            "body": doc["body"], "created_at": rfc3339(created),
+                            "client_msg_id": doc.get("client_msg_id")})
+    return msg_id, sender, recipient, created, payload
+
+
 def inserted_docs(entry: dict, namespace: str) -> list[dict]:
     """Message documents inserted by one oplog entry, or [] for anything else.
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 
-from chat.messages import Message
-
 SLOW_CONSUMER = 4008  # close code: the connection's buffer filled; reconnect with since
 
 # (message id, JSON payload, WebSocket frame or None to build it on demand)
@@ -98,17 +96,21 @@ class Hub:
     def connections_of(self, user: str) -> int:
         return len(self._by_user.get(user, ()))
 
-    def dispatch(self, msg: Message, payload: bytes, encode: Callable[[bytes], bytes]) -> int:
+    def dispatch(self, msg_id: int, sender: str, recipient: str, payload: bytes,
+                 encode: Callable[[bytes], bytes]) -> int:
         """Offers the message to the recipient's and the sender's connections; returns how many.
         ``encode`` builds the WebSocket frame, once, and only if this daemon holds a target:
         with N daemons, most messages are for another one."""
-        targets = self._by_user.get(msg.recipient, ())
-        if msg.sender != msg.recipient and msg.sender in self._by_user:
-            targets = set(targets) | self._by_user[msg.sender]
+        by_user = self._by_user
+        targets = by_user.get(recipient)
+        if sender != recipient:
+            others = by_user.get(sender)
+            if others:
+                targets = targets | others if targets else others
         if not targets:
             return 0
         targets = tuple(targets)  # a copy: sending can close a connection, which unregisters it
-        frame = encode(payload)
+        frame, limit = encode(payload), self._limit
         for sub in targets:
-            sub.offer(msg.id, payload, frame, self._limit)
+            sub.offer(msg_id, payload, frame, limit)
         return len(targets)

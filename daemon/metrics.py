@@ -5,6 +5,7 @@ import os
 from prometheus_client import Counter, Gauge, Histogram
 
 from chat import gcpauses
+from daemon.loop_histogram import LoopHistogram
 
 # Several daemons share one port: the pid label tells their scrapes apart.
 INFO = Gauge("chat_daemon_info", "One per daemon process", ["pid"])
@@ -15,7 +16,7 @@ CONNECTIONS = Gauge("chat_daemon_connections", "Open WebSocket connections and w
 WS_OPEN, POLLS_WAITING = CONNECTIONS.labels("ws"), CONNECTIONS.labels("poll")
 PUSHES = Counter("chat_daemon_pushes_total", "Messages handed to connections: written to a WebSocket at once, or to a poll answer")
 OPLOG_ENTRIES = Counter("chat_daemon_oplog_entries_total", "Oplog entries read")
-OPLOG_TO_SOCKET = Histogram(
+OPLOG_TO_SOCKET = LoopHistogram(
     "chat_daemon_oplog_to_socket_seconds", "Oplog entry received -> frame written to the socket",
     buckets=(.00025, .0005, .001, .002, .003, .004, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
 TAIL_LAG = Gauge("chat_daemon_tail_lag_seconds", "Now minus created_at of the newest message released")

@@ -20,6 +20,17 @@ class Sequencer:
 
     def offer(self, docs: list[dict]) -> list[dict]:
         """Returns the documents that can be released now, in id order."""
+        if not self._held:
+            # The usual batch, the next ids in order, is released as it came:
+            # the sort and the checks below cost a tenth of a message's Python.
+            high = self.high
+            for doc in docs:
+                if doc["_id"] != high + 1:
+                    break
+                high += 1
+            else:
+                self.high = high
+                return docs
         released = []
         for doc in sorted(docs, key=lambda d: d["_id"]):
             i = int(doc["_id"])

@@ -20,7 +20,7 @@ import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 
-from chat.messages import from_doc, inserted_docs
+from chat.messages import Encoded, encode_doc, inserted_docs
 from daemon import metrics
 from daemon.hub import Hub, Item
 from daemon.oplog import RESTARTED, Backoff, OplogTail
@@ -47,7 +47,7 @@ FILL = object()  # in the consumer's queue: "read the truth now"
 # message (a dataclass holding a Message), a 50,000-entry cache was 100,000
 # objects that every full collection walked: pauses of 50-130 ms in the
 # replay benchmark, every 31,000 or so messages (README, "GC pauses").
-Cached = tuple[int, str, str, datetime, bytes]
+Cached = Encoded
 
 
 @dataclass
@@ -246,10 +246,10 @@ class Stream:
             return
         pushes = 0
         for doc in docs:
-            msg = from_doc(doc)
-            payload = msg.frame()
-            self._cache_append((msg.id, msg.sender, msg.recipient, msg.created_at, payload))
-            delivered = self._hub.dispatch(msg, payload, text_frame)
+            encoded = encode_doc(doc)
+            self._cache_append(encoded)
+            msg_id, sender, recipient, _, payload = encoded
+            delivered = self._hub.dispatch(msg_id, sender, recipient, payload, text_frame)
             if delivered:
                 pushes += delivered
                 # dispatch wrote to every socket before returning: this is oplog -> socket
@@ -263,8 +263,7 @@ class Stream:
 
     def _cache_extend(self, docs: list[dict]) -> None:
         for doc in docs:
-            msg = from_doc(doc)
-            self._cache_append((msg.id, msg.sender, msg.recipient, msg.created_at, msg.frame()))
+            self._cache_append(encode_doc(doc))
 
     def _cache_append(self, entry: Cached) -> None:
         # catch_up() indexes the cache by id: it must hold consecutive ids only
@@ -401,9 +400,8 @@ class Stream:
                     newest is not None and newest < mongo.expired_before(self._retention)):
                 yield GAP
             for doc in docs:
-                msg = from_doc(doc)
-                newest = msg.created_at
-                yield msg.id, msg.created_at, msg.frame()
+                msg_id, _, _, newest, payload = encode_doc(doc)
+                yield msg_id, newest, payload
             if len(docs) < limit:
                 return
             after = int(docs[-1]["_id"])

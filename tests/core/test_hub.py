@@ -1,13 +1,6 @@
 """The delivery bookkeeping with no sockets: who gets what, once, in order."""
 
-from datetime import UTC, datetime
-
-from chat.messages import Message
 from daemon.hub import Hub, Subscriber
-
-
-def msg(i, sender="a", recipient="b"):
-    return Message(i, sender, recipient, f"m{i}", datetime(2026, 1, 1, tzinfo=UTC))
 
 
 class Recorder(Subscriber):
@@ -35,7 +28,7 @@ def live(hub, user, since=0):
 
 
 def offer(hub, i, sender="a", recipient="b"):
-    return hub.dispatch(msg(i, sender, recipient), f"m{i}".encode(), lambda payload: b"ws:" + payload)
+    return hub.dispatch(i, sender, recipient, f"m{i}".encode(), lambda payload: b"ws:" + payload)
 
 
 def test_message_goes_to_every_connection_of_recipient_and_sender():
@@ -110,9 +103,9 @@ def test_the_frame_is_encoded_once_and_only_for_a_held_target():
         encoded.append(payload)
         return payload
 
-    assert hub.dispatch(msg(1, "x", "y"), b"m1", encode) == 0
+    assert hub.dispatch(1, "x", "y", b"m1", encode) == 0
     live(hub, "b"), live(hub, "b"), live(hub, "a")
-    assert hub.dispatch(msg(2), b"m2", encode) == 3
+    assert hub.dispatch(2, "a", "b", b"m2", encode) == 3
     assert encoded == [b"m2"]
 
 

@@ -2,7 +2,9 @@ from datetime import UTC, datetime
 
 import orjson
 
-from chat.messages import Message, from_doc, inserted_docs, rfc3339
+from bson.int64 import Int64
+
+from chat.messages import Message, encode_doc, from_doc, inserted_docs, rfc3339
 
 NS = "chat.messages"
 
@@ -17,6 +19,17 @@ def test_frame_is_the_public_shape():
 def test_doc_round_trip():
     m = Message(7, "a", "b", "x", datetime(2026, 1, 1, tzinfo=UTC))
     assert from_doc(m.to_doc()) == m
+
+
+def test_the_daemons_one_step_encoding_is_byte_for_byte_the_frame():
+    aware = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    for doc in ({"_id": 42, "from": "alice", "to": "bob", "body": "hi <b>\u00e9\U0001f600\x00", "created_at": aware,
+                 "client_msg_id": "c1"},
+                {"_id": Int64(7), "from": "a", "to": "b", "body": "x", "created_at": aware.replace(tzinfo=None)},
+                {"_id": 8, "from": "a", "to": "a", "body": "\u202e", "created_at": aware, "client_msg_id": None}):
+        m = from_doc(doc)
+        assert encode_doc(doc) == (m.id, m.sender, m.recipient, m.created_at, m.frame())
+        assert type(encode_doc(doc)[0]) is int and encode_doc(doc)[3].tzinfo is UTC
 
 
 def test_naive_datetimes_are_utc():

@@ -15,6 +15,23 @@ def test_in_order_entries_are_released_at_once():
     assert s.high == 13 and s.hole is None
 
 
+def test_an_in_order_batch_that_goes_wrong_part_way_takes_the_careful_path():
+    # the fast path releases a batch as it came only if every id is the next one
+    s = Sequencer(high=10)
+    assert ids(s.offer(docs(11, 12, 12, 14, 13))) == [11, 12, 13, 14]
+    assert s.high == 14 and s.repeats == 1 and s.hole is None
+    assert ids(s.offer(docs(16, 17))) == [] and s.hole == (14, 17)
+    assert ids(s.offer(docs(15))) == [15, 16, 17]
+
+
+def test_bson_int64_ids_are_ids():
+    from bson.int64 import Int64
+
+    s = Sequencer(high=10)
+    assert ids(s.offer([{"_id": Int64(11)}, {"_id": Int64(12)}])) == [11, 12]
+    assert s.high == 12
+
+
 def test_repeats_are_dropped_and_counted():
     s = Sequencer(high=10)
     s.offer(docs(11, 12))

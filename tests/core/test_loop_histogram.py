@@ -1,0 +1,31 @@
+"""The daemon's lock-free histogram scrapes as prometheus_client's own does."""
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from daemon.loop_histogram import LoopHistogram
+
+BUCKETS = (.00025, .001, .005, 1, 10)
+SAMPLES = (0.0, .00025, .0002500001, .003, .005, 1, 9.99, 10, 10.5, 1e9)
+
+
+def exposition(registry: CollectorRegistry) -> list[str]:
+    return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+
+
+def test_same_buckets_count_and_sum_as_the_library_histogram():
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    lock_free = LoopHistogram("t_seconds", "doc", BUCKETS, registry=ours)
+    library = Histogram("t_seconds", "doc", buckets=BUCKETS, registry=theirs)
+    for v in SAMPLES:
+        lock_free.observe(v)
+        library.observe(v)
+    assert exposition(ours) == exposition(theirs)
+    assert 't_seconds_bucket{le="0.00025"} 2.0' in exposition(ours)  # "le": a bound counts as inside
+    assert 't_seconds_bucket{le="+Inf"} 10.0' in exposition(ours)
+
+
+def test_empty_histogram_scrapes_zeros():
+    registry = CollectorRegistry()
+    LoopHistogram("t_seconds", "doc", BUCKETS, registry=registry)
+    assert 't_seconds_count 0.0' in exposition(registry)
+    assert 't_seconds_bucket{le="+Inf"} 0.0' in exposition(registry)
