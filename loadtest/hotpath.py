@@ -1,0 +1,107 @@
+"""The Python share of a daemon's cost per message, with no socket (issue #4).
+
+The replay benchmark (loadtest/replay.py) measures a daemon whole: about
+17 us of CPU per one-frame message, of which about 10 us is the socket
+``write()`` (on loopback the kernel runs the receiver's TCP in that call).
+This one times only what runs in Python for each message: the body of
+``Stream._consume`` (oplog entries -> documents -> sequencer -> encode ->
+cache -> hub -> ``Connection.send``) for replay-shaped oplog entries, with
+10,000 live connections whose transports only count what they are given.
+No database, no network, one process: quick to rerun after a change to the
+hot path, and steadier than the replay on a noisy machine.
+
+    python -m loadtest.hotpath                # 300,000 messages, 3 rounds
+    python -m loadtest.hotpath --out hotpath.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import orjson
+import typer
+
+from chat.messages import inserted_docs
+from chat.settings import Settings
+from daemon import metrics
+from daemon.connection import Connection
+from daemon.hub import Hub
+from daemon.stream import Stream
+
+NAMESPACE = "chat.messages"
+
+
+class CountingTransport:
+    """What a live connection writes to: counts frames, never backs up."""
+
+    __slots__ = ("frames",)
+
+    def __init__(self):
+        self.frames = 0
+
+    def write(self, data: bytes) -> None:
+        self.frames += 1
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def oplog_batches(clients: int, count: int, batch: int, seed: int = 7) -> list[list[dict]]:
+    """Insert entries as FerretDB writes them, one recipient per message (the
+    sender offline: one frame each, the replay's --senders-offline)."""
+    rng, now = random.Random(seed), datetime.now(UTC)
+    return [[{"op": "i", "ns": NAMESPACE, "o": {
+        "_id": i + 1, "from": f"x{rng.randrange(clients)}", "to": f"r{rng.randrange(clients)}",
+        "body": f"{time.time():.6f} replay", "created_at": now, "client_msg_id": None}}
+        for i in range(start, min(start + batch, count))] for start in range(0, count, batch)]
+
+
+async def one_round(clients: int, count: int, batch: int) -> dict:
+    settings = Settings()
+    hub = Hub(settings.send_buffer_max_bytes)
+    daemon = SimpleNamespace(settings=settings, conns=set(), hub=hub)
+    transports = []
+    for i in range(clients):
+        conn = Connection(daemon)
+        conn.transport, conn.user, conn.pending, conn.http = CountingTransport(), f"r{i}", None, None
+        transports.append(conn.transport)
+        hub.register(conn)
+    stream = Stream(None, SimpleNamespace(namespace=NAMESPACE), hub, retention_seconds=settings.retention_seconds,
+                    cache_max=settings.recent_cache_max, gap_check_seconds=3600,
+                    cache_max_bytes=settings.recent_cache_max_bytes)
+    batches = oplog_batches(clients, count, batch)
+    gc.collect()
+    cpu = time.process_time()
+    for entries in batches:  # what Stream._consume does with each oplog batch
+        received = time.perf_counter()
+        docs = [d for entry in entries for d in inserted_docs(entry, NAMESPACE)]
+        stream._release(stream._seq.offer(docs), received)
+    cpu = time.process_time() - cpu
+    frames = sum(t.frames for t in transports)
+    if stream.position != count or frames != count:
+        raise SystemExit(f"hotpath: released {stream.position} and wrote {frames} of {count}")
+    return {"us_per_message": round(cpu / count * 1e6, 2), "frames": frames}
+
+
+def main(clients: int = typer.Option(10_000), count: int = typer.Option(300_000),
+         batch: int = typer.Option(100, help="entries per oplog batch"), rounds: int = typer.Option(3),
+         out: Path | None = typer.Option(None, help="write the result JSON here")) -> None:
+    metrics.watch_gc()  # as the daemon runs: its GC callback is part of the cost
+    runs = [asyncio.run(one_round(clients, count, batch)) for _ in range(rounds)]
+    best = min(r["us_per_message"] for r in runs)
+    result = {"clients": clients, "messages": count, "batch": batch, "rounds": [r["us_per_message"] for r in runs],
+              "best_us_per_message": best,
+              "what": "CPU of the daemon's Python per one-frame message, no socket write (loadtest/hotpath.py)"}
+    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    if out:
+        out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+
+
+if __name__ == "__main__":
+    typer.run(main)
