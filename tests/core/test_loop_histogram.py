@@ -1,5 +1,6 @@
 """The daemon's lock-free histogram scrapes as prometheus_client's own does."""
 
+import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from daemon.loop_histogram import LoopHistogram
@@ -9,7 +10,8 @@ SAMPLES = (0.0, .00025, .0002500001, .003, .005, 1, 9.99, 10, 10.5, 1e9)
 
 
 def exposition(registry: CollectorRegistry) -> list[str]:
-    return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+    # the creation time is the one line that differs: each histogram has its own
+    return [line for line in generate_latest(registry).decode().splitlines() if not line.startswith("t_seconds_created ")]
 
 
 def test_same_buckets_count_and_sum_as_the_library_histogram():
@@ -29,3 +31,20 @@ def test_empty_histogram_scrapes_zeros():
     LoopHistogram("t_seconds", "doc", BUCKETS, registry=registry)
     assert 't_seconds_count 0.0' in exposition(registry)
     assert 't_seconds_bucket{le="+Inf"} 0.0' in exposition(registry)
+
+
+def test_it_says_when_it_was_created_as_the_library_does():
+    registry = CollectorRegistry()
+    LoopHistogram("t_seconds", "doc", BUCKETS, registry=registry)
+    text = generate_latest(registry).decode()
+    assert "# TYPE t_seconds_created gauge" in text and "\nt_seconds_created 1." in text
+
+
+def test_buckets_must_increase_and_inf_is_implied():
+    with pytest.raises(ValueError):
+        LoopHistogram("t_seconds", "doc", (1, 0.5), registry=None)
+    with pytest.raises(ValueError):
+        LoopHistogram("t_seconds", "doc", (1, 1), registry=None)
+    registry = CollectorRegistry()
+    LoopHistogram("t_seconds", "doc", (1, float("inf")), registry=registry)
+    assert generate_latest(registry).decode().count('le="+Inf"') == 1
