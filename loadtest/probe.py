@@ -60,7 +60,10 @@ async def _probe(client, rate: float, seconds: float, seen: list[float]) -> None
         await asyncio.sleep(1.0)
     finally:
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        ended, = await asyncio.gather(task, return_exceptions=True)
+        if not isinstance(ended, asyncio.CancelledError | None):
+            # said, not swallowed: a tail that died leaves the run with no samples
+            print(f"probe: the tail stopped early: {ended!r}", file=sys.stderr)
     await client["chat"]["probe"].drop()
 
 
