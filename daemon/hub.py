@@ -102,14 +102,12 @@ class Hub:
         ``encode`` builds the WebSocket frame, once, and only if this daemon holds a target:
         with N daemons, most messages are for another one."""
         by_user = self._by_user
-        targets = by_user.get(recipient)
-        if sender != recipient:
-            others = by_user.get(sender)
-            if others:
-                targets = targets | others if targets else others
+        senders = by_user.get(sender, ()) if sender != recipient else ()
+        # A copy (sending can close a connection, which unregisters it); the two
+        # sets never share a connection, which has one user.
+        targets = (*by_user.get(recipient, ()), *senders)
         if not targets:
             return 0
-        targets = tuple(targets)  # a copy: sending can close a connection, which unregisters it
         frame, limit = encode(payload), self._limit
         for sub in targets:
             sub.offer(msg_id, payload, frame, limit)

@@ -3,9 +3,9 @@
 The replay benchmark (loadtest/replay.py) measures a daemon whole: about
 17 us of CPU per one-frame message, of which about 10 us is the socket
 ``write()`` (on loopback the kernel runs the receiver's TCP in that call).
-This one times only what runs in Python for each message: the body of
-``Stream._consume`` (oplog entries -> documents -> sequencer -> encode ->
-cache -> hub -> ``Connection.send``) for replay-shaped oplog entries, with
+This one times only what runs in Python for each message: ``Stream._take``
+(oplog entries -> documents -> sequencer -> encode -> cache -> hub ->
+``Connection.send``) for replay-shaped oplog entries, with
 10,000 live connections whose transports only count what they are given.
 No database, no network, one process: quick to rerun after a change to the
 hot path, and steadier than the replay on a noisy machine.
@@ -27,7 +27,6 @@ from types import SimpleNamespace
 import orjson
 import typer
 
-from chat.messages import inserted_docs
 from chat.settings import Settings
 from daemon import metrics
 from daemon.connection import Connection
@@ -78,10 +77,8 @@ async def one_round(clients: int, count: int, batch: int) -> dict:
     batches = oplog_batches(clients, count, batch)
     gc.collect()
     cpu = time.process_time()
-    for entries in batches:  # what Stream._consume does with each oplog batch
-        received = time.perf_counter()
-        docs = [d for entry in entries for d in inserted_docs(entry, NAMESPACE)]
-        stream._release(stream._seq.offer(docs), received)
+    for entries in batches:
+        stream._take(entries, time.perf_counter())  # what Stream._consume does with each oplog batch
     cpu = time.process_time() - cpu
     frames = sum(t.frames for t in transports)
     if stream.position != count or frames != count:
