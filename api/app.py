@@ -32,7 +32,8 @@ from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from db import mongo
 from db.retention import run_sweeper
-from db.sql import conversation_key, make_engine, messages
+from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages
+from db.threads import Threads
 from db.writer import MessageWriter, row_to_message
 
 log = logging.getLogger("chat.api")
@@ -65,6 +66,7 @@ class State:
     mongo_client: object
     writer: MessageWriter
     limiter: RateLimiter
+    reads: Threads  # the blocking MySQL reads; never asyncio's default executor (db.threads)
 
 
 def _state(request: Request) -> State:
@@ -89,7 +91,7 @@ async def get_history(request: Request) -> Response:
             return conn.execute(query).all()
 
     try:
-        rows = await asyncio.to_thread(run)
+        rows = await st.reads.run(run)
     except SQLAlchemyError:
         raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
                        headers={"Retry-After": "1"}) from None
@@ -107,7 +109,7 @@ async def get_conversations(request: Request) -> Response:
             return conn.execute(CONVERSATIONS_SQL, {"user": user, "limit": CONVERSATIONS_MAX}).all()
 
     try:
-        rows = await asyncio.to_thread(run)
+        rows = await st.reads.run(run)
     except SQLAlchemyError:
         raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
                        headers={"Retry-After": "1"}) from None
@@ -165,7 +167,7 @@ async def readyz(request: Request) -> Response:
             conn.execute(text("SELECT 1"))
 
     try:
-        await asyncio.wait_for(asyncio.to_thread(mysql_ping), st.settings.db_timeout_seconds)
+        await asyncio.wait_for(st.reads.run(mysql_ping), st.settings.db_timeout_seconds)
         checks["mysql"] = "ok"
     except Exception as exc:
         checks["mysql"] = f"down: {exc.__class__.__name__}"
@@ -220,6 +222,11 @@ PAGE_ROUTES = [
 ]
 
 
+def read_threads(engine: Engine) -> Threads:
+    """A thread per connection the read engine may hold: more would only queue for one."""
+    return Threads(engine.pool.size() + MAX_OVERFLOW, "reads")
+
+
 def create_app(settings: Settings) -> ASGIApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -231,11 +238,13 @@ def create_app(settings: Settings) -> ASGIApp:
         writer = MessageWriter(writer_engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
                                queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
                                retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch)
-        app.state.chat = State(settings, engine, client,  writer,
-                               RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst))
+        reads = read_threads(engine)
+        app.state.chat = State(settings, engine, client, writer,
+                               RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst), reads)
         tasks = [asyncio.create_task(writer.run(), name="writer"),
                  asyncio.create_task(run_sweeper(
-                     db, engine, settings.retention_seconds, settings.sweep_interval_seconds), name="sweeper")]
+                     db, engine, reads, settings.retention_seconds, settings.sweep_interval_seconds),
+                     name="sweeper")]
         # What start-up made (modules, the app, the pools) lives as long as the
         # process: out of the cyclic GC's sight, so that its full passes walk
         # only what requests create (as in the daemon).
@@ -251,6 +260,7 @@ def create_app(settings: Settings) -> ASGIApp:
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
             writer.close()
+            reads.close()
             writer_engine.dispose()
             engine.dispose()
 

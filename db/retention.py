@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from db import mongo
 from db.sql import messages
+from db.threads import Threads
 
 log = logging.getLogger("chat.retention")
 
@@ -53,11 +54,11 @@ def newest_expired_id(engine: Engine, after: int, cutoff: datetime) -> int:
                 return newest
 
 
-async def sweep_once(db: AsyncDatabase, engine: Engine, retention_seconds: int) -> int:
+async def sweep_once(db: AsyncDatabase, engine: Engine, threads: Threads, retention_seconds: int) -> int:
     """Deletes expired messages; returns how many."""
     cutoff = mongo.expired_before(retention_seconds)
     floor = await mongo.retention_floor(db)
-    newest = await asyncio.to_thread(newest_expired_id, engine, floor, cutoff)
+    newest = await threads.run(newest_expired_id, engine, floor, cutoff)
     if newest <= floor:
         return 0  # nothing expired since the last sweep (by any API process)
     await db[mongo.META].update_one({"_id": "retention"}, {"$max": {"floor": newest}}, upsert=True)
@@ -66,10 +67,11 @@ async def sweep_once(db: AsyncDatabase, engine: Engine, retention_seconds: int) 
     return result.deleted_count
 
 
-async def run_sweeper(db: AsyncDatabase, engine: Engine, retention_seconds: int, interval: float) -> None:
+async def run_sweeper(db: AsyncDatabase, engine: Engine, threads: Threads, retention_seconds: int,
+                      interval: float) -> None:
     while True:
         try:
-            await sweep_once(db, engine, retention_seconds)
+            await sweep_once(db, engine, threads, retention_seconds)
         except (PyMongoError, SQLAlchemyError) as exc:
             log.warning("event=retention_sweep_failed error=%s", exc.__class__.__name__)
         await asyncio.sleep(interval)

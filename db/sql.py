@@ -63,6 +63,9 @@ def conversation_key(a: str, b: str) -> str:
     return f"{a}\x00{b}" if a <= b else f"{b}\x00{a}"
 
 
+MAX_OVERFLOW = 2  # connections an engine may open past its pool_size, under a burst
+
+
 def make_engine(url: str, timeout_seconds: float, pool_size: int = 4) -> Engine:
     # connect_timeout keeps "MySQL down" a fast 503 rather than a hang;
     # max_statement_time (MariaDB) does the same for "MySQL slow".
@@ -70,7 +73,7 @@ def make_engine(url: str, timeout_seconds: float, pool_size: int = 4) -> Engine:
     return create_engine(
         url,
         pool_size=pool_size,
-        max_overflow=2,
+        max_overflow=MAX_OVERFLOW,
         pool_timeout=timeout_seconds,
         pool_pre_ping=True,
         pool_recycle=3600,

@@ -56,7 +56,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC
 
@@ -69,6 +68,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from chat.messages import Message, now_ms
 from db import mongo
 from db.sql import conversation_key, messages, stream_state
+from db.threads import Threads
 
 log = logging.getLogger("chat.writer")
 
@@ -168,10 +168,9 @@ class MessageWriter:
                  queue_max: int, timeout_seconds: float, retention_seconds: int,
                  observe_batch: Callable[[int, float], None] = lambda n, s: None):
         self._engine = engine
-        # Threads of its own for its MySQL calls: the default executor also
-        # runs the history reads, the sweeper and /readyz, and six slow ones
-        # there would hold every message back behind them.
-        self._threads = ThreadPoolExecutor(2, thread_name_prefix="writer")
+        # Threads of its own for its MySQL calls, as many as its engine keeps
+        # connections: slow reads elsewhere must not hold a message back (db.threads).
+        self._threads = Threads(2, "writer")
         self._mongo = mongo_db
         self._batch_max = batch_max
         self._window = window_ms / 1000
@@ -238,7 +237,7 @@ class MessageWriter:
 
     async def _session(self, batch: list[_Pending], idle: bool = False) -> None:
         try:
-            conn = await self._thread(self._engine.connect)
+            conn = await self._threads.run(self._engine.connect)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
         mirrored = None
@@ -290,7 +289,7 @@ class MessageWriter:
                     and time.monotonic() >= self._mongo_retry_at):
                 await self._advance_head(mirrored)
         finally:
-            await self._thread(self._mark_and_release, conn, mirrored)
+            await self._threads.run(self._mark_and_release, conn, mirrored)
 
     async def _settle(self, failed: _CommitFailed) -> None:
         """Answers a batch whose COMMIT failed. Its rows, read on a fresh
@@ -299,7 +298,7 @@ class MessageWriter:
         on a slow MySQL), so the answer is "may be stored", never "nothing stored"."""
         new = failed.committed.new_messages
         try:
-            took = await self._thread(self._rows_present, new)
+            took = await self._threads.run(self._rows_present, new)
         except SQLAlchemyError:
             took = False
         log.warning("event=commit_failed messages=%d found_committed=%s", len(new), took)
@@ -319,15 +318,12 @@ class MessageWriter:
         # these ids since (a lost connection frees the writer lock): ours only if they match.
         return {tuple(r) for r in rows} == {(m.id, m.sender, m.client_msg_id, m.body) for m in new}
 
-    def _thread(self, fn, *args):
-        return asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
-
     def close(self) -> None:
-        self._threads.shutdown(wait=False)
+        self._threads.close()
 
     async def _mysql(self, fn, *args):
         try:
-            return await self._thread(fn, *args)
+            return await self._threads.run(fn, *args)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
 

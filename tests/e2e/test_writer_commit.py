@@ -7,14 +7,14 @@ with a read time-out on a slow MySQL), once before it was sent.
 """
 
 import asyncio
-import os
-import time
+import threading
 import uuid
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
+from api.app import read_threads
 from db import mongo
 from db.sql import make_engine
 from db.writer import Draft, MessageWriter, WriteOutcomeUnknown
@@ -94,18 +94,39 @@ async def test_a_commit_that_failed_says_the_outcome_is_unknown_and_a_retry_stor
     await _with_writer(own_dbs, False, scenario)
 
 
-async def test_slow_work_in_the_default_executor_does_not_hold_the_writer_back(own_dbs):
-    """History reads, the sweeper and /readyz run in asyncio's default executor
-    (6 threads here). Six slow ones there must not queue the writer's MySQL
-    calls behind them: it has threads of its own."""
+async def test_slow_reads_leave_the_writer_free_to_reach_both_stores(own_dbs):
+    """The API's history reads, sweeper and /readyz run on threads of their own
+    (api.app.read_threads). With every one of them stuck, a message is still
+    stored in MySQL and inserted into Mongo, by a writer that has to open its
+    first Mongo connection meanwhile: PyMongo resolves the address in asyncio's
+    default executor, so our slow reads must never sit there (a CI run once
+    waited 3 s for them)."""
+    settings = own_dbs.settings()
     sender = f"s{uuid.uuid4().hex[:8]}"
-
-    async def scenario(writer, engine, db):
-        threads = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor, all of it
-        hogs = asyncio.gather(*(asyncio.to_thread(time.sleep, 3) for _ in range(threads)))
-        await asyncio.sleep(0.1)
+    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
+    reads = read_threads(engine)
+    release = threading.Event()
+    stuck = asyncio.gather(*(reads.run(release.wait, 30) for _ in range(reads.count)))
+    await asyncio.sleep(0.1)
+    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)  # no connection open yet
+    writer_engine = make_engine(settings.mysql_url.get_secret_value(), 5, pool_size=2)
+    writer = MessageWriter(writer_engine, client[settings.mongo_db], batch_max=50, window_ms=2, queue_max=100,
+                           timeout_seconds=5, retention_seconds=86_400)
+    task = asyncio.create_task(writer.run(repair_every=0.2))
+    try:
         msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "not held back")), 10)
-        assert created and not hogs.done()  # stored while every default thread was still asleep
-        await hogs
-
-    await _with_writer(own_dbs, None, scenario)
+        assert created and _bodies(engine, sender) == ["not held back"]
+        async with asyncio.timeout(10):
+            while await client[settings.mongo_db][mongo.MESSAGES].find_one({"_id": msg.id}) is None:
+                await asyncio.sleep(0.05)
+        assert not stuck.done()  # all of that while every read thread was still stuck
+    finally:
+        release.set()
+        await stuck
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        writer.close()
+        reads.close()
+        writer_engine.dispose()
+        engine.dispose()
+        await client.close()
