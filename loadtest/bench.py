@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import psutil
 import typer
 
 from loadtest import ab, machine, replay, scrape, wsload
@@ -58,7 +59,8 @@ def check(result: dict, what: str) -> None:
 
 
 def failures(results: dict) -> list[str]:
-    runs = [*results["replay"], *results["ws"], *([results["hold"]] if "hold" in results else [])]
+    runs = [*results["replay"], *results["ws"], *results.get("rates", []),
+            *([results["hold"]] if "hold" in results else [])]
     return [run["failed"] for run in runs if "failed" in run]
 
 
@@ -165,7 +167,9 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
         # its own process: in this one it would share the GIL with the sender
         prober = subprocess.Popen([sys.executable, "-m", "loadtest.probe", system.dbs.ferretdb.url, "20",
                                    str(seconds + 2)], stdout=subprocess.PIPE)
+        ferretdb = _CpuUse(system.dbs.ferretdb.proc.pid)
         result = wsload.run(system, n, rate, seconds)
+        result["ferretdb_cores"] = ferretdb.cores()
         try:
             probe_result = orjson.loads(prober.communicate(timeout=120)[0] or b"[]")
         except subprocess.TimeoutExpired:  # said in the report as "no samples", never a crash of the whole run
@@ -179,6 +183,28 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
         check(result, f"WebSocket load at {n} clients")
         out.append(result)
     return out
+
+
+class _CpuUse:
+    """One process's CPU over a window, in cores: FerretDB's own share of
+    the machine, which its tails' polling spends whatever the message rate."""
+
+    def __init__(self, pid: int):
+        self._proc = psutil.Process(pid)
+        self._cpu, self._at = self._used(), time.monotonic()
+
+    def _used(self) -> float:
+        t = self._proc.cpu_times()
+        return t.user + t.system
+
+    def cores(self) -> float:
+        return round((self._used() - self._cpu) / (time.monotonic() - self._at), 2)
+
+
+def rate_runs(system, clients: int, rates: list[float], seconds: float) -> list[dict]:
+    """The whole system through FerretDB at rising message rates: which part
+    of the delivery time grows with the rate, ours or the database's."""
+    return [run for rate in rates for run in ws_runs(system, [clients], rate, seconds)]
 
 
 def replay_runs(clients: int, rates: list[float], seconds: float, max_count: int, daemons: int) -> list[dict]:
@@ -212,20 +238,23 @@ def hold_run(dbs, clients: int, daemons: int, rate: float, seconds: float) -> di
 @app.command()
 def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option(False, "--full"),
          out_dir: Path = typer.Option(RESULTS),
-         only: list[str] = typer.Option([], "--only", help="rerun just these sections (replay, ws, ab, post_alone, "
-                                        "hold) into the existing latest.json; the report says which and when")) -> None:
-    sections = set(only) or {"replay", "ws", "ab", "post_alone", "hold"}
+         only: list[str] = typer.Option([], "--only", help="rerun just these sections (replay, ws, rates, ab, "
+                                        "post_alone, hold) into the existing latest.json; the report says which and "
+                                        "when")) -> None:
+    sections = set(only) or {"replay", "ws", "rates", "ab", "post_alone", "hold"}
     if full:
         levels, seconds, iterations = [10, 100, 500, 1000], 20, 5
         sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, DEPLOYED_DAEMONS
         replay_clients, replay_rates, replay_max = 10_000, [1000, 2000, 5000, 10_000], 200_000
         hold = (100_000, 8, 100, 20)  # clients, daemons, msg/s, seconds
+        rates = (1000, [100, 250, 500, 1000], 15)  # clients, msg/s, seconds
         post_alone_matrix = ([100, 1000], 20, 3)  # levels, seconds, iterations
     else:
         levels, seconds, iterations = [10, 100, 500, 1000], 5, 1
         sizes, rate, ws_seconds, daemons = [100, 1000], 200, 10, DEPLOYED_DAEMONS
         replay_clients, replay_rates, replay_max = 2000, [1000, 2000, 5000], 50_000
         hold = None
+        rates = None  # the full run's; the quick one keeps under 5 minutes
         post_alone_matrix = ([100], 5, 1)
     if only:
         results = orjson.loads((out_dir / "latest.json").read_bytes())
@@ -243,6 +272,13 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
             with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, **env) as system:
                 results["ws"] = ws_runs(system, sizes, rate, ws_seconds)
             results.setdefault("deployed", {})["ws"] = {"apis": DEPLOYED_APIS, "daemons": daemons}
+    if rates is None and "rates" in only:
+        log("the rates section runs with --full only")
+    if rates is not None and "rates" in sections:
+        with databases(Path(tempfile.mkdtemp(prefix="bench-rates-"))) as dbs:
+            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, **env) as system:
+                results["rates"] = rate_runs(system, *rates)
+            results.setdefault("deployed", {})["rates"] = {"apis": DEPLOYED_APIS, "daemons": daemons}
     if "ab" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-ab-"))) as dbs:
             with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, **env) as system:

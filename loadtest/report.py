@@ -85,6 +85,8 @@ def write_report(r: dict, out: Path) -> None:
                      f"{w['lost']} | {w['duplicates']} | {w['daemon_rss_kb_per_conn']:g} | {_stolen(w)} |")
     lines += ["", "![latency against connections](latency_vs_connections.png)",
               "![memory against connections](memory_vs_connections.png)", ""]
+    if r.get("rates"):
+        lines += _rates_table(r["rates"])
     if r.get("hold"):
         h = r["hold"]
         lines += ["## Connections held at once", "",
@@ -97,6 +99,23 @@ def write_report(r: dict, out: Path) -> None:
         lines += _replay_table(r["replay"])
     (out / "report.md").write_text("\n".join(lines))
     _plots(r, out)
+
+
+def _rates_table(runs: list[dict]) -> list[str]:
+    lines = [f"## Through FerretDB at rising message rates ({runs[0]['clients']:,} WebSocket clients)", "",
+             "The same measures as the table above, one system, the rate raised step by step. FerretDB CPU = "
+             "the cores its process used during the run: its tails re-read the whole oplog on every poll, "
+             "so most of it is spent whatever the rate.", "",
+             "| msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p99 ms "
+             "| stored → client p50/p99 ms | FerretDB tail p50/p99 ms | FerretDB CPU (cores) | host busy "
+             "| lost | dup |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for w in runs:
+        c, f, e, t = w["creation_ms"], w["fanout_ms"], w["e2e_ms"], w["ferretdb_tail_ms"]
+        lines.append(f"| {w['rate']:g} | {_fmt(c['p50'])}/{_fmt(c['p99'])} | {_fmt(f['p50'])}/{_fmt(f['p99'])} | "
+                     f"{_fmt(e['p50'])}/{_fmt(e['p99'])} | {_stored(w)} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | "
+                     f"{_fmt(w.get('ferretdb_cores'))} | {w['host_cpu']['busy_pct']:g} % | {w['lost']} | "
+                     f"{w['duplicates']} |")
+    return lines + ["", "![latency against message rate through FerretDB](latency_vs_rate_ferretdb.png)", ""]
 
 
 def _replay_table(runs: list[dict]) -> list[str]:
@@ -170,6 +189,14 @@ def _plots(r: dict, out: Path) -> None:
     fig.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(out / "memory_vs_connections.png", dpi=110)
+    if r.get("rates"):
+        runs = r["rates"]
+        ax = _latency_plot([w["rate"] for w in runs], runs,
+                           (("e2e_ms", "delivery (end to end)", "o"), ("ferretdb_tail_ms", "FerretDB insert→tail", "s")))
+        ax.plot([w["rate"] for w in runs], [w["creation_ms"]["p50"] for w in runs], "^-", label="creation (API) p50")
+        _finish(ax, "messages/s through the API",
+                f"Latency vs message rate, {runs[0]['clients']} clients, through FerretDB 1.24",
+                out / "latency_vs_rate_ferretdb.png")
     paced = [x for x in r.get("replay", []) if x["rate"] != "max"]
     if paced:
         rates = [x["messages_per_s"] for x in paced]
