@@ -98,10 +98,10 @@ async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_n
         pids = {}
         for name in ("daemon:daemon_0", "daemon:daemon_1", "api:api_0", "api:api_1"):
             await asyncio.sleep(1.0)
-            before = ctl(conf, "pid", name).strip()
+            before = await asyncio.to_thread(ctl, conf, "pid", name)
             out = await asyncio.to_thread(ctl, conf, "restart", name)
             assert "started" in out, out
-            pids[name] = (before, ctl(conf, "pid", name).strip())
+            pids[name] = (before.strip(), (await asyncio.to_thread(ctl, conf, "pid", name)).strip())
         await asyncio.sleep(1.0)
         restarting.set()
         await sender
