@@ -77,6 +77,23 @@ def authenticate(request: Request, settings: Settings) -> str:
     return parse_bearer(request.headers.get("authorization"), settings.jwt_secret.get_secret_value())
 
 
+async def _read(st: State, statement, params: dict | None = None) -> list:
+    """One read from MySQL on the API's read threads, or a fast 503. The
+    deadline also covers the wait for a free thread: a burst of slow reads
+    queues there, not in the connection pool, whose own timeout it would
+    never reach."""
+
+    def run():
+        with st.engine.connect() as conn:
+            return conn.execute(statement, params).all()
+
+    try:
+        return await asyncio.wait_for(st.reads.run(run), st.settings.db_timeout_seconds)
+    except (SQLAlchemyError, TimeoutError):
+        raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
+                       headers={"Retry-After": "1"}) from None
+
+
 async def get_history(request: Request) -> Response:
     st = _state(request)
     user = authenticate(request, st.settings)
@@ -86,15 +103,7 @@ async def get_history(request: Request) -> Response:
     if before is not None:
         query = query.where(messages.c.id < before)
 
-    def run():
-        with st.engine.connect() as conn:
-            return conn.execute(query).all()
-
-    try:
-        rows = await st.reads.run(run)
-    except SQLAlchemyError:
-        raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
-                       headers={"Retry-After": "1"}) from None
+    rows = await _read(st, query)
     page = [row_to_message(r).to_public() for r in rows[:limit]]
     next_before = page[-1]["id"] if len(rows) > limit else None
     return json_response({"messages": page, "next_before": next_before})
@@ -104,15 +113,7 @@ async def get_conversations(request: Request) -> Response:
     st = _state(request)
     user = authenticate(request, st.settings)
 
-    def run():
-        with st.engine.connect() as conn:
-            return conn.execute(CONVERSATIONS_SQL, {"user": user, "limit": CONVERSATIONS_MAX}).all()
-
-    try:
-        rows = await st.reads.run(run)
-    except SQLAlchemyError:
-        raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
-                       headers={"Retry-After": "1"}) from None
+    rows = await _read(st, CONVERSATIONS_SQL, {"user": user, "limit": CONVERSATIONS_MAX})
     conversations = []
     for row in rows:
         msg = row_to_message(row).to_public()

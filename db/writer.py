@@ -170,7 +170,7 @@ class MessageWriter:
         self._engine = engine
         # Threads of its own for its MySQL calls, as many as its engine keeps
         # connections: slow reads elsewhere must not hold a message back (db.threads).
-        self._threads = Threads(2, "writer")
+        self._threads = Threads(engine.pool.size(), "writer")
         self._mongo = mongo_db
         self._batch_max = batch_max
         self._window = window_ms / 1000

@@ -10,6 +10,7 @@ import asyncio
 import multiprocessing as mp
 import random
 import resource
+import secrets
 import statistics
 import tempfile
 import time
@@ -108,9 +109,14 @@ async def _send(api_url: str, secret: str, users: list[str], rate: float, second
     """Posts `rate` messages/s for `seconds` between random pairs; returns
     (expected: user -> ids, creation latencies in s, errors)."""
     rng = random.Random(1)
+    # Ids of this run only: a second run on the same system (the same users)
+    # would otherwise repeat the first one's client_msg_ids, get 409s, and
+    # send fewer messages than it says.
+    run_tag = secrets.token_hex(4)
     expected: dict[str, list[int]] = {}
     creation: list[float] = []
     errors = 0
+    refused: list[str] = []
     tokens = {}
     # aiohttp, not httpx: at a few hundred requests/s httpx's pool bookkeeping
     # took most of this process's CPU, and its queueing showed up as
@@ -131,7 +137,7 @@ async def _send(api_url: str, secret: str, users: list[str], rate: float, second
             tok = tokens.get(a) or tokens.setdefault(a, auth.mint(secret, a, 7200))
             headers = {"Authorization": f"Bearer {tok}", "Content-Type": "application/json"}
             t0 = time.time()
-            body = orjson.dumps({"to": b, "body": f"{t0:.6f} load", "client_msg_id": f"L{i}"})
+            body = orjson.dumps({"to": b, "body": f"{t0:.6f} load", "client_msg_id": f"L{run_tag}-{i}"})
             for attempt in range(5):
                 try:
                     async with session.post(url, data=body, headers=headers) as r:
@@ -141,6 +147,9 @@ async def _send(api_url: str, secret: str, users: list[str], rate: float, second
                         msg_id = int(orjson.loads(answer)["id"])
                         expected.setdefault(b, []).append(msg_id)
                         expected.setdefault(a, []).append(msg_id)  # the sender's own connection gets it too
+                        return
+                    if 400 <= r.status < 500 and r.status != 429:  # the generator's fault: retrying cannot help
+                        refused.append(f"{r.status} {answer[:200].decode(errors='replace')}")
                         return
                 except (aiohttp.ClientError, TimeoutError):
                     pass
@@ -159,7 +168,7 @@ async def _send(api_url: str, secret: str, users: list[str], rate: float, second
             bar.update(1)
         await asyncio.gather(*tasks)
         bar.close()
-    return expected, creation, errors
+    return expected, creation, errors, refused
 
 
 def percentiles(values: list[float], scale: float = 1000.0) -> dict:
@@ -203,7 +212,8 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
     per_daemon = [{"pid": pid, "connections": _established(pid), "rss_mb": round(_rss([pid]) / 2**20, 1)}
                   for pid in daemon_pids]
     host = machine.CpuWindow()
-    expected, creation, send_errors = asyncio.run(_send(system.api_url, system.secret, users, rate, seconds, progress))
+    expected, creation, send_errors, refused = asyncio.run(
+        _send(system.api_url, system.secret, users, rate, seconds, progress))
     host_cpu = host.result()
     # Wait for delivery to finish: until every expected frame arrived, or no
     # progress for `settle` seconds (then what is missing counts as lost).
@@ -236,7 +246,8 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
     return {
         "clients": clients, "held": held, "connect_failures": failures, "client_procs": procs_needed,
         "connect_seconds": round(connect_seconds, 1), "rate": rate, "seconds": seconds,
-        "sent": len(creation), "send_errors": send_errors, "delivered": delivered,
+        "asked": int(rate * seconds), "sent": len(creation), "send_errors": send_errors,
+        "refused": len(refused), "refused_examples": refused[:3], "delivered": delivered,
         "delivered_per_s": round(delivered / seconds, 1), "lost": lost, "duplicates": dups,
         "e2e_ms": percentiles(latencies), "creation_ms": percentiles(creation), "host_cpu": host_cpu,
         "stored_to_client_ms": percentiles(since_stored),
@@ -268,10 +279,15 @@ def publish(result: dict, out: Path | None) -> None:
 
 
 def verify(result: dict, what: str) -> None:
-    """A run that lost or duplicated a message, or could not hold its clients, fails loudly."""
+    """A run that lost or duplicated a message, could not hold its clients, or
+    did not get every message it was asked to send stored, fails loudly: its
+    figures would describe a smaller load than the one it names."""
     if result["lost"] or result["duplicates"] or result["held"] < result["clients"]:
         raise SystemExit(f"FAILED {what}: {result['lost']} lost, {result['duplicates']} duplicated, "
                          f"{result['held']}/{result['clients']} held")
+    if "asked" in result and (result["refused"] or result["sent"] < result["asked"]):
+        raise SystemExit(f"FAILED {what}: {result['sent']} of {result['asked']} messages stored, "
+                         f"{result['refused']} refused (e.g. {result['refused_examples']})")
 
 
 if __name__ == "__main__":

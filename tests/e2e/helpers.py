@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import httpx
@@ -75,3 +76,37 @@ async def mongo_docs_soon(system: System, query: dict, count: int, timeout: floa
     while len(docs := mongo_docs(system, query)) < count and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
     return docs
+
+
+@contextlib.asynccontextmanager
+async def api_in_process(settings):
+    """The write API app, run in this process and its event loop (its lifespan
+    included), with an httpx client bound to it: for tests that need to reach
+    into the loop the app runs on."""
+    from api.app import create_app
+
+    app = create_app(settings)
+    started, stop = asyncio.Event(), asyncio.Event()
+    sent: list[dict] = []
+
+    async def receive():
+        if not started.is_set():
+            started.set()
+            return {"type": "lifespan.startup"}
+        await stop.wait()
+        return {"type": "lifespan.shutdown"}
+
+    async def send(message):
+        sent.append(message)
+
+    lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
+    try:
+        async with asyncio.timeout(10):
+            while not sent:
+                await asyncio.sleep(0.01)
+        assert sent[0]["type"] == "lifespan.startup.complete", sent
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            yield client
+    finally:
+        stop.set()
+        await lifespan

@@ -1,13 +1,17 @@
 """Operations endpoints, the OpenAPI document, and the per-sender rate limit."""
 
 import asyncio
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from sqlalchemy import create_engine, text
 
 from api.app import ROUTES
 from api.openapi import OPENAPI
-from tests.e2e.helpers import mysql_rows, post
+from chat import auth
+from tests.e2e.helpers import api_in_process, mysql_rows, post
 from tests.system import running_system
 
 
@@ -131,3 +135,58 @@ def test_http10_keep_alive_is_honoured_as_ab_k_asks(system, users):
         assert answer.startswith(b"HTTP/1.1 201 ") and b"\r\nconnection: close\r\n" in answer.lower()
         assert sock.recv(1) == b""  # the server closed it
     assert len(mysql_rows(system, "sender = :s", s=alice)) == 3
+
+
+async def test_reads_answer_while_the_default_executor_is_stuck(dbs, users):
+    """History, conversations and /readyz run their MySQL calls on threads of
+    the API's own (db.threads), never in asyncio's default executor: PyMongo
+    opens its connections there (loop.getaddrinfo), so our slow reads in it
+    held the writer's Mongo inserts back (a CI run waited 3 s). The app runs
+    in this process with its default executor stuck: the reads still answer."""
+    settings = dbs.settings(jwt_secret="s" * 32)
+    me = users("me")
+    headers = {"Authorization": f"Bearer {auth.mint(settings.jwt_secret.get_secret_value(), me, 60)}"}
+    async with api_in_process(settings) as client:
+        loop = asyncio.get_running_loop()
+        release, stuck = threading.Event(), ThreadPoolExecutor(1)
+        loop.set_default_executor(stuck)
+        holder = loop.run_in_executor(None, release.wait, 30)  # the default executor's only thread, taken
+        try:
+            async with asyncio.timeout(10):
+                history = await client.get("/v1/messages", params={"with": users("peer")}, headers=headers)
+                conversations = await client.get("/v1/conversations", headers=headers)
+                ready = await client.get("/readyz")
+            assert not holder.done()  # all answered while the default executor was still stuck
+        finally:
+            release.set()
+            await holder
+            stuck.shutdown()
+    assert history.status_code == 200 and history.json() == {"messages": [], "next_before": None}
+    assert conversations.status_code == 200 and conversations.json() == {"conversations": []}
+    # (its Mongo check may fail there: the driver could not open a connection)
+    assert ready.json()["checks"]["mysql"] == "ok"
+
+
+async def test_reads_stuck_behind_a_table_lock_get_a_fast_503_not_a_queue(dbs, users):
+    """A burst of history reads while MySQL makes them wait (another session
+    holds a WRITE lock on `messages`): each is answered 503 + Retry-After
+    within the database timeout, also the ones that queued for a read thread."""
+    settings = dbs.settings(jwt_secret="s" * 32, db_timeout_seconds=1.0)
+    me = users("me")
+    headers = {"Authorization": f"Bearer {auth.mint(settings.jwt_secret.get_secret_value(), me, 60)}"}
+    locker = create_engine(dbs.mariadb.url())
+    async with api_in_process(settings) as client:
+        with locker.connect() as conn:
+            conn.execute(text("LOCK TABLES messages WRITE"))
+            try:
+                started = time.monotonic()
+                answers = await asyncio.gather(*(
+                    client.get("/v1/messages", params={"with": users(f"p{i}")}, headers=headers) for i in range(12)))
+                took = time.monotonic() - started
+            finally:
+                conn.execute(text("UNLOCK TABLES"))
+    locker.dispose()
+    assert [a.status_code for a in answers] == [503] * 12
+    assert {a.json()["error"] for a in answers} == {"mysql_unavailable"}
+    assert all(a.headers["retry-after"] == "1" for a in answers)
+    assert took < 1.8, took  # one timeout, not one per queued turn (12 reads, 6 threads)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from chatctl.client import Inbox, listen
 from tests.e2e.helpers import post
@@ -70,13 +71,15 @@ async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_n
         expected: dict[str, set[int]] = {r: set() for r in receivers}
         alice = users("alice")
 
-        restarting = asyncio.Event()
+        restarts_done = asyncio.Event()
         retried: list[str] = []  # what a client saw before its retry got the answer
 
         async def traffic():
-            async with httpx.AsyncClient(timeout=10) as c:
+            # A new connection for every POST, so that each one meets whichever
+            # listeners are there at that moment (a kept-alive one would not).
+            async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_keepalive_connections=0)) as c:
                 for i in range(3000):  # until the restarts are done; bounded
-                    if restarting.is_set():
+                    if restarts_done.is_set():
                         return
                     to = receivers[i % len(receivers)]
                     for _attempt in range(10):  # as a client should: same client_msg_id on 503 or a lost answer
@@ -90,6 +93,8 @@ async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_n
                             break
                         retried.append("503")
                         await asyncio.sleep(float(r.headers["retry-after"]) / 4)
+                    else:
+                        pytest.fail(f"message {i} not stored after 10 attempts: {retried[-10:]}")
                     assert r.status_code in (200, 201), r.text
                     expected[to].add(int(r.json()["id"]))
                     await asyncio.sleep(0.02)
@@ -103,14 +108,15 @@ async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_n
             assert "started" in out, out
             pids[name] = (before.strip(), (await asyncio.to_thread(ctl, conf, "pid", name)).strip())
         await asyncio.sleep(1.0)
-        restarting.set()
+        assert not sender.done(), "the traffic ended before the restarts did"
+        restarts_done.set()
         await sender
         assert all(old != new for old, new in pids.values()), pids  # each one really restarted
-        # One API process serves while the other restarts: no request failed for
-        # want of a listener (connection refused or reset), only, at worst, a
-        # request in flight on a connection being closed, answered on retry.
+        # One API process listens while the other restarts: no POST was refused
+        # for want of a listener. A connection the kernel had queued for the one
+        # closing can still be reset (rare; none in 8 runs): the retry answers it.
         assert "ConnectError" not in retried, retried
-        assert len(retried) <= 4, retried
+        assert set(retried) <= {"ReadError", "RemoteProtocolError", "503"} and len(retried) <= 2, retried
         deadline = time.monotonic() + 30
         while not all(expected[r] <= inboxes[r].seen for r in receivers):
             missing = {r: sorted(expected[r] - inboxes[r].seen) for r in receivers if expected[r] - inboxes[r].seen}
