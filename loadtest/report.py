@@ -104,8 +104,8 @@ def write_report(r: dict, out: Path) -> None:
 def _rates_table(runs: list[dict]) -> list[str]:
     lines = [f"## Through FerretDB at rising message rates ({runs[0]['clients']:,} WebSocket clients)", "",
              "The same measures as the table above, one system, the rate raised step by step. FerretDB CPU = "
-             "the cores its process used during the run: its tails re-read the whole oplog on every poll, "
-             "so most of it is spent whatever the rate.", "",
+             "the cores its whole process used during the run (inserts, and the daemons' and the probe's tails): "
+             "a tail re-reads the whole oplog on every poll, so most of it is spent whatever the rate.", "",
              "| msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p99 ms "
              "| stored → client p50/p99 ms | FerretDB tail p50/p99 ms | FerretDB CPU (cores) | host busy "
              "| lost | dup |", "|---|---|---|---|---|---|---|---|---|---|"]

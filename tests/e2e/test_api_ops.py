@@ -1,9 +1,10 @@
 """Operations endpoints, the OpenAPI document, and the per-sender rate limit."""
 
 import asyncio
+import multiprocessing
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import httpx
 from sqlalchemy import create_engine, text
@@ -11,6 +12,7 @@ from sqlalchemy import create_engine, text
 from api.app import ROUTES
 from api.openapi import OPENAPI
 from chat import auth
+from chat.settings import Settings
 from tests.e2e.helpers import api_in_process, mysql_rows, post
 from tests.system import running_system
 
@@ -137,56 +139,82 @@ def test_http10_keep_alive_is_honoured_as_ab_k_asks(system, users):
     assert len(mysql_rows(system, "sender = :s", s=alice)) == 3
 
 
-async def test_reads_answer_while_the_default_executor_is_stuck(dbs, users):
-    """History, conversations and /readyz run their MySQL calls on threads of
-    the API's own (db.threads), never in asyncio's default executor: PyMongo
-    opens its connections there (loop.getaddrinfo), so our slow reads in it
-    held the writer's Mongo inserts back (a CI run waited 3 s). The app runs
-    in this process with its default executor stuck: the reads still answer."""
-    settings = dbs.settings(jwt_secret="s" * 32)
-    me = users("me")
-    headers = {"Authorization": f"Bearer {auth.mint(settings.jwt_secret.get_secret_value(), me, 60)}"}
+# The app's lifespan freezes the GC, adds GC callbacks and owns pools, and the
+# first scenario replaces its loop's default executor: each runs in a child
+# process of its own, on a loop of its own, and returns what it saw.
+
+
+def _in_child(scenario, dbs, **overrides):
+    settings = {"mysql_url": dbs.mariadb.url(), "mongo_url": dbs.ferretdb.url, "jwt_secret": "s" * 32, **overrides}
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(_run, scenario, settings).result(timeout=120)
+
+
+def _run(scenario, settings: dict):
+    return asyncio.run(scenario(Settings(**settings)))
+
+
+def _headers(settings: Settings, user: str) -> dict:
+    return {"Authorization": f"Bearer {auth.mint(settings.jwt_secret.get_secret_value(), user, 60)}"}
+
+
+async def _reads_with_the_default_executor_stuck(settings: Settings) -> dict:
+    headers = _headers(settings, "stuckme")
     async with api_in_process(settings) as client:
         loop = asyncio.get_running_loop()
-        release, stuck = threading.Event(), ThreadPoolExecutor(1)
-        loop.set_default_executor(stuck)
+        release = threading.Event()
+        loop.set_default_executor(ThreadPoolExecutor(1))
         holder = loop.run_in_executor(None, release.wait, 30)  # the default executor's only thread, taken
         try:
             async with asyncio.timeout(10):
-                history = await client.get("/v1/messages", params={"with": users("peer")}, headers=headers)
-                conversations = await client.get("/v1/conversations", headers=headers)
-                ready = await client.get("/readyz")
-            assert not holder.done()  # all answered while the default executor was still stuck
+                answers = {path: await client.get(path, params=params, headers=headers) for path, params in
+                           (("/v1/messages", {"with": "stuckpeer"}), ("/v1/conversations", None), ("/readyz", None))}
+            still_stuck = not holder.done()
         finally:
             release.set()
             await holder
-            stuck.shutdown()
-    assert history.status_code == 200 and history.json() == {"messages": [], "next_before": None}
-    assert conversations.status_code == 200 and conversations.json() == {"conversations": []}
-    # (its Mongo check may fail there: the driver could not open a connection)
-    assert ready.json()["checks"]["mysql"] == "ok"
+    return {"still_stuck": still_stuck, **{path: (a.status_code, a.json()) for path, a in answers.items()}}
 
 
-async def test_reads_stuck_behind_a_table_lock_get_a_fast_503_not_a_queue(dbs, users):
+def test_reads_answer_while_the_default_executor_is_stuck(dbs):
+    """History, conversations and /readyz run their MySQL calls on threads of
+    the API's own (db.threads), never in asyncio's default executor: PyMongo
+    opens its connections there (loop.getaddrinfo), so our slow reads in it
+    held the writer's Mongo inserts back (a CI run waited 3 s). With the
+    default executor stuck, the reads still answer."""
+    seen = _in_child(_reads_with_the_default_executor_stuck, dbs)
+    assert seen["still_stuck"]  # all answered while the default executor was still stuck
+    assert seen["/v1/messages"] == (200, {"messages": [], "next_before": None})
+    assert seen["/v1/conversations"] == (200, {"conversations": []})
+    status, ready = seen["/readyz"]
+    assert ready["checks"]["mysql"] == "ok"  # (its Mongo check may fail: the driver could not connect)
+
+
+async def _reads_behind_a_table_lock(settings: Settings) -> dict:
+    headers = _headers(settings, "lockme")
+    locker = create_engine(settings.mysql_url.get_secret_value())
+    try:
+        async with api_in_process(settings) as client:
+            with locker.connect() as conn:
+                conn.execute(text("LOCK TABLES messages WRITE"))
+                try:
+                    started = time.monotonic()
+                    answers = await asyncio.gather(*(
+                        client.get("/v1/messages", params={"with": f"lockpeer{i}"}, headers=headers)
+                        for i in range(12)))
+                    took = time.monotonic() - started
+                finally:
+                    conn.execute(text("UNLOCK TABLES"))
+    finally:
+        locker.dispose()
+    return {"took": took, "answers": [(a.status_code, a.json()["error"], a.headers.get("retry-after"))
+                                      for a in answers]}
+
+
+def test_reads_stuck_behind_a_table_lock_get_a_fast_503_not_a_queue(dbs):
     """A burst of history reads while MySQL makes them wait (another session
     holds a WRITE lock on `messages`): each is answered 503 + Retry-After
     within the database timeout, also the ones that queued for a read thread."""
-    settings = dbs.settings(jwt_secret="s" * 32, db_timeout_seconds=1.0)
-    me = users("me")
-    headers = {"Authorization": f"Bearer {auth.mint(settings.jwt_secret.get_secret_value(), me, 60)}"}
-    locker = create_engine(dbs.mariadb.url())
-    async with api_in_process(settings) as client:
-        with locker.connect() as conn:
-            conn.execute(text("LOCK TABLES messages WRITE"))
-            try:
-                started = time.monotonic()
-                answers = await asyncio.gather(*(
-                    client.get("/v1/messages", params={"with": users(f"p{i}")}, headers=headers) for i in range(12)))
-                took = time.monotonic() - started
-            finally:
-                conn.execute(text("UNLOCK TABLES"))
-    locker.dispose()
-    assert [a.status_code for a in answers] == [503] * 12
-    assert {a.json()["error"] for a in answers} == {"mysql_unavailable"}
-    assert all(a.headers["retry-after"] == "1" for a in answers)
-    assert took < 1.8, took  # one timeout, not one per queued turn (12 reads, 6 threads)
+    seen = _in_child(_reads_behind_a_table_lock, dbs, db_timeout_seconds=1.0)
+    assert seen["answers"] == [(503, "mysql_unavailable", "1")] * 12
+    assert seen["took"] < 1.8, seen["took"]  # one timeout, not one per queued turn (12 reads, 6 threads)
