@@ -18,7 +18,6 @@ from pathlib import Path
 
 import httpx
 import orjson
-import psutil
 import typer
 
 from loadtest import ab, machine, replay, scrape, wsload
@@ -167,7 +166,8 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
         # its own process: in this one it would share the GIL with the sender
         prober = subprocess.Popen([sys.executable, "-m", "loadtest.probe", system.dbs.ferretdb.url, "20",
                                    str(seconds + 2)], stdout=subprocess.PIPE)
-        ferretdb = _CpuUse(system.dbs.ferretdb.proc.pid)
+        # FerretDB's own share of the machine: its tails' polling spends most of it whatever the rate
+        ferretdb = machine.ProcessCpu([system.dbs.ferretdb.proc.pid])
         result = wsload.run(system, n, rate, seconds)
         result["ferretdb_cores"] = ferretdb.cores()
         try:
@@ -183,22 +183,6 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
         check(result, f"WebSocket load at {n} clients")
         out.append(result)
     return out
-
-
-class _CpuUse:
-    """One process's CPU over a window, in cores: FerretDB's own share of
-    the machine, which its tails' polling spends whatever the message rate."""
-
-    def __init__(self, pid: int):
-        self._proc = psutil.Process(pid)
-        self._cpu, self._at = self._used(), time.monotonic()
-
-    def _used(self) -> float:
-        t = self._proc.cpu_times()
-        return t.user + t.system
-
-    def cores(self) -> float:
-        return round((self._used() - self._cpu) / (time.monotonic() - self._at), 2)
 
 
 def rate_runs(system, clients: int, rates: list[float], seconds: float) -> list[dict]:

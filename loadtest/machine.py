@@ -1,4 +1,4 @@
-"""What a result was measured on: date, commit, cores, RAM, backing servers."""
+"""What a result was measured on (date, commit, cores, RAM, backing servers), and how busy the CPUs were."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import subprocess
+import time
 
 import psutil
 
@@ -45,3 +46,22 @@ class CpuWindow:
         idle = delta.get("idle", 0.0) + delta.get("iowait", 0.0)
         steal = delta.get("steal", 0.0)
         return {"steal_pct": round(100 * steal / total, 1), "busy_pct": round(100 * (total - idle - steal) / total, 1)}
+
+
+class ProcessCpu:
+    """CPU time that some processes (and their threads) used over a window."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self._procs = [psutil.Process(pid) for pid in pids]
+        self._start, self._at = self._used(), time.monotonic()
+
+    def _used(self) -> float:
+        return sum(t.user + t.system for t in (p.cpu_times() for p in self._procs))
+
+    def seconds(self) -> float:
+        return self._used() - self._start
+
+    def cores(self) -> float:
+        """Average cores busy since the window opened."""
+        return round(self.seconds() / (time.monotonic() - self._at), 2)
+

@@ -38,7 +38,6 @@ from pathlib import Path
 
 import bson
 import orjson
-import psutil
 import pymongo
 import typer
 import uvloop
@@ -186,8 +185,7 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
     before = scrape.histograms(metrics_url, HISTOGRAM, daemons)
     gc_before = {g: scrape.histograms(metrics_url, GC_PAUSES, daemons, labels=f'generation="{g}"')
                  for g in GC_GENERATIONS}
-    ps = [psutil.Process(p.pid) for p in procs]
-    cpu_before = sum(p.cpu_times().user + p.cpu_times().system for p in ps)
+    daemon_cpu = machine.ProcessCpu([p.pid for p in procs])
     host = machine.CpuWindow()
     # every message goes to its recipient's connection, and to its sender's unless offline
     want = count if senders_offline else 2 * count
@@ -204,7 +202,7 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
             last, still = frames.value, time.monotonic()
     elapsed = time.monotonic() - started
     bar.close()
-    cpu = sum(p.cpu_times().user + p.cpu_times().system for p in ps) - cpu_before
+    cpu = daemon_cpu.seconds()
     host_cpu = host.result()
     buckets = scrape.merged_delta(before, scrape.histograms(metrics_url, HISTOGRAM, daemons))
     gc_pauses = {g: _pauses(scrape.merged_delta(gc_before[g], scrape.histograms(

@@ -7,6 +7,7 @@ with a read time-out on a slow MySQL), once before it was sent.
 """
 
 import asyncio
+import contextlib
 import threading
 import uuid
 
@@ -41,7 +42,9 @@ def own_dbs(tmp_path_factory):
         yield d
 
 
-async def _with_writer(dbs, took: bool | None, scenario):
+@contextlib.asynccontextmanager
+async def _writer(dbs, took: bool | None = None):
+    """A running writer with a Mongo client of its own, not yet connected."""
     settings = dbs.settings()
     engine = make_engine(settings.mysql_url.get_secret_value(), 5)
     client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)
@@ -49,10 +52,11 @@ async def _with_writer(dbs, took: bool | None, scenario):
                              timeout_seconds=5, retention_seconds=86_400, took=took)
     task = asyncio.create_task(writer.run(repair_every=0.2))
     try:
-        await scenario(writer, engine, client[settings.mongo_db])
+        yield writer, engine, client[settings.mongo_db]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        writer.close()
         engine.dispose()
         await client.close()
 
@@ -65,8 +69,7 @@ def _bodies(engine, sender):
 
 async def test_a_commit_that_took_but_lost_its_answer_is_answered_201_and_still_reaches_mongo(own_dbs):
     sender = f"s{uuid.uuid4().hex[:8]}"
-
-    async def scenario(writer, engine, db):
+    async with _writer(own_dbs, took=True) as (writer, engine, db):
         msgs = await asyncio.gather(*(writer.submit(Draft(sender, "r", f"m{i}", f"c{i}")) for i in range(5)))
         assert all(created for _msg, created in msgs)  # stored, and told so (was: 503 "nothing stored")
         assert _bodies(engine, sender) == [f"m{i}" for i in range(5)]
@@ -76,13 +79,10 @@ async def test_a_commit_that_took_but_lost_its_answer_is_answered_201_and_still_
                 await asyncio.sleep(0.1)
         assert sorted([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender})]) == ids
 
-    await _with_writer(own_dbs, True, scenario)
-
 
 async def test_a_commit_that_failed_says_the_outcome_is_unknown_and_a_retry_stores_it_once(own_dbs):
     sender = f"s{uuid.uuid4().hex[:8]}"
-
-    async def scenario(writer, engine, db):
+    async with _writer(own_dbs, took=False) as (writer, engine, _db):
         with pytest.raises(WriteOutcomeUnknown):
             await writer.submit(Draft(sender, "r", "once", "c1"))
         assert _bodies(engine, sender) == []  # rolled back, never committed later by accident
@@ -91,42 +91,29 @@ async def test_a_commit_that_failed_says_the_outcome_is_unknown_and_a_retry_stor
         again, created = await writer.submit(Draft(sender, "r", "once", "c1"))
         assert not created and again.id == msg.id
 
-    await _with_writer(own_dbs, False, scenario)
-
 
 async def test_slow_reads_leave_the_writer_free_to_reach_both_stores(own_dbs):
     """The API's history reads, sweeper and /readyz run on threads of their own
-    (api.app.read_threads). With every one of them stuck, a message is still
-    stored in MySQL and inserted into Mongo, by a writer that has to open its
-    first Mongo connection meanwhile: PyMongo resolves the address in asyncio's
-    default executor, so our slow reads must never sit there (a CI run once
-    waited 3 s for them)."""
-    settings = own_dbs.settings()
+    (api.app.read_threads; tests/e2e/test_api_ops.py shows they keep out of
+    asyncio's default executor). With every one of them stuck, a message is
+    still stored in MySQL and inserted into Mongo, by a writer that opens its
+    first Mongo connection meanwhile."""
     sender = f"s{uuid.uuid4().hex[:8]}"
-    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
-    reads = read_threads(engine)
+    reads_engine = make_engine(own_dbs.settings().mysql_url.get_secret_value(), 5)
+    reads = read_threads(reads_engine)
     release = threading.Event()
     stuck = asyncio.gather(*(reads.run(release.wait, 30) for _ in range(reads.count)))
-    await asyncio.sleep(0.1)
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)  # no connection open yet
-    writer_engine = make_engine(settings.mysql_url.get_secret_value(), 5, pool_size=2)
-    writer = MessageWriter(writer_engine, client[settings.mongo_db], batch_max=50, window_ms=2, queue_max=100,
-                           timeout_seconds=5, retention_seconds=86_400)
-    task = asyncio.create_task(writer.run(repair_every=0.2))
     try:
-        msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "not held back")), 10)
-        assert created and _bodies(engine, sender) == ["not held back"]
-        async with asyncio.timeout(10):
-            while await client[settings.mongo_db][mongo.MESSAGES].find_one({"_id": msg.id}) is None:
-                await asyncio.sleep(0.05)
-        assert not stuck.done()  # all of that while every read thread was still stuck
+        await asyncio.sleep(0.1)
+        async with _writer(own_dbs) as (writer, engine, db):
+            msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "not held back")), 10)
+            assert created and _bodies(engine, sender) == ["not held back"]
+            async with asyncio.timeout(10):
+                while await db[mongo.MESSAGES].find_one({"_id": msg.id}) is None:
+                    await asyncio.sleep(0.05)
+            assert not stuck.done()  # all of that while every read thread was still stuck
     finally:
         release.set()
         await stuck
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        writer.close()
         reads.close()
-        writer_engine.dispose()
-        engine.dispose()
-        await client.close()
+        reads_engine.dispose()
