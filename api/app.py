@@ -35,6 +35,7 @@ from db.retention import run_sweeper
 from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages
 from db.threads import Threads
 from db.writer import MessageWriter, row_to_message
+from writer.client import RemoteWriter
 
 log = logging.getLogger("chat.api")
 STATIC = Path(__file__).with_name("static")
@@ -64,7 +65,7 @@ class State:
     settings: Settings
     engine: Engine
     mongo_client: object
-    writer: MessageWriter
+    writer: MessageWriter | RemoteWriter
     limiter: RateLimiter
     reads: Threads  # the blocking MySQL reads; never asyncio's default executor (db.threads)
 
@@ -177,6 +178,9 @@ async def readyz(request: Request) -> Response:
         checks["mongo"] = "ok"
     except Exception as exc:
         checks["mongo"] = f"down: {exc.__class__.__name__}"
+    if isinstance(st.writer, RemoteWriter):
+        ready = await st.writer.ready(st.settings.db_timeout_seconds)
+        checks["writer"] = "ok" if ready else "down: not answering"
     ok = all(v == "ok" for v in checks.values())
     return json_response({"status": "ok" if ok else "unavailable", "checks": checks}, 200 if ok else 503)
 
@@ -228,24 +232,35 @@ def read_threads(engine: Engine) -> Threads:
     return Threads(engine.pool.size() + MAX_OVERFLOW, "reads")
 
 
+def _writer(settings: Settings, db) -> tuple[MessageWriter | RemoteWriter, Engine | None]:
+    """The host's writer process if there is one (writer/), else a writer of this process's own."""
+    if settings.writer_socket:
+        # Its reply deadline is a last resort for a writer that hangs: the
+        # writer's own MySQL and Mongo timeouts answer first.
+        return RemoteWriter(settings.writer_socket, wait_seconds=settings.writer_wait_seconds,
+                            reply_seconds=3 * settings.db_timeout_seconds + settings.writer_wait_seconds), None
+    # The writer's own connections: the reads cannot take them all from it.
+    engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=2)
+    return MessageWriter(engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
+                         queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
+                         retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch), engine
+
+
 def create_app(settings: Settings) -> ASGIApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
         client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
         db = client[settings.mongo_db]
-        # The writer's own connections: the reads cannot take them all from it.
-        writer_engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=2)
-        writer = MessageWriter(writer_engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
-                               queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
-                               retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch)
+        writer, writer_engine = _writer(settings, db)
         reads = read_threads(engine)
         app.state.chat = State(settings, engine, client, writer,
                                RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst), reads)
-        tasks = [asyncio.create_task(writer.run(), name="writer"),
-                 asyncio.create_task(run_sweeper(
+        tasks = [asyncio.create_task(run_sweeper(
                      db, engine, reads, settings.retention_seconds, settings.sweep_interval_seconds),
                      name="sweeper")]
+        if isinstance(writer, MessageWriter):
+            tasks.append(asyncio.create_task(writer.run(), name="writer"))
         # What start-up made (modules, the app, the pools) lives as long as the
         # process: out of the cyclic GC's sight, so that its full passes walk
         # only what requests create (as in the daemon).
@@ -260,9 +275,12 @@ def create_app(settings: Settings) -> ASGIApp:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
-            writer.close()
+            if isinstance(writer, MessageWriter):
+                writer.close()
+                writer_engine.dispose()
+            else:
+                await writer.close()
             reads.close()
-            writer_engine.dispose()
             engine.dispose()
 
     app = Starlette(routes=[*ROUTES, *PAGE_ROUTES], lifespan=lifespan,

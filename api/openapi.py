@@ -20,9 +20,10 @@ _MESSAGE_RESPONSES = {
     "413": _err("Request body over 16 KiB (CHAT_REQUEST_MAX_BYTES)"),
     "422": _err("Valid JSON of the wrong shape; `field` names the field"),
     "429": _err("Sender over its rate limit; see Retry-After"),
-    "503": _err("MySQL down or slow, or the writer queue full: nothing stored (error mysql_unavailable, "
-                "overloaded); or the COMMIT failed and may have taken (outcome_unknown: retry with the same "
-                "client_msg_id); see Retry-After"),
+    "503": _err("MySQL down or slow, the writer queue full, or the writer process away past "
+                "CHAT_WRITER_WAIT_SECONDS: nothing stored (error mysql_unavailable, overloaded, writer_unavailable); "
+                "or the COMMIT failed, or the writer process died holding the request, and it may have been "
+                "stored (outcome_unknown: retry with the same client_msg_id); see Retry-After"),
 }
 
 OPENAPI = {
@@ -141,7 +142,7 @@ OPENAPI = {
             },
         },
         "/healthz": {"get": {"summary": "The process is alive", "responses": {"200": {"description": "ok"}}}},
-        "/readyz": {"get": {"summary": "Both databases answer", "responses": {
+        "/readyz": {"get": {"summary": "Both databases answer, and the writer process where there is one", "responses": {
             "200": {"description": "ready"}, "503": {"description": "a database is down"}}}},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}},
         "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}},

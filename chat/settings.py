@@ -53,6 +53,13 @@ class Settings(BaseSettings):
         2.0, ge=0, description="How long a group commit waits for company once a message is queued."
     )
     writer_queue_max: int = Field(10_000, ge=1, description="Messages queued for the writer before 503.")
+    writer_socket: str = Field(
+        "", description="Unix socket of the host's writer process (`python -m writer`), which makes every API "
+        "process's group commit one; `supervisord.conf` sets it. Empty: each API process writes for itself.",
+    )
+    writer_wait_seconds: float = Field(
+        5.0, gt=0, description="How long a POST waits for the writer process to come back (a restart) before 503.",
+    )
     db_timeout_seconds: float = Field(2.0, gt=0, description="MySQL lock/statement and Mongo timeouts.")
     dev_login: bool = Field(
         False, description="Serve `POST /v1/dev/token`: log in as any user, no password. "

@@ -87,6 +87,8 @@ MONGO_RETRY_SECONDS = 2.0
 class WriteUnavailable(Exception):
     """MySQL is down, slow or locked past the timeout: nothing was stored."""
 
+    kind = "mysql_unavailable"  # the error code of the API's 503
+
 
 class WriteOutcomeUnknown(WriteUnavailable):
     """MySQL failed during the commit itself and could not be asked afterwards
@@ -185,12 +187,17 @@ class MessageWriter:
     # --- the request side -------------------------------------------------
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
         """Stores one message; returns (message, created). False = a retry's original."""
+        return await self.enqueue(draft)
+
+    def enqueue(self, draft: Draft) -> asyncio.Future:
+        """Queues one message; the future resolves as ``submit`` returns or raises.
+        (The writer process answers its socket from the future's callback: no task per message.)"""
         future = asyncio.get_running_loop().create_future()
         try:
             self._queue.put_nowait(_Pending(draft, future))
         except asyncio.QueueFull:
             raise WriterOverloaded from None
-        return await future
+        return future
 
     # --- the writer task --------------------------------------------------
     async def run(self, repair_every: float = 1.0) -> None:

@@ -32,10 +32,13 @@ def _deployed(program: str) -> int:
     the whole-system scenarios run as deployed."""
     conf = configparser.RawConfigParser()
     conf.read(RESULTS.parent.parent / "supervisord.conf")
-    return conf.getint(f"program:{program}", "numprocs")
+    if not conf.has_section(f"program:{program}"):
+        return 0
+    return conf.getint(f"program:{program}", "numprocs", fallback=1)
 
 
 DEPLOYED_APIS, DEPLOYED_DAEMONS = _deployed("api"), _deployed("daemon")
+DEPLOYED_WRITER = _deployed("writer") == 1  # the API processes write through the host's writer process
 SEED = {  # the seed experiment: phpDaemon / Node.js behind ab -k, requests/s
     10: (54.36, 64.0), 100: (75.15, 64.12), 500: (67.73, 61.71), 1000: (56.99, 75.02)}
 
@@ -128,22 +131,23 @@ def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
 
 
 def post_alone(levels, seconds, iterations, env: dict) -> list[dict]:
-    """ab on POST /v1/messages with the write path by itself: 1 and 2 API
-    processes with MariaDB and FerretDB, no daemon. Each daemon's oplog tail
-    costs FerretDB CPU per message (docs/capacity.md) that the API would
+    """ab on POST /v1/messages with the write path by itself: one API process
+    writing for itself, and the API tier as deployed (its processes and the
+    writer process), with MariaDB and FerretDB, no daemon. Each daemon's oplog
+    tail costs FerretDB CPU per message (docs/capacity.md) that the API would
     otherwise have; the matrix above runs with them, as deployed."""
     body = post_body()
     out = []
-    for apis in (1, 2):
+    for apis, writer in ((1, False), (DEPLOYED_APIS, DEPLOYED_WRITER)):
         with databases(Path(tempfile.mkdtemp(prefix="bench-post-"))) as dbs:
-            with running_system(dbs, daemons=0, apis=apis, **env) as system:
+            with running_system(dbs, daemons=0, apis=apis, writer=writer, **env) as system:
                 for c in levels:
                     runs = []
                     for i in range(iterations):
                         log(f"ab POST /v1/messages -c {c} -t {seconds}, {apis} API process(es), no daemon "
                             f"({i + 1}/{iterations})")
                         runs.append(ab.run(f"{system.api_url}/v1/messages", c, seconds, system.token("ab-writer"), body))
-                    out.append({**average(c, runs), "apis": apis})
+                    out.append({**average(c, runs), "apis": apis, "writer": writer})
     return out
 
 
@@ -253,21 +257,21 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
     # weigh on the next one's figures.
     if "ws" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-"))) as dbs:
-            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, **env) as system:
+            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, writer=DEPLOYED_WRITER, **env) as system:
                 results["ws"] = ws_runs(system, sizes, rate, ws_seconds)
-            results.setdefault("deployed", {})["ws"] = {"apis": DEPLOYED_APIS, "daemons": daemons}
+            results.setdefault("deployed", {})["ws"] = {"apis": DEPLOYED_APIS, "writer": DEPLOYED_WRITER, "daemons": daemons}
     if rates is None and "rates" in only:
         log("the rates section runs with --full only")
     if rates is not None and "rates" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-rates-"))) as dbs:
-            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, **env) as system:
+            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, writer=DEPLOYED_WRITER, **env) as system:
                 results["rates"] = rate_runs(system, *rates)
-            results.setdefault("deployed", {})["rates"] = {"apis": DEPLOYED_APIS, "daemons": daemons}
+            results.setdefault("deployed", {})["rates"] = {"apis": DEPLOYED_APIS, "writer": DEPLOYED_WRITER, "daemons": daemons}
     if "ab" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-ab-"))) as dbs:
-            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, **env) as system:
+            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, writer=DEPLOYED_WRITER, **env) as system:
                 results["ab"] = ab_matrix(system, levels, seconds, iterations, poll_rate=20)
-            results.setdefault("deployed", {})["ab"] = {"apis": DEPLOYED_APIS, "daemons": daemons}
+            results.setdefault("deployed", {})["ab"] = {"apis": DEPLOYED_APIS, "writer": DEPLOYED_WRITER, "daemons": daemons}
     if "post_alone" in sections:
         results["post_alone"] = post_alone(*post_alone_matrix, env)
     if hold is not None and "hold" in sections:

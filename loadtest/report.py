@@ -37,8 +37,9 @@ def write_report(r: dict, out: Path) -> None:
     for failure in r.get("failures", []):
         lines += [f"**{failure}** (the run's row below carries the figures it had).", ""]
     for name, shape in r.get("deployed", {}).items():
-        lines += [f"Section `{name}` ran the system as `make run` deploys it: {shape['apis']} API process(es) "
-                  f"and {shape['daemons']} daemons.", ""]
+        writer = " writing through the writer process" if shape.get("writer") else ""
+        lines += [f"Section `{name}` ran the system as `make run` deploys it: {shape['apis']} API process(es)"
+                  f"{writer} and {shape['daemons']} daemons.", ""]
     lines += [
         "## ab -k on the daemons' long-poll endpoint (writer at a fixed rate)", "",
         "| connections | complete requests | requests/s | time per request (ms, across all) | min ms | max ms "
@@ -61,7 +62,8 @@ def write_report(r: dict, out: Path) -> None:
                   "| API processes | connections | complete requests | requests/s | time per request (ms, across all) "
                   "| min ms | p50 ms | p99 ms | max ms | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
         for row in r["post_alone"]:
-            lines.append(f"| {row['apis']} | {row['concurrency']} | {row['complete']:g} | {row['rps']:g} | "
+            apis = f"{row['apis']} + writer process" if row.get("writer") else row["apis"]
+            lines.append(f"| {apis} | {row['concurrency']} | {row['complete']:g} | {row['rps']:g} | "
                          f"{row['tpr_all_ms']:g} | {row['min_ms']:g} | {row['p50_ms']:g} | {row['p99_ms']:g} | "
                          f"{row['max_ms']:g} | {row['errors']:g} |")
         lines += ["", f"Averages of {r['post_alone'][0]['iterations']} runs each.", ""]

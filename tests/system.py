@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -87,6 +88,9 @@ class System:
         log = open(self.logdir / f"{name}.log", "ab")
         proc = subprocess.Popen([sys.executable, "-m", module], env=self.env, cwd=ROOT, stdout=log, stderr=log)
         self.procs[name] = proc
+        if module == "writer":
+            wait_unix_listening(proc, self.env["CHAT_WRITER_SOCKET"], 20)
+            return proc
         port = self.api_port if module == "api" else self.daemon_port
         # The port is shared (SO_REUSEPORT): another process may answer on it
         # already. Wait for this one's own listening socket.
@@ -114,7 +118,7 @@ class System:
         stop(self.procs.pop(name), sig)
 
     def stop_all(self) -> None:
-        for name in list(self.procs):
+        for name in reversed(list(self.procs)):  # the writer last: the API processes' requests are answered
             self.stop(name)
 
 
@@ -130,15 +134,32 @@ def wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
     raise TimeoutError(f"process {proc.pid} does not listen on {port} after {timeout}s")
 
 
+def wait_unix_listening(proc: subprocess.Popen, path: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {path}")
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as probe:
+            probe.connect(path)
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"process {proc.pid} does not listen on {path} after {timeout}s")
+
+
 @contextlib.contextmanager
 def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, api_port: int | None = None,
-                   **env: str) -> Iterator[System]:
-    """``api_port`` fixes the API port up front, for settings that name it (a browser origin)."""
+                   writer: bool = False, **env: str) -> Iterator[System]:
+    """``api_port`` fixes the API port up front, for settings that name it (a browser origin).
+    ``writer``: the API processes write through one writer process, as deployed."""
     logdir = Path(tempfile.mkdtemp(prefix="chat-system-"))
+    if writer:
+        env.setdefault("CHAT_WRITER_SOCKET", str(logdir / "writer.sock"))
     system = System(dbs, logdir, {k: str(v) for k, v in env.items()})
     if api_port is not None:
         system.api_port = api_port
     try:
+        if writer:
+            system.start("writer")
         for i in range(apis):
             system.start(f"api_{i}")
         for i in range(daemons):
@@ -150,7 +171,7 @@ def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, api_port: in
 
 @contextlib.contextmanager
 def private_system(base: Path, daemons: int = 1, apis: int = 1, api_port: int | None = None,
-                   **env) -> Iterator[System]:
+                   writer: bool = False, **env) -> Iterator[System]:
     """A system on databases of its own, for tests that stop, restart or age them."""
-    with databases(base) as dbs, running_system(dbs, daemons, apis, api_port, **env) as system:
+    with databases(base) as dbs, running_system(dbs, daemons, apis, api_port, writer, **env) as system:
         yield system

@@ -1,0 +1,1 @@
+"""The host's writer process and the API processes' link to it (README, "How delivery stays exact")."""

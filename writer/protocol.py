@@ -1,0 +1,114 @@
+"""Frames between the API processes and the host's writer process (a Unix socket).
+
+A frame is a 4-byte big-endian length, then that many bytes of JSON (an
+array, positional: this is the hot path, and a key per field would double
+what each message costs to encode). The socket is local and owner-only, but
+the writer still treats what it reads as untrusted: a frame it cannot
+decode into exactly these shapes ends that connection, and nothing of it is
+stored (``BadFrame``).
+
+request: ``[seq, sender, recipient, body, client_msg_id | null]``
+reply:   ``[seq, outcome, message | null]``, ``message`` as
+         ``[id, sender, recipient, body, created_at_ms, client_msg_id | null]``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from datetime import UTC, datetime, timedelta
+
+import orjson
+
+from chat.messages import Message
+from db.writer import Draft
+
+HEADER = struct.Struct("!I")
+# The API accepts request bodies up to 16 KiB by default: a message is at most
+# that much text, escaped at most 6x by JSON (\uXXXX), plus a few short fields.
+FRAME_MAX = 128 * 1024
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MILLISECOND = timedelta(milliseconds=1)
+
+# Outcomes, one per answer the writer can give (the API maps each to its HTTP answer).
+CREATED, REPLAYED, CONFLICT = "created", "replayed", "conflict"
+UNAVAILABLE, OUTCOME_UNKNOWN, OVERLOADED = "unavailable", "outcome_unknown", "overloaded"
+OUTCOMES = frozenset({CREATED, REPLAYED, CONFLICT, UNAVAILABLE, OUTCOME_UNKNOWN, OVERLOADED})
+
+
+class BadFrame(Exception):
+    """Not a frame of this protocol: the connection it came on is closed."""
+
+
+def frame(payload: list) -> bytes:
+    data = orjson.dumps(payload)
+    return HEADER.pack(len(data)) + data
+
+
+async def read_frame(reader: asyncio.StreamReader) -> list | None:
+    """The next frame's array, or None at a clean end of stream."""
+    try:
+        head = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise BadFrame("truncated header") from None
+        return None
+    (size,) = HEADER.unpack(head)
+    if size > FRAME_MAX:
+        raise BadFrame(f"frame of {size} bytes, over {FRAME_MAX}")  # read no further
+    try:
+        data = await reader.readexactly(size)
+        payload = orjson.loads(data)
+    except asyncio.IncompleteReadError:
+        raise BadFrame("truncated frame") from None
+    except orjson.JSONDecodeError:
+        raise BadFrame("not JSON") from None
+    if not isinstance(payload, list):
+        raise BadFrame("not an array")
+    return payload
+
+
+def _is_str(value) -> bool:
+    return type(value) is str
+
+
+def _is_seq(value) -> bool:
+    return type(value) is int and 0 <= value < 2**63
+
+
+def request(seq: int, draft: Draft) -> bytes:
+    return frame([seq, draft.sender, draft.recipient, draft.body, draft.client_msg_id])
+
+
+def parse_request(payload: list) -> tuple[int, Draft]:
+    """A request's sequence number and draft. The API has validated the draft
+    already; here only its shape is checked, so that no other local process
+    can hand the writer something the database layer would choke on."""
+    if len(payload) != 5:
+        raise BadFrame("request: 5 fields expected")
+    seq, sender, recipient, body, client_msg_id = payload
+    if not (_is_seq(seq) and _is_str(sender) and _is_str(recipient) and _is_str(body)
+            and (client_msg_id is None or _is_str(client_msg_id))):
+        raise BadFrame("request: wrong field types")
+    if not (sender and recipient and body):
+        raise BadFrame("request: empty field")
+    return seq, Draft(sender, recipient, body, client_msg_id)
+
+
+def reply(seq: int, outcome: str, msg: Message | None) -> bytes:
+    wire = None
+    if msg is not None:
+        millis = (msg.created_at - EPOCH) // MILLISECOND  # exact: integer arithmetic
+        wire = [msg.id, msg.sender, msg.recipient, msg.body, millis, msg.client_msg_id]
+    return frame([seq, outcome, wire])
+
+
+def parse_reply(payload: list) -> tuple[int, str, Message | None]:
+    if len(payload) != 3 or not _is_seq(payload[0]) or payload[1] not in OUTCOMES:
+        raise BadFrame("reply: bad shape")
+    seq, outcome, wire = payload
+    if wire is None:
+        return seq, outcome, None
+    msg_id, sender, recipient, body, millis, client_msg_id = wire
+    created = EPOCH + millis * MILLISECOND
+    return seq, outcome, Message(msg_id, sender, recipient, body, created, client_msg_id)
