@@ -39,9 +39,9 @@ log = logging.getLogger("chat.writer.server")
 
 def outcome_of(future: asyncio.Future) -> tuple[str, object]:
     """A settled ``MessageWriter.enqueue`` future as (outcome, message or None)."""
-    exc = None if future.cancelled() else future.exception()
     if future.cancelled():
-        return protocol.UNAVAILABLE, None
+        return protocol.OUTCOME_UNKNOWN, None
+    exc = future.exception()
     if exc is None:
         msg, created = future.result()
         return (protocol.CREATED if created else protocol.REPLAYED), msg
@@ -49,9 +49,10 @@ def outcome_of(future: asyncio.Future) -> tuple[str, object]:
         return protocol.CONFLICT, exc.original
     if isinstance(exc, WriteOutcomeUnknown):  # before WriteUnavailable: a subclass of it
         return protocol.OUTCOME_UNKNOWN, None
-    if not isinstance(exc, WriteUnavailable):
-        log.error("event=writer_unexpected_error error=%r", exc)
-    return protocol.UNAVAILABLE, None
+    if isinstance(exc, WriteUnavailable):
+        return protocol.UNAVAILABLE, None
+    log.error("event=writer_unexpected_error error=%r", exc)
+    return protocol.OUTCOME_UNKNOWN, None  # a bug of ours: the message may have been stored
 
 
 class Link:

@@ -1,8 +1,8 @@
-"""The ops runbook's rolling restart, for real: supervisord runs the api and
-daemon programs exactly as supervisord.conf defines them (commands, numprocs,
-stop signal and waits), and `supervisorctl restart` of each daemon and then
-each API process in turn, while traffic flows, costs clients no message and
-no repeat, and the write API keeps answering throughout."""
+"""The ops runbook's rolling restart, for real: supervisord runs the writer,
+api and daemon programs exactly as supervisord.conf defines them (commands,
+numprocs, stop signal and waits), and `supervisorctl restart` of each daemon,
+then each API process, then the writer, while traffic flows, costs clients no
+message and no repeat, and the write API keeps answering throughout."""
 
 import asyncio
 import configparser
@@ -21,7 +21,7 @@ from tests.system import System
 
 
 def supervisor_config(tmp: Path, env: dict[str, str]) -> Path:
-    """supervisord.conf's api and daemon programs, with paths moved to tmp."""
+    """supervisord.conf's writer, api and daemon programs, with paths moved to tmp."""
     real = configparser.RawConfigParser()
     real.read(ROOT / "supervisord.conf")
     conf = configparser.RawConfigParser()
@@ -30,8 +30,10 @@ def supervisor_config(tmp: Path, env: dict[str, str]) -> Path:
     conf["rpcinterface:supervisor"] = dict(real["rpcinterface:supervisor"])
     conf["supervisord"] = {"logfile": str(tmp / "supervisord.log"), "pidfile": str(tmp / "supervisord.pid"),
                            "directory": str(ROOT), "nodaemon": "true"}
+    env = {**env, "CHAT_WRITER_SOCKET": str(tmp / "writer.sock")}
     environment = ",".join(f'{k}="{v}"' for k, v in env.items() if k.startswith("CHAT_"))
-    for name in ("program:api", "program:daemon"):
+    assert "CHAT_WRITER_SOCKET" in real["program:api"]["environment"]  # as deployed: through the writer
+    for name in ("program:writer", "program:api", "program:daemon"):
         section = {k: v.replace("%(here)s", str(ROOT)) for k, v in real[name].items()}
         section["stdout_logfile"] = str(tmp / "%(program_name)s_%(process_num)d.log")
         section["environment"] = environment
@@ -59,7 +61,7 @@ async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_n
         system.wait_ready("api")
         system.wait_ready("daemon")
         deadline = time.monotonic() + 20
-        while (status := ctl(conf, "status")).count("RUNNING") < 4:  # api_0, api_1, daemon_0, daemon_1
+        while (status := ctl(conf, "status")).count("RUNNING") < 5:  # writer, api_0, api_1, daemon_0, daemon_1
             assert time.monotonic() < deadline, status
             await asyncio.sleep(0.5)
 
@@ -101,7 +103,7 @@ async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_n
 
         sender = asyncio.create_task(traffic())
         pids = {}
-        for name in ("daemon:daemon_0", "daemon:daemon_1", "api:api_0", "api:api_1"):
+        for name in ("daemon:daemon_0", "daemon:daemon_1", "api:api_0", "api:api_1", "writer"):
             await asyncio.sleep(1.0)
             before = await asyncio.to_thread(ctl, conf, "pid", name)
             out = await asyncio.to_thread(ctl, conf, "restart", name)
@@ -112,8 +114,8 @@ async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_n
         restarts_done.set()
         await sender
         assert all(old != new for old, new in pids.values()), pids  # each one really restarted
-        # One API process listens while the other restarts: no POST was refused
-        # for want of a listener. A connection the kernel had queued for the one
+        # One API process listens while the other restarts, and POSTs wait for
+        # a restarting writer: no POST was refused for want of a listener. A connection the kernel had queued for the one
         # closing can still be reset (rare; none in 8 runs): the retry answers it.
         assert "ConnectError" not in retried, retried
         assert set(retried) <= {"ReadError", "RemoteProtocolError", "503"} and len(retried) <= 2, retried
