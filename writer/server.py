@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -160,6 +161,7 @@ async def run(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server = await asyncio.start_unix_server(accept, sock=bind_owner_only(path))
+    gc.freeze()  # what start-up made lives as long as the process: out of the cyclic GC's walks (as in the API)
     metrics.watch_gc()
     serve_metrics(settings.api_host, settings.metrics_port)
     log.info("event=writer_started socket=%s", path)
