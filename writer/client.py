@@ -108,7 +108,7 @@ class RemoteWriter:
     async def _read(self, reader: asyncio.StreamReader, stream: asyncio.StreamWriter) -> None:
         reason = "the writer process closed the connection"
         try:
-            while (payload := await protocol.read_frame(reader)) is not None:
+            while (payload := await protocol.read_frame(reader, protocol.REPLY_FRAME_MAX)) is not None:
                 seq, outcome, msg = protocol.parse_reply(payload)
                 pending = self._pending.pop(seq, None)
                 if pending is not None:  # None: expired already

@@ -24,9 +24,9 @@ from chat.messages import Message
 from db.writer import Draft
 
 HEADER = struct.Struct("!I")
-# The API accepts request bodies up to 16 KiB by default: a message is at most
-# that much text, escaped at most 6x by JSON (\uXXXX), plus a few short fields.
-FRAME_MAX = 128 * 1024
+# Replies come from our own writer, and may carry a message stored under a
+# larger CHAT_BODY_MAX_CHARS than today's: the client's limit is generous.
+REPLY_FRAME_MAX = 16 << 20
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MILLISECOND = timedelta(milliseconds=1)
 
@@ -45,7 +45,14 @@ def frame(payload: list) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-async def read_frame(reader: asyncio.StreamReader) -> list | None:
+def request_frame_max(body_max_chars: int) -> int:
+    """The largest request the API can send: orjson writes a character as at
+    most 6 bytes (a control character as \\u00XX), and the other fields are
+    short (user ids and client_msg_id are bounded by the API's validation)."""
+    return 6 * body_max_chars + 4096
+
+
+async def read_frame(reader: asyncio.StreamReader, limit: int) -> list | None:
     """The next frame's array, or None at a clean end of stream."""
     try:
         head = await reader.readexactly(HEADER.size)
@@ -54,8 +61,8 @@ async def read_frame(reader: asyncio.StreamReader) -> list | None:
             raise BadFrame("truncated header") from None
         return None
     (size,) = HEADER.unpack(head)
-    if size > FRAME_MAX:
-        raise BadFrame(f"frame of {size} bytes, over {FRAME_MAX}")  # read no further
+    if size > limit:
+        raise BadFrame(f"frame of {size} bytes, over {limit}")  # read no further
     try:
         data = await reader.readexactly(size)
         payload = orjson.loads(data)

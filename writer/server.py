@@ -61,13 +61,14 @@ class Link:
     soon as its batch is settled (from the future's callback: no task per message)."""
 
     def __init__(self, writer: MessageWriter, reader: asyncio.StreamReader, stream: asyncio.StreamWriter,
-                 unanswered: "Unanswered"):
+                 unanswered: "Unanswered", frame_max: int):
         self._writer, self._reader, self._stream = writer, reader, stream
         self._unanswered = unanswered
+        self._frame_max = frame_max
 
     async def read_requests(self) -> None:
         try:
-            while (payload := await protocol.read_frame(self._reader)) is not None:
+            while (payload := await protocol.read_frame(self._reader, self._frame_max)) is not None:
                 seq, draft = protocol.parse_request(payload)
                 try:
                     future = self._writer.enqueue(draft)
@@ -146,13 +147,14 @@ async def run(settings: Settings) -> None:
                            retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch)
     writing = asyncio.create_task(writer.run(), name="writer")
     unanswered = Unanswered()
+    frame_max = protocol.request_frame_max(settings.body_max_chars)
     links: dict[asyncio.Task, asyncio.StreamWriter] = {}
 
     async def accept(reader: asyncio.StreamReader, stream: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         links[task] = stream
         try:
-            await Link(writer, reader, stream, unanswered).read_requests()
+            await Link(writer, reader, stream, unanswered, frame_max).read_requests()
         finally:
             links.pop(task, None)
 

@@ -17,14 +17,23 @@ MSG = Message(2**53 + 7, "alice", "bob", "<b>'; DROP TABLE messages; -- 🙂 ש�
               datetime(2026, 11, 23, 23, 59, 59, 999000, tzinfo=UTC), "c-1")
 
 
-async def frames_of(data: bytes) -> list:
+LIMIT = protocol.request_frame_max(4000)
+
+
+async def frames_of(data: bytes, limit: int = LIMIT) -> list:
     reader = asyncio.StreamReader()
     reader.feed_data(data)
     reader.feed_eof()
     out = []
-    while (payload := await protocol.read_frame(reader)) is not None:
+    while (payload := await protocol.read_frame(reader, limit)) is not None:
         out.append(payload)
     return out
+
+
+async def test_the_longest_body_of_control_characters_fits_a_request_frame():
+    draft = Draft("u" * 64, "v" * 64, "\x01" * 4000, "c" * 64)
+    [payload] = await frames_of(protocol.request(2**62, draft))
+    assert protocol.parse_request(payload) == (2**62, draft)
 
 
 async def test_a_request_and_its_reply_come_back_exactly():
@@ -43,7 +52,7 @@ def framed(obj) -> bytes:
 
 
 @pytest.mark.parametrize("data", [
-    struct.pack("!I", protocol.FRAME_MAX + 1) + b"[",  # over the limit: not read
+    struct.pack("!I", LIMIT + 1) + b"[",  # over the limit: not read
     framed([1, "a", "b", "c", None])[:-1],  # truncated
     b"\x00\x00",  # a truncated header
     struct.pack("!I", 3) + b"[1,",  # not JSON
