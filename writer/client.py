@@ -10,6 +10,11 @@ While the writer process is away (a restart), a POST waits up to
 and never answered (the writer died, or stayed silent past ``reply_seconds``)
 may have been stored: ``WriteOutcomeUnknown``, whose answer tells the client
 to retry with the same ``client_msg_id``.
+
+A writer that is stopping says goodbye (protocol.py): new requests go to
+the next writer, and the old connection is half-closed and kept until the
+old writer has answered what it was sent. Requests in flight on both are
+kept apart, so the old connection's end fails only its own.
 """
 
 from __future__ import annotations
@@ -41,17 +46,18 @@ class RemoteWriter:
         self._wait = wait_seconds
         self._reply = reply_seconds
         self._seq = itertools.count(1)
-        self._pending: dict[int, tuple[asyncio.Future, asyncio.TimerHandle]] = {}
+        # seq -> (future, timer, the connection it was sent on)
+        self._pending: dict[int, tuple[asyncio.Future, asyncio.TimerHandle, asyncio.StreamWriter]] = {}
         self._stream: asyncio.StreamWriter | None = None
         self._connecting: asyncio.Task | None = None
-        self._reading: asyncio.Task | None = None
+        self._reading: set[asyncio.Task] = set()  # one per connection: a stopping writer's too, till it has answered
 
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
         stream = self._stream or await self._connected()
         loop = asyncio.get_running_loop()
         seq = next(self._seq)
         future = loop.create_future()
-        self._pending[seq] = (future, loop.call_later(self._reply, self._expire, seq))
+        self._pending[seq] = (future, loop.call_later(self._reply, self._expire, seq), stream)
         stream.write(protocol.request(seq, draft))
         outcome, msg = await future
         if outcome == protocol.CREATED or outcome == protocol.REPLAYED:
@@ -74,14 +80,14 @@ class RemoteWriter:
         return False
 
     async def close(self) -> None:
-        for task in (self._connecting, self._reading):
+        for task in (self._connecting, *self._reading):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if self._stream is not None:
             self._stream.close()
-        self._lost("the API process is stopping")
+        self._lost(None, "the API process is stopping")
 
     async def _connected(self, timeout: float | None = None) -> asyncio.StreamWriter:
         # One connecting task, whoever waits for it: a POST waits at most
@@ -102,7 +108,9 @@ class RemoteWriter:
                 await asyncio.sleep(RECONNECT_SECONDS)
         log.info("event=writer_connected path=%s", self._path)
         self._stream = stream
-        self._reading = asyncio.create_task(self._read(reader, stream), name="writer-replies")
+        reading = asyncio.create_task(self._read(reader, stream), name="writer-replies")
+        self._reading.add(reading)
+        reading.add_done_callback(self._reading.discard)
         return stream
 
     async def _read(self, reader: asyncio.StreamReader, stream: asyncio.StreamWriter) -> None:
@@ -110,6 +118,9 @@ class RemoteWriter:
         try:
             while (payload := await protocol.read_frame(reader, protocol.REPLY_FRAME_MAX)) is not None:
                 seq, outcome, msg = protocol.parse_reply(payload)
+                if outcome == protocol.STOPPING:
+                    self._leave(stream)
+                    continue
                 pending = self._pending.pop(seq, None)
                 if pending is not None:  # None: expired already
                     pending[1].cancel()
@@ -121,20 +132,30 @@ class RemoteWriter:
             stream.close()
             if self._stream is stream:
                 self._stream = None
-            self._lost(reason)
+            self._lost(stream, reason)
 
-    def _lost(self, reason: str) -> None:
-        """Every request sent on a lost connection may or may not have been stored."""
-        if self._pending:
-            log.warning("event=writer_connection_lost unanswered=%d reason=%s", len(self._pending), reason)
-        pending, self._pending = self._pending, {}
-        for future, timer in pending.values():
+    def _leave(self, stream: asyncio.StreamWriter) -> None:
+        """The writer on ``stream`` is stopping: send the next request elsewhere,
+        and tell it this end sent its last one, so it can answer them all and go."""
+        log.info("event=writer_stopping path=%s", self._path)
+        if self._stream is stream:
+            self._stream = None
+        with contextlib.suppress(OSError):
+            stream.write_eof()
+
+    def _lost(self, stream: asyncio.StreamWriter | None, reason: str) -> None:
+        """Every request sent on a lost connection (None: on any) may or may not have been stored."""
+        lost = [seq for seq, (_f, _t, sent_on) in self._pending.items() if stream is None or sent_on is stream]
+        if lost:
+            log.warning("event=writer_connection_lost unanswered=%d reason=%s", len(lost), reason)
+        for seq in lost:
+            future, timer, _sent_on = self._pending.pop(seq)
             timer.cancel()
             if not future.done():
                 future.set_exception(WriteOutcomeUnknown(f"writer: {reason}"))
 
     def _expire(self, seq: int) -> None:
-        future, _timer = self._pending.pop(seq, (None, None))
+        future, _timer, _sent_on = self._pending.pop(seq, (None, None, None))
         if future is not None and not future.done():
             log.warning("event=writer_reply_timeout seconds=%.1f", self._reply)
             future.set_exception(WriteOutcomeUnknown("writer: no answer in time"))

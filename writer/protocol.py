@@ -10,6 +10,12 @@ stored (``BadFrame``).
 request: ``[seq, sender, recipient, body, client_msg_id | null]``
 reply:   ``[seq, outcome, message | null]``, ``message`` as
          ``[id, sender, recipient, body, created_at_ms, client_msg_id | null]``
+goodbye: ``[0, "stopping", null]`` from a writer that is stopping. The API
+         process sends nothing more on that connection and half-closes it;
+         the writer answers every request it reads up to that end of stream.
+         Bytes already on their way when the goodbye was sent are therefore
+         answered too, not lost in a socket buffer at close (a restart
+         refuses no POST).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ MILLISECOND = timedelta(milliseconds=1)
 CREATED, REPLAYED, CONFLICT = "created", "replayed", "conflict"
 UNAVAILABLE, OUTCOME_UNKNOWN, OVERLOADED = "unavailable", "outcome_unknown", "overloaded"
 OUTCOMES = frozenset({CREATED, REPLAYED, CONFLICT, UNAVAILABLE, OUTCOME_UNKNOWN, OVERLOADED})
+STOPPING = "stopping"  # the goodbye's outcome; seq 0, which no request uses (the API counts from 1)
 
 
 class BadFrame(Exception):
@@ -110,7 +117,13 @@ def reply(seq: int, outcome: str, msg: Message | None) -> bytes:
     return frame([seq, outcome, wire])
 
 
+GOODBYE = frame([0, STOPPING, None])
+
+
 def parse_reply(payload: list) -> tuple[int, str, Message | None]:
+    """A reply, or the goodbye as ``(0, STOPPING, None)``."""
+    if payload == [0, STOPPING, None]:
+        return 0, STOPPING, None
     if len(payload) != 3 or not _is_seq(payload[0]) or payload[1] not in OUTCOMES:
         raise BadFrame("reply: bad shape")
     seq, outcome, wire = payload

@@ -9,8 +9,9 @@ parse, authenticate and validate, and hand the message to this one process
 over a Unix socket; it batches them all together and holds the lock, in
 turns, only against the writers of other hosts.
 
-SIGTERM: stop reading requests, answer every one already read (a batch in
-flight finishes), then exit. The API processes wait for the next writer
+SIGTERM: stop accepting, say goodbye on every link and read each to the end
+the API process then gives it, answer every request read (a batch in flight
+finishes), then exit. The API processes wait for the next writer
 (``CHAT_WRITER_WAIT_SECONDS``), so a restart delays POSTs, and refuses none.
 """
 
@@ -173,8 +174,15 @@ async def run(settings: Settings) -> None:
         server.close()
         path.unlink(missing_ok=True)
         streams = list(links.values())
+        # Goodbye, then read each link to its end: the API process sends
+        # nothing after the goodbye and half-closes, so a request already in
+        # the socket is read and answered, not dropped at close.
+        for stream in streams:
+            stream.write(protocol.GOODBYE)
+        if links:
+            await asyncio.wait(list(links), timeout=settings.db_timeout_seconds)
         for task in list(links):
-            task.cancel()  # read no more requests
+            task.cancel()  # a link that never ended its side: read no more
         # Answer every request read; the writer's own timeouts bound this,
         # and the API processes give up on a reply after theirs.
         with contextlib.suppress(TimeoutError):

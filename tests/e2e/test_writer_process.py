@@ -125,6 +125,43 @@ async def test_a_writer_restart_delays_posts_and_refuses_none(hosted, users):
     assert inbox.duplicates == 0 and sorted(inbox.ids) == sorted(ids)
 
 
+def read_reply(sock: socket.socket) -> list | None:
+    """The next frame on a raw writer connection, or None at its end."""
+    head = sock.recv(4, socket.MSG_WAITALL)
+    if not head:
+        return None
+    (size,) = struct.unpack("!I", head)
+    return orjson.loads(sock.recv(size, socket.MSG_WAITALL))
+
+
+def test_a_request_sent_as_the_writer_stops_is_answered_not_dropped(hosted, users):
+    """The race a restart used to lose (CI, session 12): a request in the
+    socket when the writer stopped reading got no answer, so its POST got 503
+    outcome_unknown. Now the writer says goodbye and reads its link to the end."""
+    sender, to = users("s"), users("r")
+    proc = hosted.procs.pop("writer")
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(10)
+            sock.connect(socket_path(hosted))
+            sock.sendall(frame([1, sender, to, "before the stop", None]))
+            assert read_reply(sock)[:2] == [1, "created"]
+            proc.send_signal(signal.SIGTERM)
+            assert read_reply(sock) == [0, "stopping", None]
+            # sent after the goodbye was written: an API process that had not read it yet
+            sock.sendall(frame([2, sender, to, "in flight", None]))
+            sock.shutdown(socket.SHUT_WR)
+            seq, outcome, message = read_reply(sock)
+            assert (seq, outcome, message[3]) == (2, "created", "in flight")
+            assert read_reply(sock) is None  # and then the writer closes
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        hosted.start("writer")
+    assert sorted(r.body for r in mysql_rows(hosted, "sender = :s", s=sender)) == ["before the stop", "in flight"]
+
+
 async def test_a_killed_writer_loses_nothing_and_retries_store_once(hosted, users):
     sender, to = users("s"), users("r")
     listener = await listening(hosted, to)
