@@ -104,6 +104,11 @@ class Settings(BaseSettings):
         1.0, gt=0, description="Period of the query that finds messages the oplog never showed."
     )
     tail_silence_seconds: float = Field(30.0, gt=0, description="Watchdog: restart a tail silent this long.")
+    fill_holes_from_mysql: bool = Field(
+        True, description="A daemon reads ids its oplog tail skipped (a fall-off) from MySQL by primary key, and "
+        "from the `messages` collection only if MySQL cannot say. False: from the collection alone (on FerretDB "
+        "a full scan of it per read).",
+    )
     ferretdb_tail_poll_ms: float = Field(
         20.0, gt=0, description="FerretDB only: poll period of the oplog tail, which there is tailable without "
         "awaitData (FerretDB re-scans the oplog every 10 ms for each awaiting cursor). MongoDB: awaitData.",

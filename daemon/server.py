@@ -37,6 +37,8 @@ from daemon.oplog import OplogTail
 from daemon.stream import CatchUp, Stream, first_page
 from daemon.wire import text_frame
 from db import mongo
+from db.sql import make_engine
+from db.stream_ranges import StreamRanges
 
 log = logging.getLogger("chat.daemon")
 
@@ -428,9 +430,13 @@ async def run(settings: Settings, tail=None) -> None:
     if tail is None:
         tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds,
                          ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
+    ranges = None
+    if settings.fill_holes_from_mysql:  # the engine connects on first use: MySQL need not be up to start
+        ranges = StreamRanges(make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
+                                          pool_size=1))
     stream = Stream(db, tail, hub, retention_seconds=settings.retention_seconds,
                     cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds,
-                    cache_max_bytes=settings.recent_cache_max_bytes)
+                    cache_max_bytes=settings.recent_cache_max_bytes, ranges=ranges)
     daemon = Daemon(settings, hub, stream)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -473,6 +479,8 @@ async def run(settings: Settings, tail=None) -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await client.close()
+        if ranges is not None:
+            ranges.close()
         log.info("event=daemon_stopped")
     if failed:
         raise SystemExit(1)

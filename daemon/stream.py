@@ -1,8 +1,9 @@
 """The global message stream of one daemon: oplog -> sequencer -> hub.
 
 Owns the stream position (the highest id released), a bounded cache of
-recent messages for fast catch-up, and the reads of the `messages`
-collection that fill holes the oplog left.
+recent messages for fast catch-up, and the reads that fill holes the oplog
+left: from MySQL by primary key when the daemon has it (db/stream_ranges.py),
+else, and whenever MySQL cannot say, from the `messages` collection.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from datetime import datetime
 import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
+from sqlalchemy.exc import SQLAlchemyError
 
 from chat.messages import Encoded, encode_doc, inserted_docs
 from daemon import metrics
@@ -27,6 +29,7 @@ from daemon.oplog import RESTARTED, Backoff, OplogTail
 from daemon.sequencer import Sequencer
 from daemon.wire import text_frame
 from db import mongo
+from db.stream_ranges import StreamRanges
 
 log = logging.getLogger("chat.stream")
 
@@ -59,8 +62,10 @@ class CatchUp:
 
 class Stream:
     def __init__(self, db: AsyncDatabase, tail: OplogTail, hub: Hub, *, retention_seconds: int,
-                 cache_max: int, gap_check_seconds: float, cache_max_bytes: int = 64 << 20):
+                 cache_max: int, gap_check_seconds: float, cache_max_bytes: int = 64 << 20,
+                 ranges: StreamRanges | None = None):
         self._db = db
+        self._ranges = ranges  # holes below a shown id, read from MySQL
         self._tail = tail
         self._hub = hub
         self._retention = retention_seconds
@@ -213,9 +218,12 @@ class Stream:
                 log.warning("event=gap_check_failed error=%s", exc.__class__.__name__)
 
     async def _fill_from_truth(self) -> None:
-        """Reads every message after the position from `messages`, in pages."""
+        """Reads every message after the position from `messages`, in pages
+        (a hole below an id the oplog showed: from MySQL first)."""
         if self._fill_retry is not None:
             return  # a retry is already scheduled
+        if await self._fill_hole_from_mysql():
+            return
         while True:
             try:
                 with pymongo.timeout(FILL_TIMEOUT_SECONDS):
@@ -239,6 +247,29 @@ class Stream:
             self._release(self._seq.offer(docs), time.perf_counter())
             if len(docs) < PAGE:
                 return
+
+    async def _fill_hole_from_mysql(self) -> bool:
+        """Fills the hole below the held documents from MySQL; False: not
+        filled, the `messages` collection is to be read. That covers MySQL
+        failing, and rows that are not the next ids in order or have expired
+        (the collection is what says what is gone for good)."""
+        hole = self._seq.hole
+        if hole is None or self._ranges is None:
+            return False
+        upto = hole[1]
+        cutoff = mongo.expired_before(self._retention)
+        while self.position < upto:
+            try:
+                docs = await self._ranges.between(self.position, upto, PAGE)
+            except SQLAlchemyError as exc:
+                log.warning("event=fill_mysql_failed error=%s action=read_messages", exc.__class__.__name__)
+                return False
+            if not docs or docs[0]["_id"] != self.position + 1 or docs[0]["created_at"] < cutoff:
+                return False
+            metrics.CATCHUP_QUERIES.labels("stream_mysql").inc()
+            log.info("event=stream_fill source=mysql after=%d got=%d", self.position, len(docs))
+            self._release(self._seq.offer(docs), time.perf_counter())
+        return True
 
     def _skip(self, upto: int) -> None:
         log.error("event=stream_skip after=%d upto=%d reason=expired_or_deleted", self.position, upto)

@@ -1,0 +1,46 @@
+"""A range of the global message stream, read from MySQL, the permanent store.
+
+A daemon whose oplog tail skipped ids (it fell off the oplog, or FerretDB
+stored a document without its oplog entry) holds what came after them and
+reads the hole back. A hole is always below an id the oplog has shown, and
+ids reach Mongo in id order (db/writer.py), so every id in it is committed
+in MySQL and in Mongo alike: either store can fill it.
+
+MySQL is asked first because it answers from its primary key. FerretDB 1.24
+pushes no integer ``_id`` condition down to SQLite, so its answer decodes the
+whole `messages` collection: under 3,000 POST/s the daemons fell off its small
+oplog about twice a second each, and those scans took most of its CPU
+(README, session 12). On MongoDB both are index reads; MySQL's is still the
+one that never competes with the tail for the same server.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from db.sql import messages
+from db.threads import Threads
+from db.writer import row_to_message
+
+
+class StreamRanges:
+    """Reads ``after < id <= upto`` as the documents Mongo holds for them."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self._threads = Threads(engine.pool.size(), "ranges")
+
+    async def between(self, after: int, upto: int, limit: int) -> list[dict]:
+        """Oldest first, at most ``limit``; raises SQLAlchemyError when MySQL fails."""
+        return await self._threads.run(self._read, after, upto, limit)
+
+    def _read(self, after: int, upto: int, limit: int) -> list[dict]:
+        query = (select(messages).where(messages.c.id > after, messages.c.id <= upto)
+                 .order_by(messages.c.id).limit(limit))
+        with self._engine.connect() as conn:
+            return [row_to_message(row).to_doc() for row in conn.execute(query)]
+
+    def close(self) -> None:
+        self._threads.close()
+        self._engine.dispose()
