@@ -10,8 +10,9 @@ processes share:
 3. per batch: resolve retries by (sender, client_msg_id), give new messages
    the ids last_id+1, last_id+2, ... and commit them to MySQL in one
    transaction; answer at once (MySQL is the permanent store: the message
-   is stored), then ``insert_many`` them into Mongo, in id order, once the
-   previous batch's insert is done;
+   is stored); then hand them to the session's one Mongo insert at a time
+   (``_Mirror``): each ``insert_many`` takes, in id order, everything
+   committed since the previous one started;
 4. when the queue is still empty once the last insert is done (or the
    session has held the lock long enough): record mirrored_upto, unlock.
 
@@ -20,15 +21,17 @@ Why a lock across both stores: ids are gap-free and become visible in Mongo
 knows every id <= N is readable, and a gap in the ids it sees is a message it
 missed, never one that is still in flight. That is what makes catch-up exact.
 
-Within a session the stores are pipelined: batch N+1 commits to MySQL, and
-its requests are answered, while batch N is being inserted into Mongo. Mongo
-inserts still start in id order, one at a time, so at most one answered batch
-waits for Mongo. (Answers used to wait for the previous batch's insert too:
-on a busy FerretDB that was most of a POST's time.) Answering before the
-Mongo insert lets the clients' next requests arrive while it runs, and the
-session waits for the insert before it gives up the lock, so they are
-written in the same session. Measured with ab -k -c 100
-on one API process (loadtest/, FerretDB): about 1,750 -> 2,200 requests/s.
+Within a session the stores are decoupled: MySQL commits, and their answers,
+never wait for a Mongo insert, unless ``UNSENT_BATCHES`` batches of committed
+messages already do (then the next commit waits: a Mongo slower than MySQL
+for long slows the writer down instead of growing a queue). Session 11 let
+one answered batch wait for Mongo at most, so each commit waited for the
+previous batch's insert, and a POST's time followed FerretDB's insert time,
+which the daemons' tails make long. Decoupled, as deployed (2 API processes,
+the writer process, 2 daemons tailing FerretDB, ab -k -c 100): see the README,
+session 12. Inserts still start in id order, one at a time, and the session
+waits for the last one before it gives up the lock.
+
 A process queued for the lock holds ``chat.writer.next`` meanwhile; the
 holder sees it and hands over after the batch in hand, so that lingering
 never holds another process's requests for a whole session.
@@ -77,7 +80,19 @@ LOCK_NAME = "chat.writer"
 # and ends its session after the batch in hand instead of taking another.
 NEXT_LOCK_NAME = "chat.writer.next"
 REPAIR_PAGE = 2000
-SESSION_MAX_SECONDS = 0.25  # then let other API processes have the lock
+# A session whose Mongo insert failed ends after this long, so that the next
+# one repairs the outbox once Mongo is back (MONGO_RETRY_SECONDS) instead of
+# committing to it for as long as requests keep coming.
+SESSION_MAX_SECONDS = 0.25
+# A session that runs on (requests keep coming, nobody else is queued for the
+# lock) records mirrored_upto and moves meta.head this often. Ending it
+# instead, to do that and take the lock again, stopped every commit for a
+# whole Mongo insert four times a second: most of a POST's p99 (session 12).
+CHECKPOINT_SECONDS = 1.0
+# Committed messages that may wait for Mongo, in batches of batch_max: past
+# that, commits wait for the insert in flight (Mongo slower than MySQL for
+# long must slow the writer down, not grow a queue without end).
+UNSENT_BATCHES = 4
 # After a failed Mongo write, sessions leave the outbox alone this long
 # (messages are still stored and answered; the copy waits), so that a Mongo
 # that is down or hung costs one timeout, not one per session under the lock.
@@ -165,6 +180,60 @@ def _fail(batch: list[_Pending], exc: Exception) -> None:
             p.future.set_exception(exc)
 
 
+class _Mirror:
+    """A session's committed messages on their way to Mongo. One insert at a
+    time, in id order; each takes everything committed since the previous one
+    started, so a MySQL commit (and its answers) never waits for a Mongo
+    insert unless ``unsent_max`` messages already do. After a failed insert
+    nothing more is inserted: the rows are the outbox, copied in order later."""
+
+    def __init__(self, insert: Callable[[list[dict]], "asyncio.Future[bool]"], ok: bool, mirrored: int,
+                 last_id: int, unsent_max: int):
+        self._insert = insert
+        self.ok = ok  # every insert so far succeeded (and, at the start, Mongo held everything to last_id)
+        self.mirrored = mirrored  # every id up to it is in Mongo
+        self._last_id = self._sent_upto = last_id
+        self._unsent: list[Message] = []
+        self._unsent_max = unsent_max
+        self.inserting: asyncio.Task | None = None
+
+    async def add(self, new: list[Message], last_id: int) -> None:
+        """Messages just committed, up to ``last_id``."""
+        self._unsent.extend(new)
+        self._last_id = last_id
+        if self.inserting is not None and (self.inserting.done() or len(self._unsent) >= self._unsent_max):
+            await self.settle()
+        else:
+            self._start()
+
+    async def settle(self) -> None:
+        """Waits for the insert in flight, then starts the next with what is unsent."""
+        if self.inserting is not None:
+            ok = await self.inserting
+            self.inserting = None
+            self.ok = self.ok and ok
+            if self.ok:
+                self.mirrored = self._sent_upto
+        self._start()
+
+    async def drain(self) -> None:
+        """Until Mongo holds every message committed, or an insert failed."""
+        while self.inserting is not None:
+            await self.settle()
+
+    def _start(self) -> None:
+        if self.inserting is not None:
+            return
+        if not self.ok:
+            self._unsent = []  # the outbox: the next session copies them
+        elif self._unsent:
+            docs = [m.to_doc() for m in self._unsent]
+            self._unsent, self._sent_upto = [], self._last_id
+            self.inserting = asyncio.create_task(self._insert(docs))
+        else:
+            self.mirrored = self._last_id  # nothing in flight, nothing unsent, nothing failed
+
+
 class MessageWriter:
     def __init__(self, engine: Engine, mongo_db: AsyncDatabase, *, batch_max: int, window_ms: float,
                  queue_max: int, timeout_seconds: float, retention_seconds: int,
@@ -181,6 +250,7 @@ class MessageWriter:
         self._retention = retention_seconds
         self._observe_batch = observe_batch
         self._head_written, self._head_at = 0, 0.0
+        self._head_task: asyncio.Task | None = None  # a meta.head write started mid-session
         self._mongo_retry_at = 0.0  # until then, after a failed Mongo write, the outbox waits
         self._in_hand: list[_Pending] = []  # the batch being written: the one to fail if the session breaks
 
@@ -242,6 +312,23 @@ class MessageWriter:
             raise
         return await self._next_batch(first)
 
+    async def _linger(self, mirror: "_Mirror", conn: Connection) -> list[_Pending]:
+        """The next batch: the answered clients' next requests, taken as they
+        come while Mongo works (each finished insert hands on what was committed
+        meanwhile); [] once Mongo has everything and nobody else asks, or
+        another process is queued for the lock."""
+        while True:
+            batch = await self._next_batch(None)
+            if batch or mirror.inserting is None:
+                break
+            batch = await self._request_or_done(mirror.inserting)
+            if batch:
+                return batch
+            await mirror.settle()
+        if batch or await self._mysql(self._others_waiting, conn):
+            return batch
+        return await self._next_batch(None)
+
     async def _session(self, batch: list[_Pending], idle: bool = False) -> None:
         try:
             conn = await self._threads.run(self._engine.connect)
@@ -258,38 +345,34 @@ class MessageWriter:
                     mongo_ok = False
                 else:
                     mirrored, mongo_ok = await self._repair(conn, mirrored, last_id)
-            started = time.monotonic()
-            inserting: asyncio.Task | None = None  # the previous batch's Mongo insert
-            while batch:
-                inserted_upto = last_id
-                try:
-                    committed, last_id = await self._mysql(self._commit_batch, conn, batch, last_id)
-                except WriteUnavailable as exc:
-                    _fail(batch, exc)
-                    break
-                except _CommitFailed as failed:
-                    # The session's connection, and the writer lock with it,
-                    # may be gone: the session ends, and what did commit is an
-                    # outbox that the next session copies to Mongo.
-                    await self._settle(failed)
-                    break
-                _answer_all(committed)  # stored: MySQL is the permanent store
-                if inserting is not None:
-                    mongo_ok = await inserting
-                    mirrored = inserted_upto if mongo_ok else mirrored
-                inserting = asyncio.create_task(self._insert_committed(committed, mongo_ok))
-                if time.monotonic() - started > SESSION_MAX_SECONDS or committed.others_waiting:
-                    break
-                # Linger: the answered clients' next requests come while Mongo
-                # works; take them as they come, and end only once it is done.
-                batch = self._in_hand = await self._next_batch(None) or await self._request_or_done(inserting)
-                if not batch:
-                    mongo_ok = await inserting
-                    mirrored, inserting = (last_id if mongo_ok else mirrored), None
-                    if not await self._mysql(self._others_waiting, conn):
-                        batch = self._in_hand = await self._next_batch(None)
-            if inserting is not None and await inserting:
-                mirrored = last_id
+            started = checkpointed = time.monotonic()
+            mirror = _Mirror(self._insert, mongo_ok, mirrored, last_id, self._batch_max * UNSENT_BATCHES)
+            try:
+                while batch:
+                    try:
+                        committed, last_id = await self._mysql(self._commit_batch, conn, batch, last_id)
+                    except WriteUnavailable as exc:
+                        _fail(batch, exc)
+                        break
+                    except _CommitFailed as failed:
+                        # The session's connection, and the writer lock with it,
+                        # may be gone: the session ends, and what did commit is an
+                        # outbox that the next session copies to Mongo.
+                        await self._settle(failed)
+                        break
+                    _answer_all(committed)  # stored: MySQL is the permanent store
+                    self._observe_batch(len(committed.answers), time.perf_counter() - committed.started)
+                    await mirror.add(committed.new_messages, last_id)
+                    if committed.others_waiting or (not mirror.ok and time.monotonic() - started > SESSION_MAX_SECONDS):
+                        break
+                    if time.monotonic() - checkpointed > CHECKPOINT_SECONDS:
+                        await self._mysql(self._mark, conn, mirror.mirrored)
+                        self._hint_head(mirror.mirrored)
+                        checkpointed = time.monotonic()
+                    batch = self._in_hand = await self._linger(mirror, conn)
+                await mirror.drain()
+            finally:
+                mirrored = mirror.mirrored
             # meta.head is only a hint for the daemons' gap check, and every
             # write of it is one more oplog entry: at most about once a second.
             if (mirrored > self._head_written and (idle or time.monotonic() - self._head_at > 1.0)
@@ -406,12 +489,17 @@ class MessageWriter:
             tuple_(messages.c.sender, messages.c.client_msg_id).in_(list(keys)))).all()
         return {(r.sender, r.client_msg_id): row_to_message(r) for r in rows}
 
+    @staticmethod
+    def _mark(conn: Connection, mirrored: int) -> None:
+        """Records that Mongo holds every id up to ``mirrored`` (the outbox starts after it)."""
+        conn.execute(stream_state.update().where(stream_state.c.id == 1)
+                     .where(stream_state.c.mirrored_upto < mirrored).values(mirrored_upto=mirrored))
+        conn.commit()
+
     def _mark_and_release(self, conn: Connection, mirrored: int | None) -> None:
         try:
             if mirrored is not None:
-                conn.execute(stream_state.update().where(stream_state.c.id == 1)
-                             .where(stream_state.c.mirrored_upto < mirrored).values(mirrored_upto=mirrored))
-                conn.commit()
+                self._mark(conn, mirrored)
             conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
             conn.commit()
         except SQLAlchemyError:
@@ -420,15 +508,6 @@ class MessageWriter:
             conn.close()
 
     # --- Mongo steps ------------------------------------------------------------
-    async def _insert_committed(self, committed: _Committed, mongo_ok: bool) -> bool:
-        """Inserts one committed batch into Mongo unless an earlier insert failed,
-        in which case the outbox repair copies it later, in order."""
-        ok = mongo_ok
-        if mongo_ok and committed.new_messages:
-            ok = await self._insert([m.to_doc() for m in committed.new_messages])
-        self._observe_batch(len(committed.answers), time.perf_counter() - committed.started)
-        return ok
-
     async def _within_timeout(self, operation):
         """A Mongo operation, waited for at most the writer's timeout. On time-out
         it is cancelled but not waited for: a cancelled driver call may clean up
@@ -453,6 +532,14 @@ class MessageWriter:
                         exc.__class__.__name__, docs[0]["_id"], docs[-1]["_id"])
             self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
             return False
+
+    def _hint_head(self, upto: int) -> None:
+        """Moves meta.head in the background (commits go on meanwhile), at most
+        one write at a time and about once a second."""
+        if (upto > self._head_written and time.monotonic() - self._head_at > 1.0
+                and time.monotonic() >= self._mongo_retry_at
+                and (self._head_task is None or self._head_task.done())):
+            self._head_task = asyncio.create_task(self._advance_head(upto))
 
     async def _advance_head(self, upto: int) -> None:
         try:
