@@ -1,0 +1,144 @@
+"""The writer's Mongo side (db/writer.py ``_Mirror``), against the real MariaDB
+and FerretDB: commits and their answers do not wait for a Mongo insert, up to
+a bound; Mongo still gets every id once, in id order; and a session that
+requests keep busy records its progress without giving up the lock."""
+
+import asyncio
+import contextlib
+import uuid
+
+import pytest
+from sqlalchemy import text
+
+from db import mongo, writer as writer_module
+from db.sql import make_engine
+from db.writer import Draft, MessageWriter
+from tests.system import databases
+
+
+class _GatedWriter(MessageWriter):
+    """Each Mongo insert waits for ``gate``; counts the sessions it opens."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.sessions = 0
+
+    async def _insert(self, docs):
+        await self.gate.wait()
+        return await super()._insert(docs)
+
+    def _lock_and_read_state(self, conn):
+        self.sessions += 1
+        return super()._lock_and_read_state(conn)
+
+
+@pytest.fixture(scope="module")
+def own_dbs(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("mirror")) as d:
+        yield d
+
+
+@contextlib.asynccontextmanager
+async def _writer(dbs, batch_max=50):
+    settings = dbs.settings()
+    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
+    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)
+    writer = _GatedWriter(engine, client[settings.mongo_db], batch_max=batch_max, window_ms=2, queue_max=1000,
+                          timeout_seconds=30, retention_seconds=86_400)
+    task = asyncio.create_task(writer.run(repair_every=0.2))
+    try:
+        yield writer, engine, client[settings.mongo_db]
+    finally:
+        writer.gate.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        writer.close()
+        engine.dispose()
+        await client.close()
+
+
+def _state(engine) -> tuple[int, int]:
+    with engine.connect() as conn:
+        return tuple(conn.execute(text("SELECT last_id, mirrored_upto FROM stream_state")).one())
+
+
+async def _in_mongo_in_order(db, sender: str, count: int, timeout: float = 10) -> list[int]:
+    """Ids of ``sender``'s messages in `messages`' natural (insertion) order, once all are there."""
+    async with asyncio.timeout(timeout):
+        while True:
+            ids = [d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender}, {"_id": 1})]
+            if len(ids) >= count:
+                return ids
+            await asyncio.sleep(0.05)
+
+
+async def test_a_commit_is_answered_while_the_previous_insert_is_still_running(own_dbs):
+    sender = f"s-{uuid.uuid4().hex[:8]}"
+    async with _writer(own_dbs) as (writer, engine, db):
+        first, _ = await writer.submit(Draft(sender, "r", "one"))
+        await _in_mongo_in_order(db, sender, 1)
+        writer.gate.clear()  # from here on, every Mongo insert hangs until released
+        # "two" starts an insert that hangs; the rest are committed and answered
+        # meanwhile (session 11's writer answered one more, then waited for it)
+        later = [(await asyncio.wait_for(writer.submit(Draft(sender, "r", body)), 5))[0].id
+                 for body in ("two", "three", "four", "five")]
+        assert later == [first.id + 1, first.id + 2, first.id + 3, first.id + 4]
+        assert await db[mongo.MESSAGES].count_documents({"from": sender}) == 1
+        writer.gate.set()
+        assert await _in_mongo_in_order(db, sender, 5) == [first.id, *later]
+
+
+async def test_commits_stop_once_the_unsent_messages_reach_the_bound(own_dbs):
+    # batch_max 2: at most UNSENT_BATCHES * 2 committed messages wait for
+    # Mongo; past that, commits wait for the insert in flight.
+    sender = f"s-{uuid.uuid4().hex[:8]}"
+    bound = writer_module.UNSENT_BATCHES * 2
+    async with _writer(own_dbs, batch_max=2) as (writer, engine, db):
+        await writer.submit(Draft(sender, "r", "warm"))  # the session's start and its repair are behind us
+        await _in_mongo_in_order(db, sender, 1)
+        writer.gate.clear()
+        posts = [asyncio.create_task(writer.submit(Draft(sender, "r", f"m{i}"))) for i in range(40)]
+        await asyncio.sleep(1.5)  # plenty for 40 commits of 2, were they not bounded
+        answered = sum(p.done() for p in posts)
+        # the insert in flight (one batch), the bound, and the batch that reached it
+        assert bound <= answered <= bound + 2 * 2, answered
+        writer.gate.set()
+        ids = sorted(msg.id for msg, _ in await asyncio.gather(*posts))
+        in_mongo = await _in_mongo_in_order(db, sender, 41)
+        assert in_mongo[1:] == ids and ids == list(range(ids[0], ids[0] + 40))
+
+
+async def test_a_busy_session_records_its_progress_and_keeps_the_lock(own_dbs, monkeypatch):
+    monkeypatch.setattr(writer_module, "CHECKPOINT_SECONDS", 0.2)
+    sender = f"s-{uuid.uuid4().hex[:8]}"
+    async with _writer(own_dbs) as (writer, engine, db):
+        await writer.submit(Draft(sender, "r", "warm"))
+        await asyncio.sleep(0.5)  # that session ends: the busy one below is a new one
+        sessions = writer.sessions
+        stop = asyncio.Event()
+
+        async def client(i):
+            n = 0
+            while not stop.is_set():
+                await writer.submit(Draft(sender, "r", f"c{i}-{n}"))
+                n += 1
+
+        clients = [asyncio.create_task(client(i)) for i in range(10)]
+        try:
+            await asyncio.sleep(0.3)
+            _last, mirrored_before = await asyncio.to_thread(_state, engine)
+            await asyncio.sleep(1.0)
+            _last, mirrored_during = await asyncio.to_thread(_state, engine)
+            assert mirrored_during > mirrored_before  # recorded while the session goes on
+            assert writer.sessions == sessions + 1  # one session all along: the lock was never given up
+        finally:
+            stop.set()
+            await asyncio.gather(*clients)
+        async with asyncio.timeout(10):
+            while (state := await asyncio.to_thread(_state, engine))[1] != state[0]:
+                await asyncio.sleep(0.1)
+            # meta.head follows, at the latest in the next idle tick
+            while (await db[mongo.META].find_one({"_id": "head"}))["id"] != state[0]:
+                await asyncio.sleep(0.1)
