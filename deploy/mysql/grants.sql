@@ -1,14 +1,15 @@
 -- Least-privilege accounts for chat-delivery. Run as an administrator, AFTER
 -- the migrations have created the tables (table-level grants need the tables),
--- with the two passwords passed as session variables so they never live in a
+-- with the three passwords passed as session variables so they never live in a
 -- file or in shell history:
 --
---   read -rs API_PW; read -rs MIGRATE_PW
---   mariadb -u root -p --init-command="SET @api_pw='$API_PW', @migrate_pw='$MIGRATE_PW'" \
+--   read -rs API_PW; read -rs MIGRATE_PW; read -rs DAEMON_PW
+--   mariadb -u root -p \
+--     --init-command="SET @api_pw='$API_PW', @migrate_pw='$MIGRATE_PW', @daemon_pw='$DAEMON_PW'" \
 --     < deploy/mysql/grants.sql
 --
 -- (A password containing a single quote must be escaped for that SET.)
--- Safe to run again: it (re)sets both passwords and re-applies the grants.
+-- Safe to run again: it (re)sets the passwords and re-applies the grants.
 -- Unset variables make the PREPARE below fail (CONCAT with NULL is NULL),
 -- so the script cannot create an account with an empty password.
 
@@ -35,7 +36,7 @@ GRANT ALTER, CREATE, DROP, INDEX, REFERENCES, SELECT, INSERT, UPDATE, DELETE
 -- The writer's lock is GET_LOCK('chat.writer', t) / RELEASE_LOCK: user-level
 -- locks need no privilege at all (they are not table locks). The per-session
 -- `SET SESSION max_statement_time` needs none either.
--- The daemons have no MySQL account: they read only MongoDB.
+-- The daemons have an account of their own (chat_daemon, below).
 SET @sql = CONCAT('CREATE USER IF NOT EXISTS ''chat_api''@''%'' IDENTIFIED BY ', QUOTE(@api_pw));
 PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
 SET @sql = CONCAT('ALTER USER ''chat_api''@''%'' IDENTIFIED BY ', QUOTE(@api_pw));
@@ -46,3 +47,13 @@ GRANT SELECT, INSERT, UPDATE ON chat.stream_state TO 'chat_api'@'%';
 -- '%' because API hosts come and go; restrict it to your app subnet
 -- (e.g. 'chat_api'@'10.0.1.%') where the network layout is stable, and keep
 -- port 3306 closed to everything else.
+
+-- ---- chat_daemon: the delivery daemons ----------------------------------------------
+-- What db/stream_ranges.py executes: a SELECT of a range of ids in messages,
+-- when a daemon's oplog tail skipped some (a fall-off). Read-only: a
+-- compromised daemon host can neither write nor erase a message.
+SET @sql = CONCAT('CREATE USER IF NOT EXISTS ''chat_daemon''@''%'' IDENTIFIED BY ', QUOTE(@daemon_pw));
+PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
+SET @sql = CONCAT('ALTER USER ''chat_daemon''@''%'' IDENTIFIED BY ', QUOTE(@daemon_pw));
+PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
+GRANT SELECT ON chat.messages TO 'chat_daemon'@'%';

@@ -44,8 +44,9 @@ GRANTS = DEPLOY / "mysql" / "grants.sql"
 ENV_EXAMPLE = DEPLOY / "chat-delivery.env.example"
 DOCKERFILE = DEPLOY / "Dockerfile"
 
-# The daemons' own Mongo URL (supervisord.prod.conf hands it to them as CHAT_MONGO_URL).
-EXTRA_ENV = {"CHAT_DAEMON_MONGO_URL"}
+# The daemons' own Mongo and MySQL URLs (supervisord.prod.conf hands them over as
+# CHAT_MONGO_URL and CHAT_MYSQL_URL).
+EXTRA_ENV = {"CHAT_DAEMON_MONGO_URL", "CHAT_DAEMON_MYSQL_URL"}
 
 
 def default(name: str):
@@ -273,7 +274,9 @@ def test_supervisord_itself_accepts_the_prod_config(tmp_path, monkeypatch):
     from supervisor.options import ServerOptions
 
     url = "mongodb://chat_app:pw@mongo1,mongo2,mongo3/?replicaSet=rs0&w=majority"
+    mysql_url = "mysql+mysqldb://chat_daemon:pw@db.internal/chat?charset=utf8mb4"
     monkeypatch.setenv("CHAT_DAEMON_MONGO_URL", url)
+    monkeypatch.setenv("CHAT_DAEMON_MYSQL_URL", mysql_url)
     options = ServerOptions()
     options.configfile = str(prod_config_copy(tmp_path))
     options.process_config(do_usage=False)
@@ -284,7 +287,8 @@ def test_supervisord_itself_accepts_the_prod_config(tmp_path, monkeypatch):
     assert groups["writer"].process_configs[0].environment["CHAT_WRITER_SOCKET"] == socket
     assert all(p.environment["CHAT_WRITER_SOCKET"] == socket for p in groups["api"].process_configs)
     daemon = groups["daemon"].process_configs[0]
-    assert daemon.environment == {"CHAT_MONGO_URL": url, "CHAT_METRICS_PORT": "9100"}  # commas and & survive
+    assert daemon.environment == {"CHAT_MONGO_URL": url, "CHAT_MYSQL_URL": mysql_url,
+                                  "CHAT_METRICS_PORT": "9100"}  # commas and & survive
     assert daemon.command.endswith("/deploy/../.venv/bin/python -m daemon")
     assert options.minfds == 20000
 
@@ -293,9 +297,21 @@ def test_supervisord_refuses_to_start_without_the_daemon_mongo_url(tmp_path, mon
     from supervisor.options import ServerOptions
 
     monkeypatch.delenv("CHAT_DAEMON_MONGO_URL", raising=False)
+    monkeypatch.setenv("CHAT_DAEMON_MYSQL_URL", "mysql+mysqldb://chat_daemon:pw@db.internal/chat")
     options = ServerOptions()
     options.configfile = str(prod_config_copy(tmp_path))
     with pytest.raises(ValueError, match="ENV_CHAT_DAEMON_MONGO_URL"):
+        options.process_config(do_usage=False)
+
+
+def test_supervisord_refuses_to_start_without_the_daemon_mysql_url(tmp_path, monkeypatch):
+    from supervisor.options import ServerOptions
+
+    monkeypatch.setenv("CHAT_DAEMON_MONGO_URL", "mongodb://chat_app:pw@mongo1/?replicaSet=rs0&w=majority")
+    monkeypatch.delenv("CHAT_DAEMON_MYSQL_URL", raising=False)
+    options = ServerOptions()
+    options.configfile = str(prod_config_copy(tmp_path))
+    with pytest.raises(ValueError, match="ENV_CHAT_DAEMON_MYSQL_URL"):
         options.process_config(do_usage=False)
 
 
@@ -461,6 +477,7 @@ def test_grants_are_least_privilege():
     assert grants(GRANTS.read_text()) == {
         ("chat_api", "chat.messages"): {"SELECT", "INSERT", "UPDATE"},
         ("chat_api", "chat.stream_state"): {"SELECT", "INSERT", "UPDATE"},
+        ("chat_daemon", "chat.messages"): {"SELECT"},
         ("chat_migrate", "chat.*"): {"ALTER", "CREATE", "DROP", "INDEX", "REFERENCES",
                                      "SELECT", "INSERT", "UPDATE", "DELETE"},
     }
@@ -626,6 +643,7 @@ def test_each_api_and_daemon_process_gets_a_metrics_port_of_its_own(prod, tmp_pa
     from supervisor.options import ServerOptions
 
     monkeypatch.setenv("CHAT_DAEMON_MONGO_URL", "mongodb://db.example/")
+    monkeypatch.setenv("CHAT_DAEMON_MYSQL_URL", "mysql+mysqldb://chat_daemon:pw@db.example/chat")
     options = ServerOptions()
     if prod:
         options.configfile = str(prod_config_copy(tmp_path))
