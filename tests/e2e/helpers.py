@@ -1,4 +1,5 @@
-"""Small async helpers the e2e tests share: a real HTTP client and a real WebSocket client."""
+"""Small async helpers the e2e tests share: a real HTTP client, a real WebSocket client,
+a writer on the real databases, and a count of a function's calls."""
 
 from __future__ import annotations
 
@@ -12,7 +13,44 @@ import pymongo
 import websockets
 from sqlalchemy import create_engine, text
 
+from db import mongo
+from db.sql import make_engine
+from db.writer import MessageWriter
 from tests.system import System
+
+
+@contextlib.asynccontextmanager
+async def running_writer(dbs, writer_class=MessageWriter, **options):
+    """A running writer with a MySQL engine and a Mongo client of its own, as
+    a writer process has; yields (writer, engine, Mongo database)."""
+    settings = dbs.settings()
+    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
+    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)
+    options = {"batch_max": 50, "window_ms": 2, "queue_max": 100, "timeout_seconds": 5,
+               "retention_seconds": 86_400, **options}
+    writer = writer_class(engine, client[settings.mongo_db], **options)
+    task = asyncio.create_task(writer.run(repair_every=0.2))
+    try:
+        yield writer, engine, client[settings.mongo_db]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        writer.close()
+        engine.dispose()
+        await client.close()
+
+
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """Replaces async ``owner.name`` with one that records each call's arguments."""
+    calls = []
+    real = getattr(owner, name)
+
+    async def counted(*args):
+        calls.append(args)
+        return await real(*args)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
 
 
 async def post(system: System, sender: str, to: str, body: str, client_msg_id: str | None = None,

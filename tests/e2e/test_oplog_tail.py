@@ -18,6 +18,7 @@ from daemon.hub import Hub, Subscriber
 from daemon.oplog import RESTARTED, OplogTail
 from daemon.stream import Stream
 from db import mongo
+from tests.e2e.helpers import count_calls
 from tests.system import databases
 
 
@@ -151,14 +152,7 @@ async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_c
 
 
 async def test_catch_up_past_the_cache_reads_the_store_and_can_stop_at_the_oldest_few(dbs, monkeypatch):
-    reads = []  # each a full scan of `messages` on FerretDB
-    real_read = mongo.messages_for
-
-    async def counted_read(*args):
-        reads.append(args)
-        return await real_read(*args)
-
-    monkeypatch.setattr(mongo, "messages_for", counted_read)
+    reads = count_calls(monkeypatch, mongo, "messages_for")  # each a full scan of `messages` on FerretDB
     async with _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=30) as (db, stream, bob):
         # Stored behind the stream's back: the cache has none of them.
         await db[mongo.MESSAGES].insert_many([Message(i, "alice", "bob" if i % 2 else "cat", f"m{i}", now_ms()).to_doc()

@@ -12,6 +12,7 @@ from chat.messages import Message, encode_doc, now_ms
 from db import mongo
 from db.sql import make_engine, messages, metadata
 from db.stream_ranges import StreamRanges
+from tests.e2e.helpers import count_calls
 from tests.e2e.test_oplog_tail import _BurstTail, _Recorder, _stream_for_bob
 
 
@@ -54,18 +55,6 @@ class _PayloadRecorder(_Recorder):
         self.payloads[msg_id] = payload
 
 
-def counting_collection_reads(monkeypatch) -> list:
-    reads = []  # each a full scan of `messages` on FerretDB
-    real = mongo.messages_between
-
-    async def counted(*args):
-        reads.append(args)
-        return await real(*args)
-
-    monkeypatch.setattr(mongo, "messages_between", counted)
-    return reads
-
-
 async def until_position(stream, position, timeout=10):
     async with asyncio.timeout(timeout):
         while stream.position < position:
@@ -76,7 +65,7 @@ async def test_a_hole_the_tail_skipped_is_read_from_mysql_not_the_collection(dbs
     msgs = [Message(i, "alice", "bob", f"m{i} <b>é</b> 🙂", now_ms(), f"c{i}" if i % 2 else None) for i in range(1, 9)]
     shown = [msgs[0].to_doc(), *(m.to_doc() for m in msgs[5:])]  # the tail shows 1, 6, 7, 8: it skipped 2..5
     tail = _BurstTail(shown, batch=4)
-    reads = counting_collection_reads(monkeypatch)
+    reads = count_calls(monkeypatch, mongo, "messages_between")  # each a full scan on FerretDB
     with mysql_database(dbs) as engine:
         store_in_mysql(engine, msgs)
         ranges = StreamRanges(engine)
@@ -102,7 +91,7 @@ async def test_a_hole_mysql_cannot_fill_is_read_from_the_collection(dbs, monkeyp
     # `messages` as before, and every message arrives once, in order.
     docs = [Message(i, "alice", "bob", f"m{i}", now_ms()).to_doc() for i in range(1, 6)]
     tail = _BurstTail([docs[0], docs[4]], batch=2)
-    reads = counting_collection_reads(monkeypatch)
+    reads = count_calls(monkeypatch, mongo, "messages_between")  # each a full scan on FerretDB
     broken = make_engine("mysql+mysqldb://root@localhost/chat?unix_socket=/nonexistent/mysqld.sock", 1, pool_size=1)
     ranges = StreamRanges(broken)
     async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
@@ -122,7 +111,7 @@ async def test_rows_mysql_does_not_have_in_order_leave_the_hole_to_the_collectio
     # what MySQL gives is not the next ids in order, so the collection decides.
     msgs = [Message(i, "alice", "bob", f"m{i}", now_ms()) for i in range(1, 6)]
     tail = _BurstTail([msgs[0].to_doc(), msgs[4].to_doc()], batch=2)
-    reads = counting_collection_reads(monkeypatch)
+    reads = count_calls(monkeypatch, mongo, "messages_between")  # each a full scan on FerretDB
     with mysql_database(dbs) as engine:
         store_in_mysql(engine, [msgs[1]])
         ranges = StreamRanges(engine)

@@ -7,7 +7,6 @@ with a read time-out on a slow MySQL), once before it was sent.
 """
 
 import asyncio
-import contextlib
 import threading
 import uuid
 
@@ -19,6 +18,7 @@ from api.app import read_threads
 from db import mongo
 from db.sql import make_engine
 from db.writer import Draft, MessageWriter, WriteOutcomeUnknown
+from tests.e2e.helpers import running_writer
 from tests.system import databases
 
 
@@ -42,25 +42,6 @@ def own_dbs(tmp_path_factory):
         yield d
 
 
-@contextlib.asynccontextmanager
-async def _writer(dbs, took: bool | None = None):
-    """A running writer with a Mongo client of its own, not yet connected."""
-    settings = dbs.settings()
-    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)
-    writer = _LosesOneCommit(engine, client[settings.mongo_db], batch_max=50, window_ms=2, queue_max=100,
-                             timeout_seconds=5, retention_seconds=86_400, took=took)
-    task = asyncio.create_task(writer.run(repair_every=0.2))
-    try:
-        yield writer, engine, client[settings.mongo_db]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        writer.close()
-        engine.dispose()
-        await client.close()
-
-
 def _bodies(engine, sender):
     with engine.connect() as conn:
         return [r.body for r in conn.execute(text("SELECT body FROM messages WHERE sender = :s ORDER BY id"),
@@ -69,7 +50,7 @@ def _bodies(engine, sender):
 
 async def test_a_commit_that_took_but_lost_its_answer_is_answered_201_and_still_reaches_mongo(own_dbs):
     sender = f"s{uuid.uuid4().hex[:8]}"
-    async with _writer(own_dbs, took=True) as (writer, engine, db):
+    async with running_writer(own_dbs, _LosesOneCommit, took=True) as (writer, engine, db):
         msgs = await asyncio.gather(*(writer.submit(Draft(sender, "r", f"m{i}", f"c{i}")) for i in range(5)))
         assert all(created for _msg, created in msgs)  # stored, and told so (was: 503 "nothing stored")
         assert _bodies(engine, sender) == [f"m{i}" for i in range(5)]
@@ -82,7 +63,7 @@ async def test_a_commit_that_took_but_lost_its_answer_is_answered_201_and_still_
 
 async def test_a_commit_that_failed_says_the_outcome_is_unknown_and_a_retry_stores_it_once(own_dbs):
     sender = f"s{uuid.uuid4().hex[:8]}"
-    async with _writer(own_dbs, took=False) as (writer, engine, _db):
+    async with running_writer(own_dbs, _LosesOneCommit, took=False) as (writer, engine, _db):
         with pytest.raises(WriteOutcomeUnknown):
             await writer.submit(Draft(sender, "r", "once", "c1"))
         assert _bodies(engine, sender) == []  # rolled back, never committed later by accident
@@ -105,7 +86,7 @@ async def test_slow_reads_leave_the_writer_free_to_reach_both_stores(own_dbs):
     stuck = asyncio.gather(*(reads.run(release.wait, 30) for _ in range(reads.count)))
     try:
         await asyncio.sleep(0.1)
-        async with _writer(own_dbs) as (writer, engine, db):
+        async with running_writer(own_dbs, _LosesOneCommit, took=None) as (writer, engine, db):
             msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "not held back")), 10)
             assert created and _bodies(engine, sender) == ["not held back"]
             async with asyncio.timeout(10):

@@ -4,15 +4,14 @@ a bound; Mongo still gets every id once, in id order; and a session that
 requests keep busy records its progress without giving up the lock."""
 
 import asyncio
-import contextlib
 import uuid
 
 import pytest
 from sqlalchemy import text
 
 from db import mongo, writer as writer_module
-from db.sql import make_engine
 from db.writer import Draft, MessageWriter
+from tests.e2e.helpers import running_writer
 from tests.system import databases
 
 
@@ -33,30 +32,15 @@ class _GatedWriter(MessageWriter):
         self.sessions += 1
         return super()._lock_and_read_state(conn)
 
+    def close(self):
+        self.gate.set()  # no insert left hanging
+        super().close()
+
 
 @pytest.fixture(scope="module")
 def own_dbs(tmp_path_factory):
     with databases(tmp_path_factory.mktemp("mirror")) as d:
         yield d
-
-
-@contextlib.asynccontextmanager
-async def _writer(dbs, batch_max=50):
-    settings = dbs.settings()
-    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)
-    writer = _GatedWriter(engine, client[settings.mongo_db], batch_max=batch_max, window_ms=2, queue_max=1000,
-                          timeout_seconds=30, retention_seconds=86_400)
-    task = asyncio.create_task(writer.run(repair_every=0.2))
-    try:
-        yield writer, engine, client[settings.mongo_db]
-    finally:
-        writer.gate.set()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        writer.close()
-        engine.dispose()
-        await client.close()
 
 
 def _state(engine) -> tuple[int, int]:
@@ -76,7 +60,7 @@ async def _in_mongo_in_order(db, sender: str, count: int, timeout: float = 10) -
 
 async def test_a_commit_is_answered_while_the_previous_insert_is_still_running(own_dbs):
     sender = f"s-{uuid.uuid4().hex[:8]}"
-    async with _writer(own_dbs) as (writer, engine, db):
+    async with running_writer(own_dbs, _GatedWriter, queue_max=1000, timeout_seconds=30) as (writer, engine, db):
         first, _ = await writer.submit(Draft(sender, "r", "one"))
         await _in_mongo_in_order(db, sender, 1)
         writer.gate.clear()  # from here on, every Mongo insert hangs until released
@@ -95,7 +79,7 @@ async def test_commits_stop_once_the_unsent_messages_reach_the_bound(own_dbs):
     # Mongo; past that, commits wait for the insert in flight.
     sender = f"s-{uuid.uuid4().hex[:8]}"
     bound = writer_module.UNSENT_BATCHES * 2
-    async with _writer(own_dbs, batch_max=2) as (writer, engine, db):
+    async with running_writer(own_dbs, _GatedWriter, batch_max=2, queue_max=1000, timeout_seconds=30) as (writer, engine, db):
         await writer.submit(Draft(sender, "r", "warm"))  # the session's start and its repair are behind us
         await _in_mongo_in_order(db, sender, 1)
         writer.gate.clear()
@@ -113,7 +97,7 @@ async def test_commits_stop_once_the_unsent_messages_reach_the_bound(own_dbs):
 async def test_a_busy_session_records_its_progress_and_keeps_the_lock(own_dbs, monkeypatch):
     monkeypatch.setattr(writer_module, "CHECKPOINT_SECONDS", 0.2)
     sender = f"s-{uuid.uuid4().hex[:8]}"
-    async with _writer(own_dbs) as (writer, engine, db):
+    async with running_writer(own_dbs, _GatedWriter, queue_max=1000, timeout_seconds=30) as (writer, engine, db):
         await writer.submit(Draft(sender, "r", "warm"))
         await asyncio.sleep(0.5)  # that session ends: the busy one below is a new one
         sessions = writer.sessions
