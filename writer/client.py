@@ -54,6 +54,8 @@ class RemoteWriter:
 
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
         stream = self._stream or await self._connected()
+        if stream is not self._stream:  # it said goodbye while this request waited: the next writer's
+            stream = await self._connected()
         loop = asyncio.get_running_loop()
         seq = next(self._seq)
         future = loop.create_future()
