@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import uuid
 
+import pytest
 from sqlalchemy import create_engine, text
 
 from chat.messages import Message, encode_doc, now_ms
+from daemon import stream as stream_module
 from db import mongo
 from db.sql import make_engine, messages, metadata
 from db.stream_ranges import StreamRanges
@@ -61,7 +63,9 @@ async def until_position(stream, position, timeout=10):
             await asyncio.sleep(0.02)
 
 
-async def test_a_hole_the_tail_skipped_is_read_from_mysql_not_the_collection(dbs, monkeypatch):
+@pytest.mark.parametrize("page", [5000, 2], ids=["one-read", "paged"])
+async def test_a_hole_the_tail_skipped_is_read_from_mysql_not_the_collection(dbs, monkeypatch, page):
+    monkeypatch.setattr(stream_module, "PAGE", page)  # 2: the hole of 4 ids takes two reads
     msgs = [Message(i, "alice", "bob", f"m{i} <b>é</b> 🙂", now_ms(), f"c{i}" if i % 2 else None) for i in range(1, 9)]
     shown = [msgs[0].to_doc(), *(m.to_doc() for m in msgs[5:])]  # the tail shows 1, 6, 7, 8: it skipped 2..5
     tail = _BurstTail(shown, batch=4)
