@@ -117,12 +117,13 @@ def reply(seq: int, outcome: str, msg: Message | None) -> bytes:
     return frame([seq, outcome, wire])
 
 
-GOODBYE = frame([0, STOPPING, None])
+_GOODBYE = [0, STOPPING, None]
+GOODBYE = frame(_GOODBYE)
 
 
 def parse_reply(payload: list) -> tuple[int, str, Message | None]:
     """A reply, or the goodbye as ``(0, STOPPING, None)``."""
-    if payload == [0, STOPPING, None]:
+    if payload == _GOODBYE:
         return 0, STOPPING, None
     if len(payload) != 3 or not _is_seq(payload[0]) or payload[1] not in OUTCOMES:
         raise BadFrame("reply: bad shape")

@@ -162,6 +162,27 @@ def test_a_request_sent_as_the_writer_stops_is_answered_not_dropped(hosted, user
     assert sorted(r.body for r in mysql_rows(hosted, "sender = :s", s=sender)) == ["before the stop", "in flight"]
 
 
+def test_a_link_that_never_ends_its_side_holds_a_stopping_writer_only_so_long(hosted):
+    """The goodbye's bound: a connection that reads the goodbye and never
+    half-closes is read for CHAT_DB_TIMEOUT_SECONDS (2) at most; then the
+    writer closes it and exits, and its successor serves."""
+    proc = hosted.procs.pop("writer")
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(20)
+            sock.connect(socket_path(hosted))
+            proc.send_signal(signal.SIGTERM)
+            assert read_reply(sock) == [0, "stopping", None]
+            started = time.monotonic()
+            assert read_reply(sock) is None  # closed by the writer, with this side still open
+            assert 1.5 < time.monotonic() - started < 10
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        hosted.start("writer")
+
+
 async def test_a_killed_writer_loses_nothing_and_retries_store_once(hosted, users):
     sender, to = users("s"), users("r")
     listener = await listening(hosted, to)
