@@ -72,7 +72,7 @@ def write_report(r: dict, out: Path) -> None:
               " inside the daemon; delivery = send → receive, end to end; stored → client = from the MySQL commit's "
               "time stamp (`created_at`, whole ms) to receipt: the writer's FerretDB insert, the daemon's tail, "
               "fan-out and the client's read, i.e. the part to compare with FerretDB tail = its own insert → "
-              "tail latency, measured in the same run. Host CPU stolen = the share of the machine's CPU time that "
+              "tail latency, measured in the same run, over its send window (after every client connected). Host CPU stolen = the share of the machine's CPU time that "
               "the hypervisor gave to other guests during the run (steal, /proc/stat): this is a shared virtual "
               "machine, and what it steals shows up as latency.", "",
               "| clients | msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p90/p99/max ms "
@@ -106,7 +106,7 @@ def write_report(r: dict, out: Path) -> None:
 def _rates_table(runs: list[dict]) -> list[str]:
     lines = [f"## Through FerretDB at rising message rates ({runs[0]['clients']:,} WebSocket clients)", "",
              "The same measures as the table above, one system, the rate raised step by step. FerretDB CPU = "
-             "the cores its whole process used during the run (inserts, and the daemons' and the probe's tails): "
+             "the cores its whole process used during the send window (inserts, and the daemons' and the probe's tails): "
              "a tail re-reads the whole oplog on every poll, so most of it is spent whatever the rate.", "",
              "| msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p99 ms "
              "| stored → client p50/p99 ms | FerretDB tail p50/p99 ms | FerretDB CPU (cores) | host busy "

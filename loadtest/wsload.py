@@ -7,6 +7,7 @@ the body. Counts lost and duplicated messages; both must be 0."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import random
 import resource
@@ -182,8 +183,11 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict:
     return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(v[-1] * scale, 2), "n": len(v)}
 
 
-def run(system, clients: int, rate: float, seconds: float, progress: bool = True, settle: float = 10.0) -> dict:
-    """One load run against a running System; returns its measured figures."""
+def run(system, clients: int, rate: float, seconds: float, progress: bool = True, settle: float = 10.0,
+        alongside: contextlib.AbstractContextManager | None = None) -> dict:
+    """One load run against a running System; returns its measured figures.
+    ``alongside`` is entered for the send window only (once every client is
+    connected): a measurement of the same load, such as FerretDB's own tail."""
     daemon_pids = [p.pid for n, p in system.procs.items() if n.startswith("daemon")]
     users = [f"load{clients}-{i}" for i in range(clients)]
     procs_needed = max(1, -(-clients // CLIENTS_PER_PROC))
@@ -212,9 +216,10 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
     per_daemon = [{"pid": pid, "connections": _established(pid), "rss_mb": round(_rss([pid]) / 2**20, 1)}
                   for pid in daemon_pids]
     host = machine.CpuWindow()
-    expected, creation, send_errors, refused = asyncio.run(
-        _send(system.api_url, system.secret, users, rate, seconds, progress))
-    host_cpu = host.result()
+    with alongside or contextlib.nullcontext():
+        expected, creation, send_errors, refused = asyncio.run(
+            _send(system.api_url, system.secret, users, rate, seconds, progress))
+        host_cpu = host.result()
     # Wait for delivery to finish: until every expected frame arrived, or no
     # progress for `settle` seconds (then what is missing counts as lost).
     want = sum(len(v) for v in expected.values())
