@@ -103,6 +103,10 @@ class Settings(BaseSettings):
     gap_check_seconds: float = Field(
         1.0, gt=0, description="Period of the query that finds messages the oplog never showed."
     )
+    oplog_relay_socket: str = Field(
+        "", description="Unix socket of the host's oplog relay (`python -m relay`), which tails the oplog once for "
+        "all of the host's daemons; `supervisord.conf` sets it. Empty: each daemon tails the oplog itself.",
+    )
     tail_silence_seconds: float = Field(30.0, gt=0, description="Watchdog: restart a tail silent this long.")
     fill_holes_from_mysql: bool = Field(
         True, description="A daemon reads ids its oplog tail skipped (a fall-off) from MySQL by primary key, and "

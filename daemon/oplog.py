@@ -41,6 +41,12 @@ RESTARTED = None  # yielded after a re-open that may have missed entries
 REOPEN_PAUSE = 0.02
 
 
+async def newest_ts(client: AsyncMongoClient) -> Timestamp | None:
+    """The ``ts`` of the oplog's newest entry: where a tail from "now" starts."""
+    doc = await client["local"]["oplog.rs"].find_one({}, {"ts": 1}, sort=[("$natural", -1)])
+    return doc["ts"] if doc else None
+
+
 class Backoff:
     def __init__(self, base: float = 0.05, cap: float = 5.0):
         self.base, self.cap, self.attempt = base, cap, 0
@@ -71,8 +77,7 @@ class OplogTail:
         self._suspect = True  # something may have been missed: the consumer checks the truth
 
     async def newest_ts(self) -> Timestamp | None:
-        doc = await self._local["oplog.rs"].find_one({}, {"ts": 1}, sort=[("$natural", -1)])
-        return doc["ts"] if doc else None
+        return await newest_ts(self._client)
 
     async def _decide_mode(self) -> float:
         if self.poll_seconds is None:

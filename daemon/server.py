@@ -39,6 +39,7 @@ from daemon.wire import text_frame
 from db import mongo
 from db.sql import make_engine
 from db.stream_ranges import StreamRanges
+from relay.client import RelayTail
 
 log = logging.getLogger("chat.daemon")
 
@@ -427,7 +428,9 @@ async def run(settings: Settings, tail=None) -> None:
     client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
     db = client[settings.mongo_db]
     hub = Hub(settings.send_buffer_max_bytes)
-    if tail is None:
+    if tail is None and settings.oplog_relay_socket:
+        tail = RelayTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", settings.oplog_relay_socket)
+    elif tail is None:
         tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds,
                          ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
     ranges = None

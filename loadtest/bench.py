@@ -40,6 +40,8 @@ def _deployed(program: str) -> int:
 
 DEPLOYED_APIS, DEPLOYED_DAEMONS = _deployed("api"), _deployed("daemon")
 DEPLOYED_WRITER = _deployed("writer") == 1  # the API processes write through the host's writer process
+DEPLOYED_RELAY = _deployed("relay") == 1  # the daemons tail the oplog through the host's relay
+AS_DEPLOYED = {"apis": DEPLOYED_APIS, "writer": DEPLOYED_WRITER, "relay": DEPLOYED_RELAY}
 SEED = {  # the seed experiment: phpDaemon / Node.js behind ab -k, requests/s
     10: (54.36, 64.0), 100: (75.15, 64.12), 500: (67.73, 61.71), 1000: (56.99, 75.02)}
 
@@ -233,7 +235,8 @@ def hold_run(dbs, clients: int, daemons: int, rate: float, seconds: float) -> di
     """Many idle clients over several daemons (each under the 20k open-files
     limit), with messages flowing through the whole system meanwhile."""
     log(f"holding {clients} WebSocket clients on {daemons} daemons, {rate} msg/s for {seconds} s")
-    with running_system(dbs, daemons=daemons, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_LOG_LEVEL="WARNING") as s:
+    with running_system(dbs, daemons=daemons, apis=1, relay=DEPLOYED_RELAY, CHAT_RATE_LIMIT_PER_SECOND=0,
+                        CHAT_LOG_LEVEL="WARNING") as s:
         result = wsload.run(s, clients, rate, seconds)
     log(f"  -> {orjson.dumps(result).decode()}")
     check(result, f"hold of {clients}")
@@ -274,21 +277,21 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
     # weigh on the next one's figures.
     if "ws" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-"))) as dbs:
-            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, writer=DEPLOYED_WRITER, **env) as system:
+            with running_system(dbs, daemons=daemons, **AS_DEPLOYED, **env) as system:
                 results["ws"] = ws_runs(system, sizes, rate, ws_seconds)
-            results.setdefault("deployed", {})["ws"] = {"apis": DEPLOYED_APIS, "writer": DEPLOYED_WRITER, "daemons": daemons}
+            results.setdefault("deployed", {})["ws"] = {**AS_DEPLOYED, "daemons": daemons}
     if rates is None and "rates" in only:
         log("the rates section runs with --full only")
     if rates is not None and "rates" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-rates-"))) as dbs:
-            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, writer=DEPLOYED_WRITER, **env) as system:
+            with running_system(dbs, daemons=daemons, **AS_DEPLOYED, **env) as system:
                 results["rates"] = rate_runs(system, *rates)
-            results.setdefault("deployed", {})["rates"] = {"apis": DEPLOYED_APIS, "writer": DEPLOYED_WRITER, "daemons": daemons}
+            results.setdefault("deployed", {})["rates"] = {**AS_DEPLOYED, "daemons": daemons}
     if "ab" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-ab-"))) as dbs:
-            with running_system(dbs, daemons=daemons, apis=DEPLOYED_APIS, writer=DEPLOYED_WRITER, **env) as system:
+            with running_system(dbs, daemons=daemons, **AS_DEPLOYED, **env) as system:
                 results["ab"] = ab_matrix(system, levels, seconds, iterations, poll_rate=20)
-            results.setdefault("deployed", {})["ab"] = {"apis": DEPLOYED_APIS, "writer": DEPLOYED_WRITER, "daemons": daemons}
+            results.setdefault("deployed", {})["ab"] = {**AS_DEPLOYED, "daemons": daemons}
     if "post_alone" in sections:
         results["post_alone"] = post_alone(*post_alone_matrix, env)
     if hold is not None and "hold" in sections:

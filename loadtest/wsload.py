@@ -265,12 +265,13 @@ def run(system, clients: int, rate: float, seconds: float, progress: bool = True
 def main(clients: int = typer.Option(1000), rate: float = typer.Option(200.0, help="messages/s through the API"),
          seconds: float = typer.Option(10.0), daemons: int = typer.Option(2), apis: int = typer.Option(2),
          writer: bool = typer.Option(True, help="the API processes write through one writer process, as deployed"),
+         relay: bool = typer.Option(True, help="the daemons tail the oplog through one relay process, as deployed"),
          out: Path | None = typer.Option(None, help="write the result JSON here")) -> None:
     """One load run on a private system of its own (MariaDB, FerretDB, API, daemons on free ports)."""
     from tests.system import databases, running_system
 
     with databases(Path(tempfile.mkdtemp(prefix="wsload-dbs-"))) as dbs:
-        with running_system(dbs, daemons=daemons, apis=apis, writer=writer, CHAT_RATE_LIMIT_PER_SECOND=0,
+        with running_system(dbs, daemons=daemons, apis=apis, writer=writer, relay=relay, CHAT_RATE_LIMIT_PER_SECOND=0,
                             CHAT_LOG_LEVEL="WARNING") as system:
             result = run(system, clients, rate, seconds)
     publish(result, out)

@@ -10,6 +10,7 @@ cat <<BANNER
     web chat page    http://127.0.0.1:8000/app/   (dev login on: "log in as" any user)
     write API        http://127.0.0.1:8000   (2 processes; /healthz /readyz /metrics /openapi.json)
     writer           var/run/writer.sock   (1 process: the group commit of both API processes)
+    relay            var/run/relay.sock    (1 process: the one oplog tail both daemons read)
     daemons          ws://127.0.0.1:8100/v1/ws and http://127.0.0.1:8100/v1/poll   (2 processes)
     MariaDB          var/mysql/mysqld.sock, 127.0.0.1:3307      FerretDB  127.0.0.1:27017
     logs             var/log/        ops: .venv/bin/supervisorctl status

@@ -88,8 +88,8 @@ class System:
         log = open(self.logdir / f"{name}.log", "ab")
         proc = subprocess.Popen([sys.executable, "-m", module], env=self.env, cwd=ROOT, stdout=log, stderr=log)
         self.procs[name] = proc
-        if module == "writer":
-            wait_unix_listening(proc, self.env["CHAT_WRITER_SOCKET"], 20)
+        if module in ("writer", "relay"):
+            wait_unix_listening(proc, self.env[SOCKETS[module]], 20)
             return proc
         port = self.api_port if module == "api" else self.daemon_port
         # The port is shared (SO_REUSEPORT): another process may answer on it
@@ -146,20 +146,28 @@ def wait_unix_listening(proc: subprocess.Popen, path: str, timeout: float) -> No
     raise TimeoutError(f"process {proc.pid} does not listen on {path} after {timeout}s")
 
 
+SOCKETS = {"writer": "CHAT_WRITER_SOCKET", "relay": "CHAT_OPLOG_RELAY_SOCKET"}
+
+
 @contextlib.contextmanager
 def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, api_port: int | None = None,
-                   writer: bool = False, **env: str) -> Iterator[System]:
+                   writer: bool = False, relay: bool = False, **env: str) -> Iterator[System]:
     """``api_port`` fixes the API port up front, for settings that name it (a browser origin).
-    ``writer``: the API processes write through one writer process, as deployed."""
+    ``writer``: the API processes write through one writer process, as deployed.
+    ``relay``: the daemons tail the oplog through one relay process, as deployed."""
     logdir = Path(tempfile.mkdtemp(prefix="chat-system-"))
     if writer:
         env.setdefault("CHAT_WRITER_SOCKET", str(logdir / "writer.sock"))
+    if relay:
+        env.setdefault("CHAT_OPLOG_RELAY_SOCKET", str(logdir / "relay.sock"))
     system = System(dbs, logdir, {k: str(v) for k, v in env.items()})
     if api_port is not None:
         system.api_port = api_port
     try:
         if writer:
             system.start("writer")
+        if relay:
+            system.start("relay")
         for i in range(apis):
             system.start(f"api_{i}")
         for i in range(daemons):
@@ -171,7 +179,7 @@ def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, api_port: in
 
 @contextlib.contextmanager
 def private_system(base: Path, daemons: int = 1, apis: int = 1, api_port: int | None = None,
-                   writer: bool = False, **env) -> Iterator[System]:
+                   writer: bool = False, relay: bool = False, **env) -> Iterator[System]:
     """A system on databases of its own, for tests that stop, restart or age them."""
-    with databases(base) as dbs, running_system(dbs, daemons, apis, api_port, writer, **env) as system:
+    with databases(base) as dbs, running_system(dbs, daemons, apis, api_port, writer, relay, **env) as system:
         yield system

@@ -21,13 +21,12 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import signal
-import socket
 from functools import partial
 from pathlib import Path
 
 from api import metrics
+from chat.unix_socket import bind_owner_only
 from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from db import mongo
@@ -114,30 +113,6 @@ class Unanswered:
         await self._none.wait()
 
 
-def bind_owner_only(path: Path) -> socket.socket:
-    """A listening Unix socket only this user can connect to (mode 0600 from
-    the start: chmod after bind would leave a moment open to everyone)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-            raise SystemExit(f"writer: another writer process is listening on {path}")
-        except ConnectionRefusedError:
-            path.unlink()  # left by a writer that died: nobody listens there
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    umask = os.umask(0o177)
-    try:
-        sock.bind(str(path))
-    finally:
-        os.umask(umask)
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
-
-
 async def run(settings: Settings) -> None:
     path = Path(settings.writer_socket)
     engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=2)
@@ -163,7 +138,7 @@ async def run(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = await asyncio.start_unix_server(accept, sock=bind_owner_only(path))
+    server = await asyncio.start_unix_server(accept, sock=bind_owner_only(path, "writer"))
     gc.freeze()  # what start-up made lives as long as the process: out of the cyclic GC's walks (as in the API)
     metrics.watch_gc()
     serve_metrics(settings.api_host, settings.metrics_port)

@@ -222,8 +222,9 @@ def stopwaitsecs(parser: configparser.ConfigParser) -> dict[str, int]:
 def test_supervisord_prod_runs_only_the_system():
     parser = supervisord_config()
     programs = {s.split(":", 1)[1] for s in parser.sections() if s.startswith("program:")}
-    assert programs == {"writer", "api", "daemon"}  # no mariadb, ferretdb or init
+    assert programs == {"writer", "api", "relay", "daemon"}  # no mariadb, ferretdb or init
     assert parser.getint("program:writer", "numprocs", fallback=1) == 1  # one group commit per host
+    assert parser.getint("program:relay", "numprocs", fallback=1) == 1  # one oplog tail per host
     assert parser.getint("program:api", "numprocs") == 4
     assert parser.getint("program:daemon", "numprocs") == 6
     for name in programs:
@@ -281,14 +282,19 @@ def test_supervisord_itself_accepts_the_prod_config(tmp_path, monkeypatch):
     options.configfile = str(prod_config_copy(tmp_path))
     options.process_config(do_usage=False)
     groups = {g.name: g for g in options.process_group_configs}
-    assert {name: len(g.process_configs) for name, g in groups.items()} == {"writer": 1, "api": 4, "daemon": 6}
-    assert groups["daemon"].priority > groups["api"].priority > groups["writer"].priority  # daemons stop first
+    assert {name: len(g.process_configs) for name, g in groups.items()} == {"writer": 1, "api": 4, "relay": 1,
+                                                                             "daemon": 6}
+    # daemons stop first, their relay after them
+    assert groups["daemon"].priority > groups["relay"].priority > groups["api"].priority > groups["writer"].priority
     socket = f"{tmp_path}/run/writer.sock"  # where the API processes find the writer (/run/chat-delivery there)
     assert groups["writer"].process_configs[0].environment["CHAT_WRITER_SOCKET"] == socket
     assert all(p.environment["CHAT_WRITER_SOCKET"] == socket for p in groups["api"].process_configs)
+    relay_socket = f"{tmp_path}/run/relay.sock"  # where the daemons get their oplog entries
+    assert groups["relay"].process_configs[0].environment == {
+        "CHAT_MONGO_URL": url, "CHAT_OPLOG_RELAY_SOCKET": relay_socket, "CHAT_METRICS_PORT": "9300"}
     daemon = groups["daemon"].process_configs[0]
-    assert daemon.environment == {"CHAT_MONGO_URL": url, "CHAT_MYSQL_URL": mysql_url,
-                                  "CHAT_METRICS_PORT": "9100"}  # commas and & survive
+    assert daemon.environment == {"CHAT_MONGO_URL": url, "CHAT_MYSQL_URL": mysql_url, "CHAT_METRICS_PORT": "9100",
+                                  "CHAT_OPLOG_RELAY_SOCKET": relay_socket}  # commas and & survive
     assert daemon.command.endswith("/deploy/../.venv/bin/python -m daemon")
     assert options.minfds == 20000
 
@@ -636,7 +642,7 @@ def test_deploy_readme_states_what_is_untested():
 
 
 @pytest.mark.parametrize("prod", [False, True])
-def test_each_api_and_daemon_process_gets_a_metrics_port_of_its_own(prod, tmp_path, monkeypatch):
+def test_each_process_of_the_system_gets_a_metrics_port_of_its_own(prod, tmp_path, monkeypatch):
     """Read by supervisord's own parser, which expands %(process_num)02d: the
     shared service ports answer /metrics from any one process, so each needs
     its own scrape target (chat/metrics_port.py)."""
@@ -653,7 +659,7 @@ def test_each_api_and_daemon_process_gets_a_metrics_port_of_its_own(prod, tmp_pa
     options.process_config(do_usage=False)
     ports = {p.name: (p.environment or {}).get("CHAT_METRICS_PORT")
              for group in options.process_group_configs for p in group.process_configs
-             if p.name.startswith(("api_", "daemon_", "writer"))}
+             if p.name.startswith(("api_", "daemon_", "writer", "relay"))}
     assert ports and all(port and port.isdigit() for port in ports.values()), ports
     assert len(set(ports.values())) == len(ports)
     used = {Settings.model_fields[f].default for f in ("api_port", "daemon_port")}

@@ -1,0 +1,76 @@
+"""A daemon's oplog tail through the host's relay (relay/server.py).
+
+The same interface as ``daemon.oplog.OplogTail``, so the stream cannot tell
+the two apart: ``batches()`` yields oplog batches in order, and ``RESTARTED``
+whenever entries may have been missed (the relay could not resume us from
+its ring, its own tail re-opened, or we are reconnecting). The stream needs
+nothing more: ids are gap-free, so a missed entry shows up as a hole, or in
+the gap check, and is read back from MySQL or the `messages` collection.
+
+While the relay is away (a restart: about a second under supervisord), the
+daemon reconnects every ``RECONNECT_CAP`` seconds at most, and its gap
+check delivers what is stored meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from bson import Timestamp
+from pymongo import AsyncMongoClient
+
+from daemon.oplog import RESTARTED, Backoff, newest_ts
+from relay.protocol import FRAME_MAX, BadFrame, frame, read_frame
+
+log = logging.getLogger("chat.relay")
+
+RECONNECT_CAP = 1.0
+
+
+class RelayTail:
+    def __init__(self, client: AsyncMongoClient, namespace: str, socket_path: str):
+        self._client = client
+        self.namespace = namespace
+        self._path = socket_path
+        self.last_ts: Timestamp | None = None  # the last entry received: where a reconnect resumes
+        self.restarts = 0
+        self.last_activity = time.monotonic()
+
+    async def newest_ts(self) -> Timestamp | None:
+        return await newest_ts(self._client)
+
+    async def batches(self) -> AsyncIterator[list[dict] | None]:
+        backoff = Backoff(base=0.05, cap=RECONNECT_CAP)
+        codec = self._client.codec_options
+        while True:
+            writer = None
+            try:
+                reader, writer = await asyncio.open_unix_connection(self._path)
+                writer.write(frame({"since": self.last_ts}))
+                hello = await read_frame(reader, FRAME_MAX, codec)
+                if hello is None:
+                    raise ConnectionError("the relay closed before its hello")
+                log.info("event=relay_connected resumed=%s", hello.get("resumed"))
+                if not hello.get("resumed"):
+                    self.restarts += 1
+                    yield RESTARTED
+                backoff.reset()
+                while (message := await read_frame(reader, FRAME_MAX, codec)) is not None:
+                    batch = message.get("b")
+                    if batch:
+                        self.last_ts = batch[-1]["ts"]
+                        self.last_activity = time.monotonic()
+                        yield batch
+                    elif message.get("restarted"):
+                        self.restarts += 1
+                        yield RESTARTED
+                log.warning("event=relay_closed action=reconnect")
+            except (OSError, BadFrame) as exc:  # ConnectionError is an OSError
+                log.warning("event=relay_unreachable error=%s detail=%s", exc.__class__.__name__, exc)
+            finally:
+                if writer is not None:
+                    writer.close()
+            await asyncio.sleep(backoff.next())

@@ -1,0 +1,59 @@
+"""Frames between the host's oplog relay and its daemons (a Unix socket).
+
+A frame is one BSON document: BSON starts with its own length (int32, little
+endian), so it needs no header of ours, and oplog entries keep their types
+(Timestamp ``ts``, datetimes) with no conversion either way.
+
+daemon -> relay, once:  ``{"since": Timestamp | None}``, the ``ts`` of the
+                        last entry the daemon has
+relay -> daemon:        ``{"resumed": bool}``: true, every entry after
+                        ``since`` follows; false, some may be missing
+                        ``{"b": [entry, ...]}``: one oplog batch, in order
+                        ``{"restarted": true}``: the relay's own tail re-opened
+                        and may have missed entries
+
+Nothing here is needed for correctness: a daemon treats an entry it never
+got as it does on a tail of its own, as a hole in the ids, read back from
+MySQL or the `messages` collection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import bson
+from bson.errors import BSONError
+from bson.codec_options import CodecOptions
+
+LENGTH = struct.Struct("<i")
+# A batch is at most one getMore reply (16 MB on MongoDB) plus our key.
+FRAME_MAX = 32 << 20
+HELLO_MAX = 4096
+
+
+class BadFrame(Exception):
+    """Not a frame of this protocol: the connection it came on is closed."""
+
+
+def frame(doc: dict) -> bytes:
+    return bson.encode(doc)
+
+
+async def read_frame(reader: asyncio.StreamReader, limit: int, codec: CodecOptions) -> dict | None:
+    """The next document, or None at a clean end of stream."""
+    try:
+        head = await reader.readexactly(LENGTH.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise BadFrame("truncated length") from None
+        return None
+    (size,) = LENGTH.unpack(head)
+    if not LENGTH.size < size <= limit:
+        raise BadFrame(f"frame of {size} bytes, limit {limit}")  # read no further
+    try:
+        return bson.decode(head + await reader.readexactly(size - LENGTH.size), codec_options=codec)
+    except asyncio.IncompleteReadError:
+        raise BadFrame("truncated frame") from None
+    except BSONError as exc:
+        raise BadFrame(f"not BSON: {exc}") from None
