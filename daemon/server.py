@@ -13,7 +13,6 @@ import asyncio
 import gc
 import logging
 import os
-import signal
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -29,6 +28,7 @@ from chat.metrics_port import serve_metrics
 from chat.parsing import is_decimal
 from chat.serve import reuseport_socket
 from chat.settings import Settings
+from chat.stopping import stop_on_signals
 from daemon import metrics
 from daemon.acceptor import Acceptor, connection_ceiling
 from daemon.connection import CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN, Connection, Request
@@ -441,9 +441,7 @@ async def run(settings: Settings, tail=None) -> None:
                     cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds,
                     cache_max_bytes=settings.recent_cache_max_bytes, ranges=ranges)
     daemon = Daemon(settings, hub, stream)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     tasks = [loop.create_task(stream.run(), name="stream"), loop.create_task(daemon.heartbeats(), name="heartbeats")]
     failed: list[BaseException] = []
 

@@ -23,17 +23,15 @@ import asyncio
 import struct
 
 import bson
-from bson.errors import BSONError
 from bson.codec_options import CodecOptions
+from bson.errors import BSONError
+
+from chat.frames import BadFrame, read_sized
 
 LENGTH = struct.Struct("<i")
 # A batch is at most one getMore reply (16 MB on MongoDB) plus our key.
 FRAME_MAX = 32 << 20
 HELLO_MAX = 4096
-
-
-class BadFrame(Exception):
-    """Not a frame of this protocol: the connection it came on is closed."""
 
 
 def frame(doc: dict) -> bytes:
@@ -42,18 +40,10 @@ def frame(doc: dict) -> bytes:
 
 async def read_frame(reader: asyncio.StreamReader, limit: int, codec: CodecOptions) -> dict | None:
     """The next document, or None at a clean end of stream."""
-    try:
-        head = await reader.readexactly(LENGTH.size)
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise BadFrame("truncated length") from None
+    data = await read_sized(reader, LENGTH, limit, length_included=True)
+    if data is None:
         return None
-    (size,) = LENGTH.unpack(head)
-    if not LENGTH.size < size <= limit:
-        raise BadFrame(f"frame of {size} bytes, limit {limit}")  # read no further
     try:
-        return bson.decode(head + await reader.readexactly(size - LENGTH.size), codec_options=codec)
-    except asyncio.IncompleteReadError:
-        raise BadFrame("truncated frame") from None
+        return bson.decode(data, codec_options=codec)
     except BSONError as exc:
         raise BadFrame(f"not BSON: {exc}") from None

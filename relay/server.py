@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections import deque
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
 from chat.metrics_port import serve_metrics
 from chat.settings import Settings
+from chat.stopping import stop_on_signals
 from chat.unix_socket import bind_owner_only
 from daemon.oplog import RESTARTED, OplogTail
 from db import mongo
@@ -152,10 +152,7 @@ async def run(settings: Settings) -> None:
     tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds,
                      ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
     relay = Relay(tail, client.codec_options)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     tailing = asyncio.create_task(relay.run(), name="relay-tail")
     tailing.add_done_callback(lambda _: stop.set())  # a tail that ends has failed: exit, supervisord restarts
     server = await asyncio.start_unix_server(relay.serve, sock=bind_owner_only(path, "relay"))

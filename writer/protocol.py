@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
+from chat.frames import BadFrame, read_sized
 from chat.messages import Message
 from db.writer import Draft
 
@@ -43,10 +44,6 @@ OUTCOMES = frozenset({CREATED, REPLAYED, CONFLICT, UNAVAILABLE, OUTCOME_UNKNOWN,
 STOPPING = "stopping"  # the goodbye's outcome; seq 0, which no request uses (the API counts from 1)
 
 
-class BadFrame(Exception):
-    """Not a frame of this protocol: the connection it came on is closed."""
-
-
 def frame(payload: list) -> bytes:
     data = orjson.dumps(payload)
     return HEADER.pack(len(data)) + data
@@ -61,20 +58,11 @@ def request_frame_max(body_max_chars: int) -> int:
 
 async def read_frame(reader: asyncio.StreamReader, limit: int) -> list | None:
     """The next frame's array, or None at a clean end of stream."""
-    try:
-        head = await reader.readexactly(HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise BadFrame("truncated header") from None
+    data = await read_sized(reader, HEADER, limit)
+    if data is None:
         return None
-    (size,) = HEADER.unpack(head)
-    if size > limit:
-        raise BadFrame(f"frame of {size} bytes, over {limit}")  # read no further
     try:
-        data = await reader.readexactly(size)
         payload = orjson.loads(data)
-    except asyncio.IncompleteReadError:
-        raise BadFrame("truncated frame") from None
     except orjson.JSONDecodeError:
         raise BadFrame("not JSON") from None
     if not isinstance(payload, list):

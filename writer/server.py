@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import signal
 from functools import partial
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from api import metrics
 from chat.unix_socket import bind_owner_only
 from chat.metrics_port import serve_metrics
 from chat.settings import Settings
+from chat.stopping import stop_on_signals
 from db import mongo
 from db.sql import make_engine
 from db.writer import ClientIdConflict, MessageWriter, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
@@ -134,10 +134,7 @@ async def run(settings: Settings) -> None:
         finally:
             links.pop(task, None)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     server = await asyncio.start_unix_server(accept, sock=bind_owner_only(path, "writer"))
     gc.freeze()  # what start-up made lives as long as the process: out of the cyclic GC's walks (as in the API)
     metrics.watch_gc()
