@@ -38,8 +38,9 @@ def write_report(r: dict, out: Path) -> None:
         lines += [f"**{failure}** (the run's row below carries the figures it had).", ""]
     for name, shape in r.get("deployed", {}).items():
         writer = " writing through the writer process" if shape.get("writer") else ""
+        tail = ", tailing the oplog through the relay process" if shape.get("relay") else ", each tailing the oplog"
         lines += [f"Section `{name}` ran the system as `make run` deploys it: {shape['apis']} API process(es)"
-                  f"{writer} and {shape['daemons']} daemons.", ""]
+                  f"{writer} and {shape['daemons']} daemons{tail}.", ""]
     lines += [
         "## ab -k on the daemons' long-poll endpoint (writer at a fixed rate)", "",
         "| connections | complete requests | requests/s | time per request (ms, across all) | min ms | max ms "
