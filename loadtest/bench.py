@@ -169,8 +169,8 @@ def database_alone(system, seconds: float, result: dict):
     probe spent most of its time in the clients' connection phase, 14-28 s at
     10k clients, with no message traffic: the database's share was measured
     on a quieter FerretDB than the one our messages went through."""
-    # its own process: in this one it would share the GIL with the sender
-    # It inserts after about a second (its start-up, and half a second for its
+    # Its own process: in this one it would share the GIL with the sender. It
+    # inserts after about a second (its start-up, and half a second for its
     # tail to open): one second less keeps its samples inside the window.
     prober = subprocess.Popen([sys.executable, "-m", "loadtest.probe", system.dbs.ferretdb.url, "20",
                                str(max(1.0, seconds - 1))], stdout=subprocess.PIPE)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 
 from bson import Timestamp
@@ -36,8 +35,6 @@ class RelayTail:
         self.namespace = namespace
         self._path = socket_path
         self.last_ts: Timestamp | None = None  # the last entry received: where a reconnect resumes
-        self.restarts = 0
-        self.last_activity = time.monotonic()
 
     async def newest_ts(self) -> Timestamp | None:
         return await newest_ts(self._client)
@@ -55,17 +52,14 @@ class RelayTail:
                     raise ConnectionError("the relay closed before its hello")
                 log.info("event=relay_connected resumed=%s", hello.get("resumed"))
                 if not hello.get("resumed"):
-                    self.restarts += 1
                     yield RESTARTED
                 backoff.reset()
                 while (message := await read_frame(reader, FRAME_MAX, codec)) is not None:
                     batch = message.get("b")
                     if batch:
                         self.last_ts = batch[-1]["ts"]
-                        self.last_activity = time.monotonic()
                         yield batch
                     elif message.get("restarted"):
-                        self.restarts += 1
                         yield RESTARTED
                 log.warning("event=relay_closed action=reconnect")
             except (OSError, BadFrame) as exc:  # ConnectionError is an OSError

@@ -21,7 +21,6 @@ let the relay's memory grow.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from pathlib import Path
@@ -43,6 +42,7 @@ log = logging.getLogger("chat.relay")
 
 RING_ENTRIES = 20_000  # about 20 s at 1,000 msg/s: a daemon restart resumes from here
 SUBSCRIBER_BUFFER_MAX = 32 << 20
+HELLO_SECONDS = 10.0  # a connection that has not said where it resumes by then is closed
 
 SUBSCRIBERS = Gauge("chat_relay_subscribers", "Daemons connected to the relay")
 ENTRIES = Counter("chat_relay_entries_total", "Oplog entries relayed (each once, whatever the daemons)")
@@ -52,7 +52,7 @@ RESUMES = Counter("chat_relay_resumes_total", "Daemon (re)connections, by whethe
 
 class Relay:
     def __init__(self, tail: OplogTail, codec: CodecOptions, ring_entries: int = RING_ENTRIES,
-                 buffer_max: int = SUBSCRIBER_BUFFER_MAX):
+                 buffer_max: int = SUBSCRIBER_BUFFER_MAX, hello_seconds: float = HELLO_SECONDS):
         self._tail = tail
         self._codec = codec
         # (ts of the batch's last entry, its frame): oldest first
@@ -61,6 +61,7 @@ class Relay:
         # The ring holds every entry after this ts (None: nothing is covered yet).
         self._covered_from: Timestamp | None = None
         self._buffer_max = buffer_max
+        self._hello_seconds = hello_seconds
         self._subscribers: set[asyncio.StreamWriter] = set()
 
     async def run(self) -> None:
@@ -117,7 +118,7 @@ class Relay:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One daemon: its hello, what the ring has after its position, then every batch until either side closes."""
         try:
-            hello = await asyncio.wait_for(read_frame(reader, HELLO_MAX, self._codec), 10)
+            hello = await asyncio.wait_for(read_frame(reader, HELLO_MAX, self._codec), self._hello_seconds)
             if hello is None:
                 return  # connected and left (a check that the relay listens)
             since = hello.get("since")
@@ -164,10 +165,9 @@ async def run(settings: Settings) -> None:
         server.close()
         path.unlink(missing_ok=True)
         relay.close()  # the daemons reconnect to the next relay and resume from its ring, or fill
-        tailing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await tailing
+        tailing.cancel()  # a no-op if it failed: then its error is kept, not raised here
+        await asyncio.gather(tailing, return_exceptions=True)
         await client.close()
         log.info("event=relay_stopped")
-    if tailing.done() and not tailing.cancelled() and tailing.exception():
-        raise SystemExit(f"relay: the tail failed: {tailing.exception()!r}")
+    if not tailing.cancelled():  # the process exits non-zero with it, and supervisord starts a fresh one
+        raise RuntimeError("relay: the tail failed") from tailing.exception()

@@ -4,7 +4,8 @@ passed to the daemons over a Unix socket.
 In-process (the Relay on a real tail, real sockets): every entry reaches
 each daemon's tail once and in order, a daemon that reconnects resumes from
 the ring, one that stops reading is cut off without holding up the others,
-and a hello that is not the protocol's is refused. As processes: a system
+a hello that is not the protocol's, or never comes, is refused, and a relay
+whose tail fails exits. As processes: a system
 whose daemons tail through the relay delivers every message once, in order,
 while the relay is killed and restarted.
 """
@@ -19,6 +20,7 @@ import uuid
 import bson
 import pytest
 from bson import Timestamp
+from bson.errors import InvalidBSON
 from prometheus_client import REGISTRY
 
 from chatctl.client import Inbox, listen
@@ -26,6 +28,7 @@ from daemon.oplog import RESTARTED, OplogTail
 from db import mongo
 from relay.client import RelayTail
 from relay.protocol import frame
+from relay import server as relay_server
 from relay.server import Relay
 from tests.e2e.helpers import post
 from tests.system import databases, running_system
@@ -208,6 +211,38 @@ async def test_a_hello_that_is_not_the_protocols_is_refused_and_the_relay_serves
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_connection_that_never_says_hello_is_closed_after_the_hello_time(quiet_dbs, tmp_path):
+    namespace = f"relay{uuid.uuid4().hex[:6]}.messages"
+    async with relay_on(quiet_dbs, tmp_path, namespace, hello_seconds=0.3) as (relay, path, client):
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(struct.pack("<i", 40))  # a hello that starts and never finishes
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the relay, nothing sent
+        writer.close()
+
+
+class _FailingTail:
+    """A tail that fails with an error that is not the driver's (an entry that
+    does not decode): the tailer's retry loop does not catch it."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    async def batches(self):
+        raise InvalidBSON("an oplog entry that does not decode")
+        yield  # never reached: makes this an async generator
+
+
+async def test_a_relay_whose_tail_fails_exits_non_zero(quiet_dbs, tmp_path, monkeypatch):
+    """Its daemons cannot be served: it exits, and supervisord starts a fresh one."""
+    monkeypatch.setattr(relay_server, "OplogTail", _FailingTail)
+    path = tmp_path / "failing.sock"
+    settings = quiet_dbs.settings(oplog_relay_socket=str(path), metrics_port=0)
+    with pytest.raises(RuntimeError, match="the tail failed") as failed:
+        await asyncio.wait_for(relay_server.run(settings), 10)
+    assert isinstance(failed.value.__cause__, InvalidBSON)
+    assert not path.exists()  # the next relay binds afresh
 
 
 async def test_daemons_behind_a_relay_killed_and_restarted_deliver_every_message_once_in_order(dbs, users):
