@@ -200,18 +200,23 @@ class _Mirror:
     nothing more is inserted: the rows are the outbox, copied in order later."""
 
     def __init__(self, insert: Callable[[list[dict]], Awaitable[bool]], ok: bool, mirrored: int,
-                 last_id: int, unsent_max: int):
+                 last_id: int, unsent_max: int, observe_lag: Callable[[float], None] = lambda s: None):
         self._insert = insert
         self.ok = ok  # every insert so far succeeded (and, at the start, Mongo held everything to last_id)
         self.mirrored = mirrored  # every id up to it is in Mongo
         self._last_id = self._sent_upto = last_id
         self._unsent: list[Message] = []
+        # (commit time, messages) of each batch in _unsent: how long each waited for Mongo
+        self._unsent_commits: list[tuple[float, int]] = []
         self._unsent_max = unsent_max
+        self._observe_lag = observe_lag
         self.inserting: asyncio.Task | None = None
 
     async def add(self, new: list[Message], last_id: int) -> None:
         """Messages just committed, up to ``last_id``."""
         self._unsent.extend(new)
+        if new:
+            self._unsent_commits.append((time.monotonic(), len(new)))
         self._last_id = last_id
         if self.inserting is not None and (self.inserting.done() or len(self._unsent) >= self._unsent_max):
             await self.settle()
@@ -233,8 +238,13 @@ class _Mirror:
         while self.inserting is not None:
             await self.settle()
 
-    async def _insert_then_pause(self, docs: list[dict]) -> bool:
+    async def _insert_then_pause(self, docs: list[dict], commits: list[tuple[float, int]]) -> bool:
         ok = await self._insert(docs)
+        if ok:
+            now = time.monotonic()
+            for committed_at, count in commits:
+                for _ in range(count):  # per message: a quantile of messages, not of batches
+                    self._observe_lag(now - committed_at)
         if len(self._unsent) < INSERT_GAP_BELOW:  # under a flood the next insert goes at once
             await asyncio.sleep(INSERT_GAP_SECONDS)
         return ok
@@ -243,11 +253,12 @@ class _Mirror:
         if self.inserting is not None:
             return
         if not self.ok:
-            self._unsent = []  # the outbox: the next session copies them
+            self._unsent, self._unsent_commits = [], []  # the outbox: the next session copies them
         elif self._unsent:
             docs = [m.to_doc() for m in self._unsent]
+            commits, self._unsent_commits = self._unsent_commits, []
             self._unsent, self._sent_upto = [], self._last_id
-            self.inserting = asyncio.create_task(self._insert_then_pause(docs))
+            self.inserting = asyncio.create_task(self._insert_then_pause(docs, commits))
         else:
             self.mirrored = self._last_id  # nothing in flight, nothing unsent, nothing failed
 
@@ -255,7 +266,8 @@ class _Mirror:
 class MessageWriter:
     def __init__(self, engine: Engine, mongo_db: AsyncDatabase, *, batch_max: int, window_ms: float,
                  queue_max: int, timeout_seconds: float, retention_seconds: int,
-                 observe_batch: Callable[[int, float], None] = lambda n, s: None):
+                 observe_batch: Callable[[int, float], None] = lambda n, s: None,
+                 observe_mongo_lag: Callable[[float], None] = lambda s: None):
         self._engine = engine
         # Threads of its own for its MySQL calls, as many as its engine keeps
         # connections: slow reads elsewhere must not hold a message back (db.threads).
@@ -267,6 +279,7 @@ class MessageWriter:
         self._timeout = timeout_seconds
         self._retention = retention_seconds
         self._observe_batch = observe_batch
+        self._observe_mongo_lag = observe_mongo_lag
         self._head_written, self._head_at = 0, 0.0
         self._head_task: asyncio.Task | None = None  # a meta.head write started mid-session
         self._mongo_retry_at = 0.0  # until then, after a failed Mongo write, the outbox waits
@@ -364,7 +377,8 @@ class MessageWriter:
                 else:
                     mirrored, mongo_ok = await self._repair(conn, mirrored, last_id)
             started = checkpointed = time.monotonic()
-            mirror = _Mirror(self._insert, mongo_ok, mirrored, last_id, self._batch_max * UNSENT_BATCHES)
+            mirror = _Mirror(self._insert, mongo_ok, mirrored, last_id, self._batch_max * UNSENT_BATCHES,
+                             self._observe_mongo_lag)
             try:
                 while batch:
                     try:

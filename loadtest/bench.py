@@ -193,19 +193,29 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
     name = "chat_daemon_oplog_to_socket_seconds"
     daemons = sum(1 for n in system.procs if n.startswith("daemon"))
     metrics_url = f"http://127.0.0.1:{system.daemon_port}/metrics"
+    # The writer process's own: each message's MySQL commit -> Mongo insert returned.
+    writer_url = f"http://127.0.0.1:{system.writer_metrics_port}/metrics" if "writer" in system.procs else None
+    lag_name = "chat_writer_mongo_lag_seconds"
     for n in sizes:
         log(f"WebSocket load: {n} clients, {rate} msg/s for {seconds} s")
         before = scrape.histograms(metrics_url, name, daemons)
+        lag_before = scrape.histograms(writer_url, lag_name, 1) if writer_url else {}
         database: dict = {}
         result = wsload.run(system, n, rate, seconds, alongside=database_alone(system, seconds, database))
         result.update(database)
         fanout = scrape.merged_delta(before, scrape.histograms(metrics_url, name, daemons))
-        result["fanout_ms"] = {q: (None if (v := scrape.quantile(fanout, p)) is None else v * 1000)
-                               for q, p in (("p50", .5), ("p99", .99))}
+        result["fanout_ms"] = _quantiles_ms(fanout)
+        if writer_url:
+            result["mongo_lag_ms"] = _quantiles_ms(
+                scrape.merged_delta(lag_before, scrape.histograms(writer_url, lag_name, 1)))
         log(f"  -> {orjson.dumps(result).decode()}")
         check(result, f"WebSocket load at {n} clients")
         out.append(result)
     return out
+
+
+def _quantiles_ms(buckets: dict[float, float]) -> dict[str, float | None]:
+    return {q: (None if (v := scrape.quantile(buckets, p)) is None else v * 1000) for q, p in (("p50", .5), ("p99", .99))}
 
 
 def rate_runs(system, clients: int, rates: list[float], seconds: float) -> list[dict]:

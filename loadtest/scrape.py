@@ -1,5 +1,6 @@
 """Reads one histogram from every daemon behind the shared port (each answers
-with its own pid label) and merges them."""
+with its own pid label) and merges them; or from one process on a port of its
+own (the writer's), with ``daemons=1``."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def histograms(url: str, name: str, daemons: int, tries: int = 60, labels: str =
                 text = c.get(url, headers={"Connection": "close"}).text
         except httpx.HTTPError:
             continue  # a daemon busy past the timeout: its figures are left out
-        pid = PID.search(text).group(1)
+        pid = found.group(1) if (found := PID.search(text)) else url  # a process alone on its port
         seen[pid] = {float(le): float(v) for n, other, le, v in BUCKET.findall(text)
                      if n == name and other == labels}
         if len(seen) >= daemons:

@@ -56,6 +56,8 @@ class System:
     logdir: Path
     env_extra: dict[str, str] = field(default_factory=dict)
     api_port: int = field(default_factory=free_port)
+    # the writer process's /metrics (its Mongo lag, for the benchmarks)
+    writer_metrics_port: int = field(default_factory=free_port)
     daemon_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -86,7 +88,8 @@ class System:
     def start(self, name: str, wait: bool = True) -> subprocess.Popen:
         module = name.split("_")[0]
         log = open(self.logdir / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", module], env=self.env, cwd=ROOT, stdout=log, stderr=log)
+        env = {**self.env, "CHAT_METRICS_PORT": str(self.writer_metrics_port)} if module == "writer" else self.env
+        proc = subprocess.Popen([sys.executable, "-m", module], env=env, cwd=ROOT, stdout=log, stderr=log)
         self.procs[name] = proc
         if module in ("writer", "relay"):
             wait_unix_listening(proc, self.env[SOCKETS[module]], 20)

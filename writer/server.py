@@ -120,7 +120,8 @@ async def run(settings: Settings) -> None:
     writer = MessageWriter(engine, client[settings.mongo_db], batch_max=settings.batch_max,
                            window_ms=settings.batch_window_ms, queue_max=settings.writer_queue_max,
                            timeout_seconds=settings.db_timeout_seconds,
-                           retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch)
+                           retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch,
+                           observe_mongo_lag=metrics.MONGO_LAG.observe)
     writing = asyncio.create_task(writer.run(), name="writer")
     unanswered = Unanswered()
     frame_max = protocol.request_frame_max(settings.body_max_chars)

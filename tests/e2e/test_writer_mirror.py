@@ -126,3 +126,30 @@ async def test_a_busy_session_records_its_progress_and_keeps_the_lock(own_dbs, m
             # meta.head follows, at the latest in the next idle tick
             while (await db[mongo.META].find_one({"_id": "head"}))["id"] != state[0]:
                 await asyncio.sleep(0.1)
+
+
+async def test_each_message_s_wait_for_mongo_is_measured_once_from_its_commit(own_dbs):
+    # chat_writer_mongo_lag_seconds: what the writer adds to a delivery. One
+    # observation per message, taken when the insert that holds it returns.
+    lags: list[float] = []
+    sender = f"s-{uuid.uuid4().hex[:8]}"
+    held = 0.3
+    async with running_writer(own_dbs, _GatedWriter, queue_max=1000, timeout_seconds=30,
+                              observe_mongo_lag=lags.append) as (writer, engine, db):
+        await writer.submit(Draft(sender, "r", "warm"))
+        await _in_mongo_in_order(db, sender, 1)
+        async with asyncio.timeout(5):
+            while not lags:
+                await asyncio.sleep(0.01)
+        lags.clear()
+        writer.gate.clear()
+        await asyncio.wait_for(asyncio.gather(*(writer.submit(Draft(sender, "r", f"m{i}")) for i in range(5))), 5)
+        await asyncio.sleep(held)  # answered (committed), and Mongo still held
+        assert lags == []
+        writer.gate.set()
+        await _in_mongo_in_order(db, sender, 6)
+        async with asyncio.timeout(5):
+            while len(lags) < 5:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert len(lags) == 5 and held <= min(lags) and max(lags) < held + 2, lags

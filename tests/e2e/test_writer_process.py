@@ -14,6 +14,7 @@ import time
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from chatctl.client import Inbox, listen
 from tests.e2e.helpers import mongo_docs_soon, mysql_rows, post
@@ -104,6 +105,26 @@ async def test_both_api_processes_write_through_the_one_writer(hosted, users):
     assert sorted(d["_id"] for d in docs) == sorted(ids)
     inbox = await delivered(*listener, ids)
     assert inbox.duplicates == 0 and inbox.ids == sorted(ids)
+
+
+def _mongo_lag_count(system) -> float:
+    text = httpx.get(f"http://127.0.0.1:{system.writer_metrics_port}/metrics", timeout=5).text
+    return next(s.value for f in text_string_to_metric_families(text) if f.name == "chat_writer_mongo_lag_seconds"
+                for s in f.samples if s.name.endswith("_count"))
+
+
+async def test_the_writer_s_metrics_port_counts_each_message_s_wait_for_mongo(hosted, users):
+    # Ops and the benchmarks read what the writer adds to a delivery here:
+    # one observation per message stored, once its Mongo insert returned.
+    before = _mongo_lag_count(hosted)
+    sender, to = users("s"), users("r")
+    ids, _ = await traffic(hosted, sender, to, 20, 0.005, lambda: asyncio.sleep(0))
+    await mongo_docs_soon(hosted, {"from": sender}, 20)
+    async with asyncio.timeout(5):
+        while _mongo_lag_count(hosted) < before + len(ids):
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    assert _mongo_lag_count(hosted) == before + len(ids)
 
 
 async def test_a_writer_restart_delays_posts_and_refuses_none(hosted, users):
