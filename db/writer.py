@@ -194,23 +194,26 @@ def _fail(batch: list[_Pending], exc: Exception) -> None:
 
 class _Mirror:
     """A session's committed messages on their way to Mongo. One insert at a
-    time, in id order; each takes everything committed since the previous one
-    started, so a MySQL commit (and its answers) never waits for a Mongo
-    insert unless ``unsent_max`` messages already do. After a failed insert
-    nothing more is inserted: the rows are the outbox, copied in order later."""
+    time, in id order, by one task (the pump) that runs while anything is
+    unsent: each insert takes everything committed since the previous one
+    started, and starts as soon as that one (and its pause) is done, whatever
+    the session is doing then. A MySQL commit (and its answers) never waits for
+    a Mongo insert unless ``unsent_max`` messages already do. After a failed
+    insert nothing more is inserted: the rows are the outbox, copied in order later."""
 
     def __init__(self, insert: Callable[[list[dict]], Awaitable[bool]], ok: bool, mirrored: int,
                  last_id: int, unsent_max: int, observe_lag: Callable[[float], None] = lambda s: None):
         self._insert = insert
         self.ok = ok  # every insert so far succeeded (and, at the start, Mongo held everything to last_id)
         self.mirrored = mirrored  # every id up to it is in Mongo
-        self._last_id = self._sent_upto = last_id
+        self._last_id = last_id
         self._unsent: list[Message] = []
         # (commit time, messages) of each batch in _unsent: how long each waited for Mongo
         self._unsent_commits: list[tuple[float, int]] = []
         self._unsent_max = unsent_max
         self._observe_lag = observe_lag
-        self.inserting: asyncio.Task | None = None
+        self.inserting: asyncio.Task | None = None  # the pump
+        self._room: asyncio.Future | None = None  # a commit waiting for the pump to take what is unsent
 
     async def add(self, new: list[Message], last_id: int) -> None:
         """Messages just committed, up to ``last_id``."""
@@ -218,49 +221,55 @@ class _Mirror:
         if new:
             self._unsent_commits.append((time.monotonic(), len(new)))
         self._last_id = last_id
-        if self.inserting is not None and (self.inserting.done() or len(self._unsent) >= self._unsent_max):
+        if self.inserting is None or self.inserting.done():
             await self.settle()
-        else:
-            self._start()
+        elif len(self._unsent) >= self._unsent_max:
+            # Mongo slower than MySQL for long: the writer slows down to it
+            # rather than queue without end, until the pump takes these.
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
 
     async def settle(self) -> None:
-        """Waits for the insert in flight, then starts the next with what is unsent."""
+        """Collects a pump that ended, then starts one if anything is unsent."""
         if self.inserting is not None:
-            ok = await self.inserting
+            await self.inserting
             self.inserting = None
-            self.ok = self.ok and ok
-            if self.ok:
-                self.mirrored = self._sent_upto
-        self._start()
+        if not self.ok:
+            self._unsent, self._unsent_commits = [], []  # the outbox: the next session copies them
+        elif self._unsent:
+            self.inserting = asyncio.create_task(self._pump())
+        else:
+            self.mirrored = self._last_id  # nothing in flight, nothing unsent, nothing failed
 
     async def drain(self) -> None:
         """Until Mongo holds every message committed, or an insert failed."""
         while self.inserting is not None:
             await self.settle()
 
-    async def _insert_then_pause(self, docs: list[dict], commits: list[tuple[float, int]]) -> bool:
-        ok = await self._insert(docs)
-        if ok:
-            now = time.monotonic()
-            for committed_at, count in commits:
-                for _ in range(count):  # per message: a quantile of messages, not of batches
-                    self._observe_lag(now - committed_at)
-        if len(self._unsent) < INSERT_GAP_BELOW:  # under a flood the next insert goes at once
-            await asyncio.sleep(INSERT_GAP_SECONDS)
-        return ok
+    async def _pump(self) -> None:
+        try:
+            while self._unsent:
+                docs = [m.to_doc() for m in self._unsent]
+                commits, upto = self._unsent_commits, self._last_id
+                self._unsent, self._unsent_commits = [], []
+                self._make_room()
+                if not await self._insert(docs):
+                    self.ok = False
+                    return
+                self.mirrored = upto
+                now = time.monotonic()
+                for committed_at, count in commits:
+                    for _ in range(count):  # per message: a quantile of messages, not of batches
+                        self._observe_lag(now - committed_at)
+                if len(self._unsent) < INSERT_GAP_BELOW:  # under a flood the next insert goes at once
+                    await asyncio.sleep(INSERT_GAP_SECONDS)
+        finally:
+            self._make_room()  # a commit never waits on a pump that has ended
 
-    def _start(self) -> None:
-        if self.inserting is not None:
-            return
-        if not self.ok:
-            self._unsent, self._unsent_commits = [], []  # the outbox: the next session copies them
-        elif self._unsent:
-            docs = [m.to_doc() for m in self._unsent]
-            commits, self._unsent_commits = self._unsent_commits, []
-            self._unsent, self._sent_upto = [], self._last_id
-            self.inserting = asyncio.create_task(self._insert_then_pause(docs, commits))
-        else:
-            self.mirrored = self._last_id  # nothing in flight, nothing unsent, nothing failed
+    def _make_room(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+        self._room = None
 
 
 class MessageWriter:

@@ -4,6 +4,7 @@ a bound; Mongo still gets every id once, in id order; and a session that
 requests keep busy records its progress without giving up the lock."""
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -153,3 +154,34 @@ async def test_each_message_s_wait_for_mongo_is_measured_once_from_its_commit(ow
                 await asyncio.sleep(0.01)
         await asyncio.sleep(0.1)
         assert len(lags) == 5 and held <= min(lags) and max(lags) < held + 2, lags
+
+
+class _SlowCommitWriter(_GatedWriter):
+    """Its MySQL commits take ``commit_delay`` seconds more (in the writer's thread)."""
+
+    commit_delay = 0.0
+
+    def _commit_batch(self, conn, batch, last_id):
+        time.sleep(self.commit_delay)
+        return super()._commit_batch(conn, batch, last_id)
+
+
+async def test_the_next_insert_starts_when_the_last_one_ends_not_when_the_session_gets_to_it(own_dbs):
+    # Until session 14 an insert that ended during a MySQL commit was followed
+    # by the next only once that commit returned: at 1,000 msg/s, where the
+    # writer is nearly always committing, each message waited for Mongo that
+    # much longer. The pump starts it at once.
+    sender = f"s-{uuid.uuid4().hex[:8]}"
+    async with running_writer(own_dbs, _SlowCommitWriter, queue_max=1000, timeout_seconds=30) as (writer, engine, db):
+        await writer.submit(Draft(sender, "r", "warm"))
+        await _in_mongo_in_order(db, sender, 1)
+        writer.gate.clear()
+        early = [(await asyncio.wait_for(writer.submit(Draft(sender, "r", b)), 5))[0].id for b in ("m1", "m2", "m3")]
+        writer.commit_delay = 1.5
+        late = asyncio.create_task(writer.submit(Draft(sender, "r", "m4")))
+        await asyncio.sleep(0.3)  # m4's commit is under way
+        writer.gate.set()  # m1's insert ends; m2 and m3 are next
+        assert (await _in_mongo_in_order(db, sender, 4, timeout=1.0))[1:] == early
+        assert not late.done()  # in Mongo while the session was still in m4's commit
+        m4, _ = await asyncio.wait_for(late, 5)
+        assert (await _in_mongo_in_order(db, sender, 5))[1:] == [*early, m4.id]
