@@ -68,7 +68,8 @@ def init_all(settings: Settings, wait_seconds: float = 60) -> dict:
     wait_for_mysql(url, deadline)
     migrate(url)
     found = asyncio.run(init_mongo(settings, deadline))
-    log.info("event=schema_ready mysql=migrated oplog=%s ttl_index=%s", found["oplog"], found["ttl_index"])
+    log.info("event=schema_ready mysql=migrated oplog=%s ttl_index=%s ferretdb=%s", found["oplog"], found["ttl_index"],
+             found["ferretdb"])
     return found
 
 
