@@ -16,8 +16,9 @@ BATCH_SIZE = Histogram("chat_api_batch_messages", "Messages per group commit",
                        buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000))
 BATCH_SECONDS = Histogram("chat_api_batch_seconds", "Time of one group commit, from its first request taken to its answers (MySQL; the Mongo insert follows)",
                           buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
-MONGO_LAG = Histogram("chat_writer_mongo_lag_seconds", "Per message, from its MySQL commit (and answer) to the "
-                      "Mongo insert that holds it acknowledged: what the writer adds to a delivery",
+MONGO_LAG = Histogram("chat_writer_mongo_lag_seconds", "Per message, from its created_at stamp (just before its "
+                      "MySQL INSERT) to the return of the Mongo insert that holds it: the commit, the wait for the "
+                      "insert ahead, its own insert",
                       buckets=(.0025, .005, .0075, .01, .015, .02, .025, .03, .04, .05, .075, .1, .15, .25, .5, 1,
                                2.5))
 GC_PAUSES = Histogram("chat_api_gc_pause_seconds", "Cyclic garbage collector passes, by generation: "

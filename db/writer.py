@@ -163,6 +163,7 @@ class _Committed:
     new_messages: list[Message]
     answers: list[tuple[_Pending, Message, bool]]
     started: float
+    stamped: float  # time.monotonic() when created_at was taken, just before the INSERT
     others_waiting: bool  # another process is queued for the lock: hand over after this batch
 
 
@@ -208,18 +209,18 @@ class _Mirror:
         self.mirrored = mirrored  # every id up to it is in Mongo
         self._last_id = last_id
         self._unsent: list[Message] = []
-        # (commit time, messages) of each batch in _unsent: how long each waited for Mongo
+        # (created_at as time.monotonic(), messages) of each batch in _unsent: how long each took to reach Mongo
         self._unsent_commits: list[tuple[float, int]] = []
         self._unsent_max = unsent_max
         self._observe_lag = observe_lag
         self.inserting: asyncio.Task | None = None  # the pump
         self._room: asyncio.Future | None = None  # a commit waiting for the pump to take what is unsent
 
-    async def add(self, new: list[Message], last_id: int) -> None:
-        """Messages just committed, up to ``last_id``."""
+    async def add(self, new: list[Message], last_id: int, stamped: float) -> None:
+        """Messages just committed, up to ``last_id``; ``stamped``: their created_at, as time.monotonic()."""
         self._unsent.extend(new)
         if new:
-            self._unsent_commits.append((time.monotonic(), len(new)))
+            self._unsent_commits.append((stamped, len(new)))
         self._last_id = last_id
         if self.inserting is None or self.inserting.done():
             await self.settle()
@@ -258,9 +259,9 @@ class _Mirror:
                     return
                 self.mirrored = upto
                 now = time.monotonic()
-                for committed_at, count in commits:
+                for stamped, count in commits:
                     for _ in range(count):  # per message: a quantile of messages, not of batches
-                        self._observe_lag(now - committed_at)
+                        self._observe_lag(now - stamped)
                 if len(self._unsent) < INSERT_GAP_BELOW:  # under a flood the next insert goes at once
                     await asyncio.sleep(INSERT_GAP_SECONDS)
         finally:
@@ -403,7 +404,7 @@ class MessageWriter:
                         break
                     _answer_all(committed)  # stored: MySQL is the permanent store
                     self._observe_batch(len(committed.answers), time.perf_counter() - committed.started)
-                    await mirror.add(committed.new_messages, last_id)
+                    await mirror.add(committed.new_messages, last_id, committed.stamped)
                     if committed.others_waiting or (not mirror.ok and time.monotonic() - started > SESSION_MAX_SECONDS):
                         break
                     if time.monotonic() - checkpointed > CHECKPOINT_SECONDS:
@@ -478,7 +479,7 @@ class MessageWriter:
         known = self._existing(conn, batch)  # (sender, client_msg_id) -> original
         new: list[Message] = []
         answers: list[tuple[_Pending, Message, bool]] = []
-        created_at = now_ms()
+        created_at, stamped = now_ms(), time.monotonic()
         for p in batch:
             d = p.draft
             key = (d.sender, d.client_msg_id) if d.client_msg_id else None
@@ -507,8 +508,8 @@ class MessageWriter:
         except SQLAlchemyError:
             with contextlib.suppress(SQLAlchemyError):
                 conn.rollback()  # on a live connection, never commit this later by accident
-            raise _CommitFailed(_Committed(new, answers, started, False)) from None
-        return _Committed(new, answers, started, waiting), last_id
+            raise _CommitFailed(_Committed(new, answers, started, stamped, False)) from None
+        return _Committed(new, answers, started, stamped, waiting), last_id
 
     @staticmethod
     def _others_waiting(conn: Connection) -> bool:

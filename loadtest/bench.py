@@ -207,15 +207,15 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
         result["fanout_ms"] = _quantiles_ms(fanout)
         if writer_url:
             result["mongo_lag_ms"] = _quantiles_ms(
-                scrape.merged_delta(lag_before, scrape.histograms(writer_url, lag_name, 1)))
+                scrape.merged_delta(lag_before, scrape.histograms(writer_url, lag_name, 1)), scrape.quantile_interpolated)
         log(f"  -> {orjson.dumps(result).decode()}")
         check(result, f"WebSocket load at {n} clients")
         out.append(result)
     return out
 
 
-def _quantiles_ms(buckets: dict[float, float]) -> dict[str, float | None]:
-    return {q: (None if (v := scrape.quantile(buckets, p)) is None else v * 1000) for q, p in (("p50", .5), ("p99", .99))}
+def _quantiles_ms(buckets: dict[float, float], quantile=scrape.quantile) -> dict[str, float | None]:
+    return {q: (None if (v := quantile(buckets, p)) is None else round(v * 1000, 2)) for q, p in (("p50", .5), ("p99", .99))}
 
 
 def rate_runs(system, clients: int, rates: list[float], seconds: float) -> list[dict]:

@@ -25,6 +25,12 @@ def _stored(run: dict) -> str:
     return "–" if s is None else f"{_fmt(s['p50'])}/{_fmt(s['p99'])}"
 
 
+def _lag(run: dict) -> str:
+    """The writer's created_at -> in Mongo (runs from before session 14 lack it: –)."""
+    s = run.get("mongo_lag_ms")
+    return "–" if s is None else f"{_fmt(s['p50'])}/{_fmt(s['p99'])}"
+
+
 def write_report(r: dict, out: Path) -> None:
     m = r["machine"]
     lines = [
@@ -73,21 +79,27 @@ def write_report(r: dict, out: Path) -> None:
               " inside the daemon; delivery = send → receive, end to end; stored → client = from the MySQL commit's "
               "time stamp (`created_at`, whole ms) to receipt: the writer's FerretDB insert, the daemon's tail, "
               "fan-out and the client's read, i.e. the part to compare with FerretDB tail = its own insert → "
-              "tail latency, measured in the same run, over its send window (after every client connected). Host CPU stolen = the share of the machine's CPU time that "
+              "tail latency, measured in the same run, over its send window (after every client connected); "
+              "stored → in FerretDB = the writer's own histogram, per message, from its `created_at` stamp (just before its MySQL "
+              "INSERT) to the return of the FerretDB insert that holds it: the MySQL commit, the wait for the "
+              "insert ahead, then its own (interpolated within buckets). Host CPU stolen = the share of the machine's CPU time that "
               "the hypervisor gave to other guests during the run (steal, /proc/stat): this is a shared virtual "
               "machine, and what it steals shows up as latency.", "",
               "| clients | msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p90/p99/max ms "
-              "| stored → client p50/p99 ms | FerretDB tail p50/p99 ms | delivered/s | lost | dup | daemon KB/conn "
-              "| host CPU stolen |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| stored → client p50/p99 ms | stored → in FerretDB p50/p99 ms | FerretDB tail p50/p99 ms | delivered/s | lost "
+              "| dup | daemon KB/conn | host CPU stolen |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in r["ws"]:
         c, f, e, t = w["creation_ms"], w["fanout_ms"], w["e2e_ms"], w["ferretdb_tail_ms"]
         lines.append(f"| {w['clients']} | {w['rate']:g} | {_fmt(c['p50'])}/{_fmt(c['p99'])} | "
                      f"{_fmt(f['p50'])}/{_fmt(f['p99'])} | {_fmt(e['p50'])}/{_fmt(e['p90'])}/{_fmt(e['p99'])}/"
-                     f"{_fmt(e['max'])} | {_stored(w)} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | {w['delivered_per_s']:g} | "
+                     f"{_fmt(e['max'])} | {_stored(w)} | {_lag(w)} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | {w['delivered_per_s']:g} | "
                      f"{w['lost']} | {w['duplicates']} | {w['daemon_rss_kb_per_conn']:g} | {_stolen(w)} |")
     lines += ["", "![latency against connections](latency_vs_connections.png)",
               "![memory against connections](memory_vs_connections.png)", ""]
+    if any("mongo_lag_ms" in w for w in r["ws"] + r.get("rates", [])):
+        lines += ["Where a delivery's time goes, stage by stage (medians), beside FerretDB's own insert → tail:", "",
+                  "![where the delivery time goes](delivery_breakdown.png)", ""]
     if r.get("rates"):
         lines += _rates_table(r["rates"])
     if r.get("hold"):
@@ -110,12 +122,12 @@ def _rates_table(runs: list[dict]) -> list[str]:
              "the cores its whole process used during the send window (inserts, and the daemons' and the probe's tails): "
              "a tail re-reads the whole oplog on every poll, so most of it is spent whatever the rate.", "",
              "| msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p99 ms "
-             "| stored → client p50/p99 ms | FerretDB tail p50/p99 ms | FerretDB CPU (cores) | host busy "
-             "| lost | dup |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| stored → client p50/p99 ms | stored → in FerretDB p50/p99 ms | FerretDB tail p50/p99 ms | FerretDB CPU (cores) "
+             "| host busy | lost | dup |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in runs:
         c, f, e, t = w["creation_ms"], w["fanout_ms"], w["e2e_ms"], w["ferretdb_tail_ms"]
         lines.append(f"| {w['rate']:g} | {_fmt(c['p50'])}/{_fmt(c['p99'])} | {_fmt(f['p50'])}/{_fmt(f['p99'])} | "
-                     f"{_fmt(e['p50'])}/{_fmt(e['p99'])} | {_stored(w)} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | "
+                     f"{_fmt(e['p50'])}/{_fmt(e['p99'])} | {_stored(w)} | {_lag(w)} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | "
                      f"{_fmt(w.get('ferretdb_cores'))} | {w['host_cpu']['busy_pct']:g} % | {w['lost']} | "
                      f"{w['duplicates']} |")
     return lines + ["", "![latency against message rate through FerretDB](latency_vs_rate_ferretdb.png)", ""]
@@ -171,6 +183,43 @@ def _finish(ax: plt.Axes, xlabel: str, title: str, path: Path) -> None:
     ax.figure.savefig(path, dpi=110)
 
 
+BREAKDOWN = (("API and the writer's queue (send → created_at)", "tab:blue"),
+             ("writer: MySQL commit, then into FerretDB", "tab:orange"),
+             ("FerretDB → daemon (tail, relay), the client's read", "tab:gray"),
+             ("daemon fan-out (bucket bound)", "tab:green"))
+
+
+def _stages(run: dict) -> list[float]:
+    """Median of each stage of a delivery, in ms. Medians of parts need not add
+    up to the median of the whole; the rest is put in the FerretDB stage."""
+    e, stored, lag, fan = (run[k]["p50"] for k in ("e2e_ms", "stored_to_client_ms", "mongo_lag_ms", "fanout_ms"))
+    return [max(e - stored, 0), lag, max(stored - lag - fan, 0), fan]
+
+
+def _breakdown_plot(sections: list[tuple[str, dict]], path: Path) -> None:
+    """One bar per run of the ws and rates sections, named by section."""
+    sections = [(name, w) for name, w in sections if w.get("mongo_lag_ms") and w["mongo_lag_ms"]["p50"] is not None
+                and "stored_to_client_ms" in w]
+    if not sections:
+        return
+    runs = [w for _name, w in sections]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(runs) + 2.6))
+    labels = [f"{name}: {w['clients']:,} clients, {w['rate']:g} msg/s" for name, w in sections]
+    left = [0.0] * len(runs)
+    for i, (name, color) in enumerate(BREAKDOWN):
+        widths = [_stages(w)[i] for w in runs]
+        ax.barh(labels, widths, left=left, color=color, label=name)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.scatter([w["ferretdb_tail_ms"]["p50"] for w in runs], labels, marker="|", s=300, color="black", zorder=3,
+               label="FerretDB's own insert → tail (probe), p50")
+    ax.invert_yaxis()
+    ax.set_xlabel("ms (p50 of each stage)")
+    ax.set_title("Where the delivery time goes, through FerretDB 1.24")
+    fig.legend(fontsize=7, loc="lower center", ncol=2)
+    fig.tight_layout(rect=(0, 0.11, 1, 1))
+    fig.savefig(path, dpi=110)
+
+
 def _plots(r: dict, out: Path) -> None:
     ws = r["ws"]
     n = [w["clients"] for w in ws]
@@ -200,6 +249,7 @@ def _plots(r: dict, out: Path) -> None:
         _finish(ax, "messages/s through the API",
                 f"Latency vs message rate, {runs[0]['clients']} clients, through FerretDB 1.24",
                 out / "latency_vs_rate_ferretdb.png")
+    _breakdown_plot([("ws", w) for w in ws] + [("rates", w) for w in r.get("rates", [])], out / "delivery_breakdown.png")
     paced = [x for x in r.get("replay", []) if x["rate"] != "max"]
     if paced:
         rates = [x["messages_per_s"] for x in paced]

@@ -48,3 +48,18 @@ def quantile(buckets: dict[float, float], q: float) -> float | None:
         if buckets[le] >= q * total:
             return le
     return None
+
+
+def quantile_interpolated(buckets: dict[float, float], q: float) -> float | None:
+    """Quantile q interpolated linearly inside its bucket, as Prometheus's
+    histogram_quantile does: finer than a bucket bound where buckets are wide."""
+    if not buckets or buckets.get(float("inf"), 0) <= 0:
+        return None
+    rank, lower, below = q * buckets[float("inf")], 0.0, 0.0
+    for le in sorted(buckets):
+        if buckets[le] >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * ((rank - below) / max(buckets[le] - below, 1e-12))
+        lower, below = le, buckets[le]
+    return None

@@ -129,9 +129,10 @@ async def test_a_busy_session_records_its_progress_and_keeps_the_lock(own_dbs, m
                 await asyncio.sleep(0.1)
 
 
-async def test_each_message_s_wait_for_mongo_is_measured_once_from_its_commit(own_dbs):
+async def test_each_message_s_way_into_mongo_is_measured_once_from_its_created_at(own_dbs):
     # chat_writer_mongo_lag_seconds: what the writer adds to a delivery. One
-    # observation per message, taken when the insert that holds it returns.
+    # observation per message, from its created_at stamp (before its MySQL
+    # INSERT) to the return of the Mongo insert that holds it.
     lags: list[float] = []
     sender = f"s-{uuid.uuid4().hex[:8]}"
     held = 0.3
