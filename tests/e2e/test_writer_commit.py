@@ -17,7 +17,7 @@ from sqlalchemy.exc import OperationalError
 from api.app import read_threads
 from db import mongo
 from db.sql import make_engine
-from db.writer import Draft, MessageWriter, WriteOutcomeUnknown
+from db.writer import ClientIdConflict, Draft, MessageWriter, WriteOutcomeUnknown
 from tests.e2e.helpers import running_writer
 from tests.system import databases
 
@@ -98,3 +98,30 @@ async def test_slow_reads_leave_the_writer_free_to_reach_both_stores(own_dbs):
         await stuck
         reads.close()
         reads_engine.dispose()
+
+
+async def test_a_batch_with_retries_of_stored_messages_answers_them_with_the_originals_and_stores_the_rest_once(own_dbs):
+    # The batch goes in without a look-up first; the unique (sender,
+    # client_msg_id) refuses it, and only then are the retries looked up:
+    # the originals answer them (created False, or a conflict for another
+    # body), the new messages get the next ids, and nothing is stored twice.
+    sender = f"s{uuid.uuid4().hex[:8]}"
+    async with running_writer(own_dbs, window_ms=20) as (writer, engine, db):
+        first, created = await writer.submit(Draft(sender, "r", "one", "c1"))
+        assert created
+        # one batch (queued within the writer's window): a retry, a reused id, two new, a new one twice
+        drafts = [Draft(sender, "r", "one", "c1"), Draft(sender, "r", "other body", "c1"),
+                  Draft(sender, "r", "two", "c2"), Draft(sender, "r", "three", "c3"), Draft(sender, "r", "two", "c2")]
+        answers = await asyncio.gather(*(writer.submit(d) for d in drafts), return_exceptions=True)
+        retry, conflict, two, three, two_again = answers
+        assert retry == (first, False)
+        assert isinstance(conflict, ClientIdConflict) and conflict.original == first
+        assert two[1] and three[1] and (two[0].id, three[0].id) == (first.id + 1, first.id + 2)
+        assert two_again == (two[0], False)
+        assert _bodies(engine, sender) == ["one", "two", "three"]
+        async with asyncio.timeout(10):
+            while len(ids := sorted([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender})])) < 3:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        assert sorted([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender})]) == \
+            [first.id, first.id + 1, first.id + 2]
