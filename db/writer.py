@@ -9,8 +9,9 @@ processes share:
 2. repair: copy any outbox rows (mirrored_upto, last_id] to Mongo first;
 3. per batch: give new messages the ids last_id+1, last_id+2, ... and
    commit them to MySQL in one transaction (a retry of a stored message is
-   found by (sender, client_msg_id) when the unique key refuses the INSERT); answer at once (MySQL is the permanent store: the message
-   is stored); then hand them to the session's one Mongo insert at a time
+   found by (sender, client_msg_id) when the unique key refuses the INSERT);
+   answer at once (MySQL is the permanent store: the message is stored);
+   then hand them to the session's one Mongo insert at a time
    (``_Mirror``): each ``insert_many`` takes, in id order, everything
    committed since the previous one started;
 4. when the queue is still empty once the last insert is done (or the
