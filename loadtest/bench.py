@@ -193,7 +193,7 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
     name = "chat_daemon_oplog_to_socket_seconds"
     daemons = sum(1 for n in system.procs if n.startswith("daemon"))
     metrics_url = f"http://127.0.0.1:{system.daemon_port}/metrics"
-    # The writer process's own: each message's MySQL commit -> Mongo insert returned.
+    # The writer process's own: each message's created_at -> its Mongo insert returned.
     writer_url = f"http://127.0.0.1:{system.writer_metrics_port}/metrics" if "writer" in system.procs else None
     lag_name = "chat_writer_mongo_lag_seconds"
     for n in sizes:
