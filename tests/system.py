@@ -34,7 +34,8 @@ class Databases:
 
 
 @contextlib.contextmanager
-def databases(base: Path) -> Iterator[Databases]:
+def databases(base: Path, **init: object) -> Iterator[Databases]:
+    """``init``: settings for `db.init` only (``oplog_max_docs=...``)."""
     mariadb = MariaDB(fresh_dir(base, "mariadb"), free_port())
     ferretdb = FerretDB(fresh_dir(base, "ferretdb"), free_port())
     mariadb.start()
@@ -42,7 +43,7 @@ def databases(base: Path) -> Iterator[Databases]:
         ferretdb.start()
         try:
             dbs = Databases(mariadb, ferretdb)
-            init_all(dbs.settings())
+            init_all(dbs.settings(**init))
             yield dbs
         finally:
             ferretdb.stop()
