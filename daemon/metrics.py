@@ -5,7 +5,7 @@ import os
 from prometheus_client import Counter, Gauge, Histogram
 
 from chat import gcpauses
-from daemon.loop_histogram import LoopHistogram
+from chat.loop_histogram import LoopHistogram
 
 # Several daemons share one port: the pid label tells their scrapes apart.
 INFO = Gauge("chat_daemon_info", "One per daemon process", ["pid"])

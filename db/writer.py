@@ -204,7 +204,7 @@ class _Mirror:
     insert nothing more is inserted: the rows are the outbox, copied in order later."""
 
     def __init__(self, insert: Callable[[list[dict]], Awaitable[bool]], ok: bool, mirrored: int,
-                 last_id: int, unsent_max: int, observe_lag: Callable[[float], None] = lambda s: None):
+                 last_id: int, unsent_max: int, observe_lag: Callable[[float, int], None] = lambda s, n: None):
         self._insert = insert
         self.ok = ok  # every insert so far succeeded (and, at the start, Mongo held everything to last_id)
         self.mirrored = mirrored  # every id up to it is in Mongo
@@ -260,9 +260,8 @@ class _Mirror:
                     return
                 self.mirrored = upto
                 now = time.monotonic()
-                for stamped, count in commits:
-                    for _ in range(count):  # per message: a quantile of messages, not of batches
-                        self._observe_lag(now - stamped)
+                for stamped, count in commits:  # weighted by messages: a quantile of messages, not of batches
+                    self._observe_lag(now - stamped, count)
                 if len(self._unsent) < INSERT_GAP_BELOW:  # under a flood the next insert goes at once
                     await asyncio.sleep(INSERT_GAP_SECONDS)
         finally:
@@ -278,7 +277,7 @@ class MessageWriter:
     def __init__(self, engine: Engine, mongo_db: AsyncDatabase, *, batch_max: int, window_ms: float,
                  queue_max: int, timeout_seconds: float, retention_seconds: int,
                  observe_batch: Callable[[int, float], None] = lambda n, s: None,
-                 observe_mongo_lag: Callable[[float], None] = lambda s: None):
+                 observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None):
         self._engine = engine
         # Threads of its own for its MySQL calls, as many as its engine keeps
         # connections: slow reads elsewhere must not hold a message back (db.threads).

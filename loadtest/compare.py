@@ -26,6 +26,8 @@ from pathlib import Path
 import orjson
 import typer
 
+from loadtest import machine  # this checkout's: the machine is described, not the revision
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtest" / "results"
 
@@ -123,7 +125,6 @@ def main(revisions: list[str] = typer.Argument(..., help="two or more git revisi
         print(f"  {rev}: delivery p50 {m['e2e_ms.p50']}, p99 {m['e2e_ms.p99']}; gap p50 {m['gap.p50']}, "
               f"p99 {m['gap.p99']}; creation p50 {m['creation_ms.p50']}; stored → in FerretDB p50 "
               f"{m['mongo_lag_ms.p50']}")
-    from loadtest import machine  # this checkout's: the machine, not the revision, is described
     out = RESULTS / f"compare-{'-'.join(resolved)}-{clients}c-{rate:g}.json"
     out.write_bytes(orjson.dumps({"machine": machine.describe(), "clients": clients, "rate": rate,
                                   "seconds": seconds, "rounds": rounds, "order": "alternating, fresh databases",

@@ -1,9 +1,9 @@
-"""The daemon's lock-free histogram scrapes as prometheus_client's own does."""
+"""The event loop's lock-free histogram scrapes as prometheus_client's own does."""
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from daemon.loop_histogram import LoopHistogram
+from chat.loop_histogram import LoopHistogram
 
 BUCKETS = (.00025, .001, .005, 1, 10)
 SAMPLES = (0.0, .00025, .0002500001, .003, .005, 1, 9.99, 10, 10.5, 1e9)
@@ -24,6 +24,15 @@ def test_same_buckets_count_and_sum_as_the_library_histogram():
     assert exposition(ours) == exposition(theirs)
     assert 't_seconds_bucket{le="0.00025"} 2.0' in exposition(ours)  # "le": a bound counts as inside
     assert 't_seconds_bucket{le="+Inf"} 10.0' in exposition(ours)
+
+
+def test_a_count_is_that_many_observations_of_the_value():
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    LoopHistogram("t_seconds", "doc", BUCKETS, registry=ours).observe(.003, count=4)
+    library = Histogram("t_seconds", "doc", buckets=BUCKETS, registry=theirs)
+    for _ in range(4):
+        library.observe(.003)
+    assert exposition(ours) == exposition(theirs)
 
 
 def test_empty_histogram_scrapes_zeros():

@@ -4,8 +4,9 @@ passed to the daemons over a Unix socket.
 In-process (the Relay on a real tail, real sockets): every entry reaches
 each daemon's tail once and in order, a daemon that reconnects resumes from
 the ring, one that stops reading is cut off without holding up the others,
-a hello that is not the protocol's, or never comes, is refused, and a relay
-whose tail fails exits. As processes: a system
+a hello that is not the protocol's, or never comes, is refused, a relay
+whose tail fails exits, and a daemon facing a relay that breaks the protocol
+reconnects and takes nothing from it. As processes: a system
 whose daemons tail through the relay delivers every message once, in order,
 while the relay is killed and restarted.
 """
@@ -27,7 +28,7 @@ from chatctl.client import Inbox, listen
 from daemon.oplog import RESTARTED, OplogTail
 from db import mongo
 from relay.client import RelayTail
-from relay.protocol import frame
+from relay.protocol import FRAME_MAX, frame, read_frame
 from relay import server as relay_server
 from relay.server import Relay
 from tests.e2e.helpers import post
@@ -291,3 +292,43 @@ async def test_daemons_behind_a_relay_killed_and_restarted_deliver_every_message
             text = (system.logdir / f"{name}.log").read_text()
             assert "event=tail_mode" not in text
             assert "event=relay_connected" in text
+
+
+async def test_a_daemon_facing_a_relay_that_sends_what_is_not_the_protocols_reconnects_and_takes_nothing_from_it(
+        quiet_dbs, tmp_path):
+    # The daemon's side of the socket (relay.client): a frame past FRAME_MAX,
+    # or bytes that are not BSON, end that connection and nothing else; the
+    # daemon reconnects (its gap check covers the meantime) and goes on with
+    # what a sound relay then sends.
+    namespace = "bad.messages"
+    entry = {"op": "i", "ns": namespace, "o": {"_id": 7}, "ts": Timestamp(1_700_000_000, 1)}
+    answers = [
+        struct.pack("<i", FRAME_MAX + 1),  # a hello claiming more than the limit
+        frame({"resumed": True}) + struct.pack("<i", 12) + b"\xffnot bson",  # a batch that is not BSON
+        frame({"resumed": True}) + frame({"b": [entry]}),
+    ]
+    hellos = []
+
+    async def fake_relay(reader, writer):
+        hellos.append(await read_frame(reader, 4096, bson.DEFAULT_CODEC_OPTIONS))
+        writer.write(answers[min(len(hellos), len(answers)) - 1])
+        await writer.drain()
+        await reader.read(1)  # until the daemon leaves
+        writer.close()
+
+    path = str(tmp_path / "fake-relay.sock")
+    server = await asyncio.start_unix_server(fake_relay, path)
+    client = mongo.make_client(quiet_dbs.ferretdb.url, 5)
+    tail = RelayTail(client, namespace, path)
+    seen, events = [], []
+    reader = asyncio.create_task(collect(tail, namespace, seen, events))
+    try:
+        await until(lambda: seen, timeout=10)
+        await asyncio.sleep(0.3)
+        assert seen == [7] and events == []  # nothing from the bad ones, not even a restart
+        assert len(hellos) == 3 and tail.last_ts == entry["ts"]
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        server.close()
+        await client.close()

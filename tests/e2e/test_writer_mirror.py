@@ -137,7 +137,7 @@ async def test_each_message_s_way_into_mongo_is_measured_once_from_its_created_a
     sender = f"s-{uuid.uuid4().hex[:8]}"
     held = 0.3
     async with running_writer(own_dbs, _GatedWriter, queue_max=1000, timeout_seconds=30,
-                              observe_mongo_lag=lags.append) as (writer, engine, db):
+                              observe_mongo_lag=lambda s, n: lags.extend([s] * n)) as (writer, engine, db):
         await writer.submit(Draft(sender, "r", "warm"))
         await _in_mongo_in_order(db, sender, 1)
         async with asyncio.timeout(5):
