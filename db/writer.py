@@ -67,7 +67,7 @@ from datetime import UTC
 
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
-from sqlalchemy import select, text, tuple_
+from sqlalchemy import func, select, text, tuple_
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -110,6 +110,10 @@ INSERT_GAP_BELOW = 64
 # (messages are still stored and answered; the copy waits), so that a Mongo
 # that is down or hung costs one timeout, not one per session under the lock.
 MONGO_RETRY_SECONDS = 2.0
+# How often a batch's commit asks whether another process is queued for the
+# lock (one more round trip, and the host's one writer process is nearly
+# always alone): a waiting process waits this much longer at most.
+HANDOVER_CHECK_SECONDS = 0.02
 
 
 class WriteUnavailable(Exception):
@@ -293,6 +297,7 @@ class MessageWriter:
         self._head_written, self._head_at = 0, 0.0
         self._head_task: asyncio.Task | None = None  # a meta.head write started mid-session
         self._mongo_retry_at = 0.0  # until then, after a failed Mongo write, the outbox waits
+        self._handover_check_at = 0.0  # the next batch's commit asks whether another process waits
         self._in_hand: list[_Pending] = []  # the batch being written: the one to fail if the session breaks
 
     # --- the request side -------------------------------------------------
@@ -366,7 +371,7 @@ class MessageWriter:
             if batch:
                 return batch
             await mirror.settle()
-        if batch or await self._mysql(self._others_waiting, conn):
+        if batch or await self._mysql(self._others_waiting, conn, True):
             return batch
         return await self._next_batch(None)
 
@@ -375,7 +380,7 @@ class MessageWriter:
             conn = await self._threads.run(self._engine.connect)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
-        mirrored = None
+        mirrored, last_id = None, 0
         try:
             last_id, mirrored = await self._mysql(self._lock_and_read_state, conn)
             mongo_ok = True
@@ -408,7 +413,7 @@ class MessageWriter:
                     if committed.others_waiting or (not mirror.ok and time.monotonic() - started > SESSION_MAX_SECONDS):
                         break
                     if time.monotonic() - checkpointed > CHECKPOINT_SECONDS:
-                        await self._mysql(self._mark, conn, mirror.mirrored)
+                        await self._mysql(self._mark, conn, mirror.mirrored, last_id)
                         self._hint_head(mirror.mirrored)
                         checkpointed = time.monotonic()
                     batch = self._in_hand = await self._linger(mirror, conn)
@@ -418,7 +423,7 @@ class MessageWriter:
             if self._head_due(mirrored, idle):
                 await self._advance_head(mirrored)
         finally:
-            await self._threads.run(self._mark_and_release, conn, mirrored)
+            await self._threads.run(self._mark_and_release, conn, mirrored, last_id)
 
     async def _settle(self, failed: _CommitFailed) -> None:
         """Answers a batch whose COMMIT failed. Its rows, read on a fresh
@@ -469,10 +474,14 @@ class MessageWriter:
         conn.commit()
         if got != 1:
             raise WriteUnavailable("mysql: writer lock timeout")
-        state = conn.execute(select(stream_state.c.last_id, stream_state.c.mirrored_upto)
-                             .where(stream_state.c.id == 1)).one()
+        # The batches do not move stream_state.last_id (one round trip fewer
+        # each): the highest id in `messages` is the truth, and a look-up of
+        # the primary key's last entry. last_id is recorded with mirrored_upto.
+        newest = select(func.max(messages.c.id)).scalar_subquery()
+        state = conn.execute(select(func.greatest(stream_state.c.last_id, func.coalesce(newest, 0)),
+                                    stream_state.c.mirrored_upto).where(stream_state.c.id == 1)).one()
         conn.commit()
-        return state.last_id, state.mirrored_upto
+        return state[0], state[1]
 
     def _commit_batch(self, conn: Connection, batch: list[_Pending], last_id: int) -> tuple[_Committed, int]:
         started = time.perf_counter()
@@ -510,24 +519,33 @@ class MessageWriter:
                      "conversation": conversation_key(m.sender, m.recipient), "body": m.body,
                      "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None)}
                     for m in new])
-                conn.execute(stream_state.update().where(stream_state.c.id == 1).values(last_id=last_id))
         except SQLAlchemyError:
             conn.rollback()
             raise
         try:
-            waiting = self._others_waiting(conn)  # carries the COMMIT
+            waiting = self._commit(conn)
         except SQLAlchemyError:
             with contextlib.suppress(SQLAlchemyError):
                 conn.rollback()  # on a live connection, never commit this later by accident
             raise _CommitFailed(_Committed(new, answers, started, stamped, False)) from None
         return _Committed(new, answers, started, stamped, waiting), last_id
 
-    @staticmethod
-    def _others_waiting(conn: Connection) -> bool:
-        """Another process is queued for the writer lock (it holds NEXT_LOCK_NAME);
-        commits, so that it can end the batch's transaction in the same round trip."""
-        waiting = conn.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": NEXT_LOCK_NAME}).scalar() is not None
+    def _commit(self, conn: Connection) -> bool:
+        """Commits a batch; returns whether another process is queued for the
+        writer lock, asked in the same transaction every HANDOVER_CHECK_SECONDS."""
+        waiting = False
+        if time.monotonic() >= self._handover_check_at:
+            self._handover_check_at = time.monotonic() + HANDOVER_CHECK_SECONDS
+            waiting = self._others_waiting(conn)
         conn.commit()
+        return waiting
+
+    @staticmethod
+    def _others_waiting(conn: Connection, commit: bool = False) -> bool:
+        """Another process is queued for the writer lock (it holds NEXT_LOCK_NAME)."""
+        waiting = conn.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": NEXT_LOCK_NAME}).scalar() is not None
+        if commit:
+            conn.commit()
         return waiting
 
     @staticmethod
@@ -540,16 +558,18 @@ class MessageWriter:
         return {(r.sender, r.client_msg_id): row_to_message(r) for r in rows}
 
     @staticmethod
-    def _mark(conn: Connection, mirrored: int) -> None:
-        """Records that Mongo holds every id up to ``mirrored`` (the outbox starts after it)."""
-        conn.execute(stream_state.update().where(stream_state.c.id == 1)
-                     .where(stream_state.c.mirrored_upto < mirrored).values(mirrored_upto=mirrored))
+    def _mark(conn: Connection, mirrored: int, last_id: int) -> None:
+        """Records that Mongo holds every id up to ``mirrored`` (the outbox starts
+        after it), and the last id written (for operators: the writer reads it from `messages`)."""
+        conn.execute(stream_state.update().where(stream_state.c.id == 1).values(
+            mirrored_upto=func.greatest(stream_state.c.mirrored_upto, mirrored),
+            last_id=func.greatest(stream_state.c.last_id, last_id)))
         conn.commit()
 
-    def _mark_and_release(self, conn: Connection, mirrored: int | None) -> None:
+    def _mark_and_release(self, conn: Connection, mirrored: int | None, last_id: int) -> None:
         try:
             if mirrored is not None:
-                self._mark(conn, mirrored)
+                self._mark(conn, mirrored, last_id)
             conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
             conn.commit()
         except SQLAlchemyError:

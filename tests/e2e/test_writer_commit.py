@@ -1,7 +1,6 @@
 """A COMMIT that fails is answered by what MySQL holds, never by a guess.
 
-The failure is injected at the one round trip that carries the batch's
-COMMIT (``MessageWriter._others_waiting``), against the real MariaDB and
+The failure is injected at the batch's COMMIT (``MessageWriter._commit``), against the real MariaDB and
 FerretDB: once after the commit took (its answer lost on the way back, as
 with a read time-out on a slow MySQL), once before it was sent.
 """
@@ -27,13 +26,13 @@ class _LosesOneCommit(MessageWriter):
         super().__init__(*args, **kwargs)
         self.took, self.armed = took, took is not None  # None: loses nothing
 
-    def _others_waiting(self, conn):
+    def _commit(self, conn):
         if self.armed:
             self.armed = False
             if self.took:
-                super()._others_waiting(conn)  # committed; the answer is what goes missing
+                super()._commit(conn)  # committed; the answer is what goes missing
             raise OperationalError("COMMIT", {}, Exception("Lost connection to server during query"))
-        return super()._others_waiting(conn)
+        return super()._commit(conn)
 
 
 @pytest.fixture(scope="module")
