@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(40, ge=1, description="Burst a sender may post before the limit applies.")
     batch_max: int = Field(500, ge=1, description="Most messages one group commit writes.")
     batch_window_ms: float = Field(
-        2.0, ge=0, description="How long a group commit waits for company when a message arrives alone (messages queued during the previous commit go at once)."
+        2.0, ge=0, description="How long a group commit waits for company once a message is queued."
     )
     writer_queue_max: int = Field(10_000, ge=1, description="Messages queued for the writer before 503.")
     writer_socket: str = Field(

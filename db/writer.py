@@ -336,11 +336,8 @@ class MessageWriter:
             if self._queue.empty():
                 return []
             first = self._queue.get_nowait()
-        if self._window and self._queue.empty():
-            # A request alone: concurrent ones get a moment to join its batch.
-            # Requests that queued during the previous commit already have
-            # company, and each of them has waited for that commit: no more.
-            await asyncio.sleep(self._window)
+        if self._window:
+            await asyncio.sleep(self._window)  # let concurrent requests join the batch
         batch = [first]
         while len(batch) < self._batch_max and not self._queue.empty():
             batch.append(self._queue.get_nowait())
