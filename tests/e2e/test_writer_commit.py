@@ -124,3 +124,32 @@ async def test_a_batch_with_retries_of_stored_messages_answers_them_with_the_ori
         await asyncio.sleep(0.3)
         assert sorted([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender})]) == \
             [first.id, first.id + 1, first.id + 2]
+
+
+async def test_a_session_numbers_on_from_the_highest_stored_id_when_stream_state_lags_behind(own_dbs):
+    # The batches do not move stream_state.last_id (one round trip fewer each):
+    # it is recorded at checkpoints and at a session's end, so after a writer
+    # killed mid-session it is behind what `messages` holds. The next session
+    # must number on from the highest stored id, never reuse one.
+    sender = f"s{uuid.uuid4().hex[:8]}"
+    async with running_writer(own_dbs) as (writer, _engine, _db):
+        before, _ = await writer.submit(Draft(sender, "r", "before"))
+    # that writer is gone (its task cancelled, as by a kill): nothing moves stream_state now
+    engine = make_engine(own_dbs.settings().mysql_url.get_secret_value(), 1)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE stream_state SET last_id = :stale"), {"stale": before.id - 1})
+    finally:
+        engine.dispose()
+    async with running_writer(own_dbs) as (writer, engine, db):
+        after, created = await writer.submit(Draft(sender, "r", "after"))
+        assert created and after.id == before.id + 1
+        assert _bodies(engine, sender) == ["before", "after"]
+        async with asyncio.timeout(10):  # in Mongo, and last_id recorded once the session ends
+            while await db[mongo.MESSAGES].find_one({"_id": after.id}) is None:
+                await asyncio.sleep(0.05)
+            while True:
+                with engine.connect() as conn:
+                    if conn.execute(text("SELECT last_id FROM stream_state")).scalar() == after.id:
+                        break
+                await asyncio.sleep(0.05)
