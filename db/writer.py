@@ -129,7 +129,7 @@ class WriteOutcomeUnknown(WriteUnavailable):
 
 
 class _CommitFailed(Exception):
-    """The batch's COMMIT (or the round trip that carries it) failed: it may have taken."""
+    """The batch's COMMIT (or the handover check in its transaction) failed: it may have taken."""
 
     def __init__(self, committed: "_Committed"):
         super().__init__("commit failed")
@@ -281,11 +281,18 @@ class MessageWriter:
     def __init__(self, engine: Engine, mongo_db: AsyncDatabase, *, batch_max: int, window_ms: float,
                  queue_max: int, timeout_seconds: float, retention_seconds: int,
                  observe_batch: Callable[[int, float], None] = lambda n, s: None,
-                 observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None):
+                 observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
+                 handover_check_seconds: float = HANDOVER_CHECK_SECONDS):
         self._engine = engine
         # Threads of its own for its MySQL calls, as many as its engine keeps
         # connections: slow reads elsewhere must not hold a message back (db.threads).
         self._threads = Threads(engine.pool.size(), "writer")
+        # Every call on a session's connection runs on this one thread, in
+        # order: a session cancelled while a call is under way (a shutdown)
+        # releases the writer lock after that call, never beside it on the
+        # same connection (which failed the release and left the lock held
+        # by a connection back in the pool: every later session timed out).
+        self._session_thread = Threads(1, "writer-session")
         self._mongo = mongo_db
         self._batch_max = batch_max
         self._window = window_ms / 1000
@@ -297,6 +304,7 @@ class MessageWriter:
         self._head_written, self._head_at = 0, 0.0
         self._head_task: asyncio.Task | None = None  # a meta.head write started mid-session
         self._mongo_retry_at = 0.0  # until then, after a failed Mongo write, the outbox waits
+        self._handover_check_every = handover_check_seconds
         self._handover_check_at = 0.0  # the next batch's commit asks whether another process waits
         self._in_hand: list[_Pending] = []  # the batch being written: the one to fail if the session breaks
 
@@ -319,7 +327,10 @@ class MessageWriter:
     async def run(self, repair_every: float = 1.0) -> None:
         while True:
             try:
-                first = await asyncio.wait_for(self._queue.get(), timeout=repair_every)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow
+                # a cancel that lands as the get completes, and a shutdown then waits for ever.
+                async with asyncio.timeout(repair_every):
+                    first = await self._queue.get()
             except TimeoutError:
                 first = None  # idle: a session with no batch repairs any outbox
             self._in_hand = await self._next_batch(first) if first else []
@@ -353,7 +364,9 @@ class MessageWriter:
         try:
             first = await getter
         except asyncio.CancelledError:
-            if getter.cancelled():  # a cancelled get leaves its request in the queue
+            # A cancelled get leaves its request in the queue; but a cancel of
+            # this task (a shutdown) that lands here must not be taken for it.
+            if getter.cancelled() and not asyncio.current_task().cancelling():
                 return []
             raise
         return await self._next_batch(first)
@@ -423,7 +436,8 @@ class MessageWriter:
             if self._head_due(mirrored, idle):
                 await self._advance_head(mirrored)
         finally:
-            await self._threads.run(self._mark_and_release, conn, mirrored, last_id)
+            # shielded: a second cancel must not drop the release from the thread's queue
+            await asyncio.shield(self._session_thread.run(self._mark_and_release, conn, mirrored, last_id))
 
     async def _settle(self, failed: _CommitFailed) -> None:
         """Answers a batch whose COMMIT failed. Its rows, read on a fresh
@@ -454,10 +468,11 @@ class MessageWriter:
 
     def close(self) -> None:
         self._threads.close()
+        self._session_thread.close()
 
     async def _mysql(self, fn, *args):
         try:
-            return await self._threads.run(fn, *args)
+            return await self._session_thread.run(fn, *args)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
 
@@ -532,10 +547,10 @@ class MessageWriter:
 
     def _commit(self, conn: Connection) -> bool:
         """Commits a batch; returns whether another process is queued for the
-        writer lock, asked in the same transaction every HANDOVER_CHECK_SECONDS."""
+        writer lock, asked in the same transaction every ``handover_check_seconds``."""
         waiting = False
         if time.monotonic() >= self._handover_check_at:
-            self._handover_check_at = time.monotonic() + HANDOVER_CHECK_SECONDS
+            self._handover_check_at = time.monotonic() + self._handover_check_every
             waiting = self._others_waiting(conn)
         conn.commit()
         return waiting
@@ -573,7 +588,9 @@ class MessageWriter:
             conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
             conn.commit()
         except SQLAlchemyError:
-            log.warning("event=release_failed mirrored_upto=%s", mirrored)  # the lock dies with the session
+            log.warning("event=release_failed mirrored_upto=%s", mirrored)
+            # Closed, not returned to the pool: the lock dies with the MySQL session.
+            conn.invalidate()
         finally:
             conn.close()
 

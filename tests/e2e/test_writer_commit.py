@@ -153,3 +153,37 @@ async def test_a_session_numbers_on_from_the_highest_stored_id_when_stream_state
                     if conn.execute(text("SELECT last_id FROM stream_state")).scalar() == after.id:
                         break
                 await asyncio.sleep(0.05)
+
+
+async def test_a_writer_cancelled_mid_call_releases_its_lock_after_that_call_and_the_next_writer_writes(
+        own_dbs, caplog):
+    # A shutdown cancels the writer's task while a call on its session's
+    # connection is under way: here the session's first read, held up by a
+    # table lock. The release must run after that call, on the same connection,
+    # not beside it (that failed with "connection in use from another thread"
+    # and left the writer lock held by a pooled connection: every later session
+    # timed out), and the cancel must end the task (a shutdown waits for it).
+    url = own_dbs.settings().mysql_url.get_secret_value()
+    locker = make_engine(url, 10)
+    try:
+        with locker.connect() as conn:
+            conn.execute(text("LOCK TABLES messages WRITE"))
+            try:
+                async with asyncio.timeout(15):
+                    async with running_writer(own_dbs):
+                        await asyncio.sleep(0.6)  # its idle session (every 0.2 s) now waits on `messages`
+            finally:
+                conn.execute(text("UNLOCK TABLES"))
+        async with asyncio.timeout(10):
+            while True:
+                with locker.connect() as conn:
+                    if conn.execute(text("SELECT IS_USED_LOCK('chat.writer')")).scalar() is None:
+                        break
+                await asyncio.sleep(0.05)
+    finally:
+        locker.dispose()
+    assert not [r for r in caplog.records if "release_failed" in r.getMessage()]
+    sender = f"s{uuid.uuid4().hex[:8]}"
+    async with running_writer(own_dbs) as (writer, engine, _db):
+        msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "after the shutdown")), 10)
+        assert created and _bodies(engine, sender) == ["after the shutdown"]
