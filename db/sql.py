@@ -46,9 +46,11 @@ messages = Table(
     mysql_collate="utf8mb4_bin",
 )
 
-# One row. last_id: highest id written to MySQL. mirrored_upto: highest id
-# known to be in MongoDB; everything in (mirrored_upto, last_id] is the outbox
-# that the repair step copies before any newer message (db/writer.py).
+# One row. last_id: highest id written to MySQL as of the writer's last
+# checkpoint (each second, and each session's end; the writer itself takes the
+# greater of it and MAX(messages.id)). mirrored_upto: highest id known to be in
+# MongoDB; every id past it is the outbox that the repair step copies before
+# any newer message (db/writer.py).
 stream_state = Table(
     "stream_state",
     metadata,
