@@ -35,6 +35,8 @@ from bson import Timestamp
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
+from db import mongo
+
 log = logging.getLogger("chat.oplog")
 
 RESTARTED = None  # yielded after a re-open that may have missed entries
@@ -81,10 +83,8 @@ class OplogTail:
 
     async def _decide_mode(self) -> float:
         if self.poll_seconds is None:
-            info = await self._client.admin.command("buildInfo")
-            ferretdb = "ferretdbVersion" in info
+            ferretdb, server = await mongo.server(self._client)
             self.poll_seconds = self._ferretdb_poll if ferretdb else 0.0
-            server = f"FerretDB {info['ferretdbVersion']}" if ferretdb else f"MongoDB {info.get('version')}"
             mode = f"poll every {self.poll_seconds * 1000:g} ms" if self.poll_seconds else "awaitData"
             log.info("event=tail_mode server=%s mode=%s", server, mode)
         return self.poll_seconds

@@ -284,15 +284,13 @@ class MessageWriter:
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
                  handover_check_seconds: float = HANDOVER_CHECK_SECONDS):
         self._engine = engine
-        # Threads of its own for its MySQL calls, as many as its engine keeps
-        # connections: slow reads elsewhere must not hold a message back (db.threads).
-        self._threads = Threads(engine.pool.size(), "writer")
-        # Every call on a session's connection runs on this one thread, in
-        # order: a session cancelled while a call is under way (a shutdown)
-        # releases the writer lock after that call, never beside it on the
-        # same connection (which failed the release and left the lock held
-        # by a connection back in the pool: every later session timed out).
-        self._session_thread = Threads(1, "writer-session")
+        # A thread of its own for its MySQL calls: slow reads elsewhere must not
+        # hold a message back (db.threads). One, so that they run in order: a
+        # session cancelled while a call is under way (a shutdown) releases the
+        # writer lock after that call, never beside it on the same connection
+        # (which failed the release and left the lock held by a connection back
+        # in the pool: every later session timed out). Sessions never overlap.
+        self._threads = Threads(1, "writer")
         self._mongo = mongo_db
         self._batch_max = batch_max
         self._window = window_ms / 1000
@@ -437,7 +435,7 @@ class MessageWriter:
                 await self._advance_head(mirrored)
         finally:
             # shielded: a second cancel must not drop the release from the thread's queue
-            await asyncio.shield(self._session_thread.run(self._mark_and_release, conn, mirrored, last_id))
+            await asyncio.shield(self._threads.run(self._mark_and_release, conn, mirrored, last_id))
 
     async def _settle(self, failed: _CommitFailed) -> None:
         """Answers a batch whose COMMIT failed. Its rows, read on a fresh
@@ -468,11 +466,10 @@ class MessageWriter:
 
     def close(self) -> None:
         self._threads.close()
-        self._session_thread.close()
 
     async def _mysql(self, fn, *args):
         try:
-            return await self._session_thread.run(fn, *args)
+            return await self._threads.run(fn, *args)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
 
