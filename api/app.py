@@ -244,7 +244,8 @@ def _writer(settings: Settings, db) -> tuple[MessageWriter | RemoteWriter, Engin
     return MessageWriter(engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
                          queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
                          retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch,
-                         observe_mongo_lag=metrics.MONGO_LAG.observe), engine
+                         observe_mongo_lag=metrics.MONGO_LAG.observe,
+                         observe_outbox=metrics.observe_outbox), engine
 
 
 def create_app(settings: Settings) -> ASGIApp:

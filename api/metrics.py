@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from chat import gcpauses
 from chat.loop_histogram import LoopHistogram
@@ -23,6 +23,10 @@ MONGO_LAG = LoopHistogram("chat_writer_mongo_lag_seconds", "Per message, from it
                           "the insert ahead, its own insert",
                           buckets=(.0025, .005, .0075, .01, .015, .02, .025, .03, .04, .05, .075, .1, .15, .25, .5, 1,
                                    2.5))
+OUTBOX_MESSAGES = Gauge("chat_writer_outbox_messages", "Messages committed to MySQL that the fast store does not "
+                        "hold yet (the outbox), as of the writer's last turn")
+OUTBOX_AGE = Gauge("chat_writer_outbox_age_seconds", "Age of the oldest message in the outbox (0: empty). Past 10 s "
+                   "the writer also logs event=outbox_aging; the daemons deliver those messages from MySQL meanwhile")
 GC_PAUSES = Histogram("chat_api_gc_pause_seconds", "Cyclic garbage collector passes, by generation: "
                       "no request is read or answered meanwhile", ["generation"], buckets=gcpauses.BUCKETS)
 MESSAGES = Counter("chat_api_messages_total", "Messages stored (created) or replayed (retry)", ["result"])
@@ -33,6 +37,11 @@ POST_LATENCY = LATENCY.labels("/v1/messages")
 
 def watch_gc() -> None:
     gcpauses.watch(GC_PAUSES)
+
+
+def observe_outbox(size: int, age_seconds: float) -> None:
+    OUTBOX_MESSAGES.set(size)
+    OUTBOX_AGE.set(age_seconds)
 
 
 def observe_batch(size: int, seconds: float) -> None:

@@ -76,6 +76,21 @@ def encode_doc(doc: dict) -> Encoded:
     return msg_id, sender, recipient, created, payload
 
 
+def is_message_doc(doc: dict) -> bool:
+    """Whether a document of `messages` has the writer's shape: a positive
+    integer _id, string from/to/body, a datetime created_at. The fast store is
+    not trusted blindly (a script, a restore or another app may write there):
+    a daemon releases only such documents, and only ids the truth has
+    committed. About 0.2 us, against some 4 us of a message's Python."""
+    try:
+        msg_id = doc["_id"]
+        return (type(msg_id) is int and msg_id > 0 and type(doc["from"]) is str and type(doc["to"]) is str
+                and type(doc["body"]) is str and isinstance(doc["created_at"], datetime)
+                and (doc.get("client_msg_id") is None or type(doc["client_msg_id"]) is str))
+    except (KeyError, TypeError):
+        return False
+
+
 def inserted_docs(entry: dict, namespace: str) -> list[dict]:
     """Message documents inserted by one oplog entry, or [] for anything else.
 

@@ -23,6 +23,8 @@ TAIL_LAG = Gauge("chat_daemon_tail_lag_seconds", "Now minus created_at of the ne
 POSITION = Gauge("chat_daemon_stream_position", "Highest message id released")
 CATCHUP_QUERIES = Counter("chat_daemon_catchups_total", "Catch-ups and hole fills by source", ["source"])
 CATCHUPS_FROM_CACHE = CATCHUP_QUERIES.labels("cache")
+STRAYS = Counter("chat_daemon_stray_documents_total", "Documents of the fast store skipped as not the writer's: "
+                 "not in its shape, or past the head MySQL has committed", ["reason"])
 CLOSES = Counter("chat_daemon_closes_total", "Connections closed by the server, by reason", ["reason"])
 REJECTS = Counter("chat_daemon_rejects_total", "Handshakes refused, by reason", ["reason"])
 GC_PAUSES = Histogram(

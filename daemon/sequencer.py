@@ -54,6 +54,22 @@ class Sequencer:
             return None
         return self.high, max(self._held)
 
+    def offer_truth(self, docs: list[dict]) -> list[dict]:
+        """As ``offer``, for documents read from the truth (MySQL): they take
+        the place of any held document with the same id."""
+        for doc in docs:
+            self._held.pop(doc["_id"], None)
+        return self.offer(docs)
+
+    def drop_above(self, bound: int) -> list[int]:
+        """Forgets held documents with ids past ``bound`` (the highest id the
+        truth has committed: anything past it was not written by the writer).
+        Returns their ids."""
+        dropped = sorted(i for i in self._held if i > bound)
+        for i in dropped:
+            del self._held[i]
+        return dropped
+
     def skip_to(self, upto: int) -> list[dict]:
         """The range up to ``upto`` was read from the truth and what is missing
         is gone for good (expired). Releases the held documents above it."""

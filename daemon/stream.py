@@ -22,7 +22,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 from sqlalchemy.exc import SQLAlchemyError
 
-from chat.messages import Encoded, encode_doc, inserted_docs
+from chat.messages import Encoded, encode_doc, inserted_docs, is_message_doc
 from daemon import metrics
 from daemon.hub import Hub, Item
 from daemon.oplog import RESTARTED, Backoff, OplogTail
@@ -88,6 +88,10 @@ class Stream:
         self._lag, self._moved_at = 0.0, time.monotonic()  # for the tail-lag gauge
         self._lookups = asyncio.Lock()  # is_stored's reads of `messages`, one at a time
         self._known_stored = 0  # the highest id is_stored found in `messages`
+        # The highest id MySQL has committed, as last read, and as read at the
+        # gap check before: what was committed a whole period ago and is still
+        # not released is read from MySQL (the fast store lags, or the tail stopped).
+        self._committed, self._committed_before = 0, 0
         self.ready = asyncio.Event()
 
     @property
@@ -106,11 +110,11 @@ class Stream:
                 # starts over, never leaving the daemon un-ready for good.
                 with pymongo.timeout(FILL_TIMEOUT_SECONDS):
                     last_ts = await self._tail.newest_ts()
-                    high = await mongo.newest_id(self._db)
+                    high = await self._bounded(await mongo.newest_id(self._db))
                     docs = []
                     if self._cache.maxlen and high:
-                        docs = await mongo.messages_between(self._db, max(0, high - self._cache.maxlen), high,
-                                                            self._cache.maxlen)
+                        docs = self._admit(await mongo.messages_between(
+                            self._db, max(0, high - self._cache.maxlen), high, self._cache.maxlen), "stored")
                 break
             except PyMongoError as exc:
                 delay = backoff.next()
@@ -168,7 +172,42 @@ class Stream:
         docs = [d for entry in batch for d in inserted_docs(entry, self._tail.namespace)]
         metrics.OPLOG_ENTRIES.inc(len(batch))
         if docs:
-            self._release(self._seq.offer(docs), received)
+            self._release(self._seq.offer(self._admit(docs, "oplog")), received)
+
+    def _admit(self, docs: list[dict], source: str) -> list[dict]:
+        """The documents in the writer's shape; the rest is logged, counted and
+        skipped (chat.messages.is_message_doc), never a crash of the stream."""
+        good = [d for d in docs if is_message_doc(d)]
+        if len(good) != len(docs):
+            self._reject("shape", source, [d.get("_id") if isinstance(d, dict) else d for d in docs
+                                           if not is_message_doc(d)])
+        return good
+
+    @staticmethod
+    def _reject(reason: str, source: str, ids: list) -> None:
+        metrics.STRAYS.labels(reason).inc(len(ids))
+        log.error("event=stray_document reason=%s source=%s count=%d ids=%.200r action=skipped "
+                  "meaning=a_document_the_writer_did_not_write", reason, source, len(ids), ids[:5])
+
+    async def _bounded(self, newest: int) -> int:
+        """``newest`` (an id read from the fast store), lowered to the committed
+        head if MySQL says less: a document past it was not written by the writer."""
+        committed = await self._read_committed()
+        if committed is not None and newest > committed:
+            self._reject("past_committed_head", "stored", [newest])
+            return committed
+        return newest
+
+    async def _read_committed(self) -> int | None:
+        """The highest id committed to MySQL; None without MySQL or when it fails."""
+        if self._ranges is None:
+            return None
+        try:
+            self._committed = max(self._committed, await self._ranges.committed_head())
+        except SQLAlchemyError as exc:
+            log.warning("event=committed_head_failed error=%s", exc.__class__.__name__)
+            return None
+        return self._committed
 
     async def _read_oplog(self) -> None:
         async for batch in self._tail.batches():
@@ -206,6 +245,16 @@ class Stream:
         last_position = self.position
         while True:
             await asyncio.sleep(self._gap_check)
+            # From the truth first: delivery must not wait for the fast store.
+            # What MySQL had committed a whole period ago and is still not
+            # released (the writer's outbox while Mongo is down or slow, or a
+            # stopped tail) is read from MySQL now.
+            committed = await self._read_committed()
+            if committed is not None:
+                if self._committed_before > self.position:
+                    self._request_fill()
+                    metrics.TAIL_LAG.set(max(self._lag, time.monotonic() - self._moved_at))
+                self._committed_before = committed
             try:
                 newest = await mongo.newest_id(self._db)
                 if newest > self.position and self.position == last_position:
@@ -218,16 +267,26 @@ class Stream:
                 log.warning("event=gap_check_failed error=%s", exc.__class__.__name__)
 
     async def _fill_from_truth(self) -> None:
-        """Reads every message after the position from `messages`, in pages
-        (a hole below an id the oplog showed: from MySQL first)."""
+        """Releases what is committed after the position: from MySQL by primary
+        key up to its committed head, else (MySQL failing, rows expired) from
+        `messages`, in pages. Held documents past the committed head were not
+        written by the writer: they are dropped, never released, and the
+        position never moves past that head."""
         if self._fill_retry is not None:
             return  # a retry is already scheduled
-        if await self._fill_hole_from_mysql():
-            return
+        committed = await self._read_committed()
+        if committed is not None:
+            if dropped := self._seq.drop_above(committed):
+                self._reject("past_committed_head", "oplog", dropped)
+            if await self._fill_from_mysql(committed):
+                return
+        bound = committed
         while True:
             try:
                 with pymongo.timeout(FILL_TIMEOUT_SECONDS):
-                    docs = await mongo.messages_between(self._db, self.position, None, PAGE)
+                    if committed is None:
+                        bound = await mongo.head_hint(self._db)
+                    docs = self._admit(await mongo.messages_between(self._db, self.position, bound, PAGE), "stored")
             except PyMongoError as exc:
                 delay = self._fill_backoff.next()
                 self._fill_retry = asyncio.get_running_loop().call_later(delay, self._retry_fill)
@@ -236,8 +295,12 @@ class Stream:
             self._fill_backoff.reset()
             if not docs:
                 hole = self._seq.hole
-                if hole:  # held documents above a range that no longer exists
+                if hole and (bound is None or hole[1] <= bound):  # held documents above a range that no longer exists
                     self._skip(hole[1])
+                elif hole:
+                    # Without MySQL, past meta.head nothing is confirmed: let go of
+                    # them; once meta.head passes them, the gap check reads them back.
+                    self._seq.drop_above(bound)
                 return
             first = int(docs[0]["_id"])
             if first > self.position + 1:
@@ -248,15 +311,10 @@ class Stream:
             if len(docs) < PAGE:
                 return
 
-    async def _fill_hole_from_mysql(self) -> bool:
-        """Fills the hole below the held documents from MySQL; False: not
-        filled, the `messages` collection is to be read. That covers MySQL
-        failing, and rows that are not the next ids in order or have expired
-        (the collection is what says what is gone for good)."""
-        hole = self._seq.hole
-        if hole is None or self._ranges is None:
-            return False
-        upto = hole[1]
+    async def _fill_from_mysql(self, upto: int) -> bool:
+        """Releases every id up to ``upto`` (committed) from MySQL; False: the
+        `messages` collection is to be read, because MySQL failed or its rows
+        are not the next ids. Expired rows are skipped, as the sweeper removes them."""
         cutoff = mongo.expired_before(self._retention)
         while self.position < upto:
             try:
@@ -264,11 +322,14 @@ class Stream:
             except SQLAlchemyError as exc:
                 log.warning("event=fill_mysql_failed error=%s action=read_messages", exc.__class__.__name__)
                 return False
-            if not docs or docs[0]["_id"] != self.position + 1 or docs[0]["created_at"] < cutoff:
+            if not docs or docs[0]["_id"] != self.position + 1:
                 return False
+            expired = next((i for i, d in enumerate(docs) if d["created_at"] >= cutoff), len(docs))
+            if expired:
+                self._skip(docs[expired - 1]["_id"])
             metrics.CATCHUP_QUERIES.labels("stream_mysql").inc()
-            log.info("event=stream_fill source=mysql after=%d got=%d", self.position, len(docs))
-            self._release(self._seq.offer(docs), time.perf_counter())
+            log.info("event=stream_fill source=mysql after=%d got=%d", self.position, len(docs) - expired)
+            self._release(self._seq.offer_truth(docs[expired:]), time.perf_counter())
         return True
 
     def _skip(self, upto: int) -> None:
@@ -341,11 +402,14 @@ class Stream:
         FerretDB each scans `messages`, and a crowd of made-up ids must not
         multiply that."""
         try:
-            if msg_id <= max(self._known_stored, self.position, await mongo.newest_id(self._db)):
+            if msg_id <= max(self._known_stored, self.position, self._committed, await mongo.newest_id(self._db)):
                 return True
             async with self._lookups:
-                if msg_id <= max(self._known_stored, self.position):  # found while this one waited
+                if msg_id <= max(self._known_stored, self.position, self._committed):  # found while this one waited
                     return True
+                committed = await self._read_committed()  # the truth, when there is MySQL
+                if committed is not None:
+                    return msg_id <= committed
                 if not await mongo.is_stored(self._db, msg_id):
                     return False
                 self._known_stored = max(self._known_stored, msg_id)  # ids are gap-free: all below exist too
@@ -430,7 +494,8 @@ class Stream:
         the read position."""
         after, newest = since, None
         while True:
-            docs = await mongo.messages_for(self._db, user, after, upto, limit)
+            found = await mongo.messages_for(self._db, user, after, upto, limit)
+            docs = self._admit(found, "stored")
             # Read after the query, for the floor to cover what it deleted.
             if await mongo.retention_floor(self._db) > after or (
                     newest is not None and newest < mongo.expired_before(self._retention)):
@@ -438,9 +503,9 @@ class Stream:
             for doc in docs:
                 msg_id, _, _, newest, payload = encode_doc(doc)
                 yield msg_id, newest, payload
-            if len(docs) < limit:
+            if len(found) < limit:
                 return
-            after = int(docs[-1]["_id"])
+            after = found[-1]["_id"]  # a number (the query compares numbers), not always the writer's
 
 
 GAP = object()  # in a catch-up's items: messages may be missing here

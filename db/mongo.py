@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from pymongo import ASCENDING, AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import CollectionInvalid, OperationFailure
+from pymongo.errors import BulkWriteError, CollectionInvalid, OperationFailure
 
 log = logging.getLogger("chat.mongo")
 
@@ -77,6 +77,17 @@ async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_second
     return found
 
 
+DUPLICATE_KEY = 11000
+
+
+def only_duplicates(exc: BulkWriteError) -> bool:
+    """Whether every document an unordered insert_many refused was refused for
+    a duplicate _id, i.e. is there already."""
+    errors = exc.details.get("writeErrors", [])
+    return bool(errors) and all(e.get("code") == DUPLICATE_KEY for e in errors) and not exc.details.get(
+        "writeConcernErrors")
+
+
 def expired_before(retention_seconds: int, now: datetime | None = None) -> datetime:
     return (now or datetime.now(UTC)) - timedelta(seconds=retention_seconds)
 
@@ -87,11 +98,19 @@ async def newest_id(db: AsyncDatabase) -> int:
     answers it in SQLite without decoding them; it has no usable index even
     there); the sorted query over `messages` is only the fallback for a store
     without it."""
+    head = await head_hint(db)
+    if head is not None:
+        return head
+    # Numbers only: a string _id (not the writer's) sorts above every number.
+    doc = await db[MESSAGES].find_one({"_id": {"$gt": 0}}, {"_id": 1}, sort=[("_id", -1)])
+    return int(doc["_id"]) if doc and isinstance(doc["_id"], int) else 0
+
+
+async def head_hint(db: AsyncDatabase) -> int | None:
+    """meta.head: the highest id the writer knows to be in `messages`, or None.
+    Written only by the writer, about once a second."""
     head = await db[META].find_one({"_id": "head"})
-    if head:
-        return int(head["id"])
-    doc = await db[MESSAGES].find_one({}, {"_id": 1}, sort=[("_id", -1)])
-    return int(doc["_id"]) if doc else 0
+    return int(head["id"]) if head and isinstance(head.get("id"), int) else None
 
 
 async def is_stored(db: AsyncDatabase, msg_id: int) -> bool:

@@ -16,7 +16,7 @@ one that never competes with the tail for the same server.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from db.sql import messages
@@ -34,6 +34,17 @@ class StreamRanges:
     async def between(self, after: int, upto: int, limit: int) -> list[dict]:
         """Oldest first, at most ``limit``; raises SQLAlchemyError when MySQL fails."""
         return await self._threads.run(self._read, after, upto, limit)
+
+    async def committed_head(self) -> int:
+        """The highest id committed to MySQL (0 if none): one look-up of the
+        primary key's last entry. Ids are given in commit order under the
+        writer lock, so every id up to it is committed too. Raises
+        SQLAlchemyError when MySQL fails."""
+        return await self._threads.run(self._head)
+
+    def _head(self) -> int:
+        with self._engine.connect() as conn:
+            return int(conn.execute(select(func.coalesce(func.max(messages.c.id), 0))).scalar_one())
 
     def _read(self, after: int, upto: int, limit: int) -> list[dict]:
         query = (select(messages).where(messages.c.id > after, messages.c.id <= upto)

@@ -63,16 +63,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import PyMongoError
+from pymongo.errors import BulkWriteError, PyMongoError
 from sqlalchemy import func, select, text, tuple_
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from chat.messages import Message, now_ms
 from db import mongo
+from db.outbox_watch import OutboxWatch
 from db.sql import conversation_key, messages, stream_state
 from db.threads import Threads
 
@@ -282,6 +283,7 @@ class MessageWriter:
                  queue_max: int, timeout_seconds: float, retention_seconds: int,
                  observe_batch: Callable[[int, float], None] = lambda n, s: None,
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
+                 observe_outbox: Callable[[int, float], None] = lambda n, s: None,
                  handover_check_seconds: float = HANDOVER_CHECK_SECONDS):
         self._engine = engine
         # A thread of its own for its MySQL calls: slow reads elsewhere must not
@@ -299,6 +301,8 @@ class MessageWriter:
         self._retention = retention_seconds
         self._observe_batch = observe_batch
         self._observe_mongo_lag = observe_mongo_lag
+        self._observe_outbox = observe_outbox  # (messages, age of the oldest in seconds), after each turn
+        self._outbox = OutboxWatch()
         self._head_written, self._head_at = 0, 0.0
         self._head_task: asyncio.Task | None = None  # a meta.head write started mid-session
         self._mongo_retry_at = 0.0  # until then, after a failed Mongo write, the outbox waits
@@ -396,6 +400,7 @@ class MessageWriter:
             last_id, mirrored = await self._mysql(self._lock_and_read_state, conn)
             mongo_ok = True
             if mirrored < last_id:
+                self._outbox.seen(last_id - mirrored)
                 if time.monotonic() < self._mongo_retry_at:
                     # Mongo failed moments ago: commit to the outbox without
                     # waiting on it again under the lock every API process shares.
@@ -436,6 +441,16 @@ class MessageWriter:
         finally:
             # shielded: a second cancel must not drop the release from the thread's queue
             await asyncio.shield(self._threads.run(self._mark_and_release, conn, mirrored, last_id))
+            if mirrored is not None:
+                self._outbox.seen(last_id - mirrored)
+            self._report_outbox()
+
+    def _report_outbox(self) -> None:
+        now = datetime.now(UTC)
+        self._observe_outbox(self._outbox.size, self._outbox.age(now))
+        if self._outbox.due_loud(now, time.monotonic()):
+            log.error("event=outbox_aging messages=%d age_s=%.0f meaning=the_fast_store_lags_mysql "
+                      "delivery=from_mysql_by_the_daemons_gap_check", self._outbox.size, self._outbox.age(now))
 
     async def _settle(self, failed: _CommitFailed) -> None:
         """Answers a batch whose COMMIT failed. Its rows, read on a fresh
@@ -607,15 +622,28 @@ class MessageWriter:
             raise TimeoutError
         return task.result()
 
-    async def _insert(self, docs: list[dict]) -> bool:
+    async def _insert(self, docs: list[dict], ordered: bool = True) -> bool:
+        """One insert_many under the writer's deadline. ``ordered=False`` (the
+        outbox repair): every document is tried, and one refused only for a
+        duplicate _id counts as stored, since ids are the writer's alone. Its
+        documents may then become visible out of id order; a daemon reads such
+        a hole back from MySQL, where all of them are committed."""
         try:
-            await self._within_timeout(self._mongo[mongo.MESSAGES].insert_many(docs, ordered=True))
+            await self._within_timeout(self._mongo[mongo.MESSAGES].insert_many(docs, ordered=ordered))
             return True
+        except BulkWriteError as exc:
+            if not ordered and mongo.only_duplicates(exc):
+                return True
+            return self._insert_failed(exc, docs)
         except (PyMongoError, TimeoutError) as exc:
-            log.warning("event=mongo_write_failed error=%s outbox_from=%d outbox_to=%d",
-                        exc.__class__.__name__, docs[0]["_id"], docs[-1]["_id"])
-            self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
-            return False
+            return self._insert_failed(exc, docs)
+
+    def _insert_failed(self, exc: Exception, docs: list[dict]) -> bool:
+        log.warning("event=mongo_write_failed error=%s outbox_from=%d outbox_to=%d",
+                    exc.__class__.__name__, docs[0]["_id"], docs[-1]["_id"])
+        self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
+        self._outbox.seen(max(self._outbox.size, len(docs)), docs[0]["created_at"])  # the oldest unsent
+        return False
 
     def _head_due(self, upto: int, idle: bool = False) -> bool:
         """meta.head is only a hint for the daemons' gap check, and every write
@@ -638,33 +666,30 @@ class MessageWriter:
             self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
 
     async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:
-        """Copies outbox rows to Mongo, oldest first. Returns (mirrored_upto, ok)."""
+        """Copies outbox rows to Mongo, oldest first, a page at a time; returns
+        (mirrored_upto, ok). Each page is one MySQL read by primary key and one
+        unordered insert, in which a duplicate key means "already there" (a
+        crash mid-insert leaves part of the outbox in Mongo). Nothing asks the
+        fast store what it holds: on FerretDB such a read scans the whole
+        collection, 2.8 s at 109,000 messages, longer than the writer's timeout,
+        and a repair that cannot finish one step within its timeout would retry
+        that step for ever. A page costs the same whatever the store holds, and
+        every page done is progress kept: a failure resumes after it."""
+        cutoff = mongo.expired_before(self._retention)
         while mirrored < last_id:
             rows = await self._mysql(lambda c: c.execute(select(messages).where(messages.c.id > mirrored)
                                                          .order_by(messages.c.id).limit(REPAIR_PAGE)).all(), conn)
             if not rows:
                 return last_id, True
             docs = [row_to_message(r).to_doc() for r in rows]
-            lo, hi = docs[0]["_id"], docs[-1]["_id"]
-            try:
-                # Part of the outbox may already be in Mongo (a crash mid-insert):
-                # insert only what is missing, still in id order.
-                coll = self._mongo[mongo.MESSAGES]
-
-                async def present_ids() -> set[int]:
-                    return {d["_id"] async for d in coll.find({"_id": {"$gte": lo, "$lte": hi}}, {"_id": 1})}
-
-                # A hard deadline, as for the inserts: the lock is held, and on a hung
-                # server the driver's own timeouts let this wait 4-8 s (measured).
-                present = await self._within_timeout(present_ids())
-            except (PyMongoError, TimeoutError) as exc:
-                log.warning("event=outbox_repair_failed error=%s", exc.__class__.__name__)
-                self._mongo_retry_at = time.monotonic() + MONGO_RETRY_SECONDS
+            self._outbox.seen(last_id - mirrored, docs[0]["created_at"])
+            self._report_outbox()
+            # An expired message is not copied back: the sweeper removed it, and the retention floor covers it.
+            live = [d for d in docs if d["created_at"] >= cutoff]
+            log.warning("event=outbox_repair rows=%d live=%d from_id=%d to_id=%d", len(docs), len(live),
+                        docs[0]["_id"], docs[-1]["_id"])
+            if live and not await self._insert(live, ordered=False):
                 return mirrored, False
-            cutoff = mongo.expired_before(self._retention)
-            missing = [d for d in docs if d["_id"] not in present and d["created_at"] >= cutoff]
-            log.warning("event=outbox_repair rows=%d missing=%d from_id=%d to_id=%d", len(docs), len(missing), lo, hi)
-            if missing and not await self._insert(missing):
-                return mirrored, False
-            mirrored = hi
+            mirrored = docs[-1]["_id"]
+        self._outbox.cleared()
         return mirrored, True

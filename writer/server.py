@@ -121,7 +121,8 @@ async def run(settings: Settings) -> None:
                            window_ms=settings.batch_window_ms, queue_max=settings.writer_queue_max,
                            timeout_seconds=settings.db_timeout_seconds,
                            retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch,
-                           observe_mongo_lag=metrics.MONGO_LAG.observe)
+                           observe_mongo_lag=metrics.MONGO_LAG.observe,
+                           observe_outbox=metrics.observe_outbox)
     writing = asyncio.create_task(writer.run(), name="writer")
     unanswered = Unanswered()
     frame_max = protocol.request_frame_max(settings.body_max_chars)

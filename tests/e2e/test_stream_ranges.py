@@ -71,14 +71,14 @@ async def test_a_hole_the_tail_skipped_is_read_from_mysql_not_the_collection(dbs
     tail = _BurstTail(shown, batch=4)
     reads = count_calls(monkeypatch, mongo, "messages_between")  # each a full scan on FerretDB
     with mysql_database(dbs) as engine:
-        store_in_mysql(engine, msgs)
         ranges = StreamRanges(engine)
         async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
                                    ranges=ranges) as (db, stream, _bob):
             bob = _PayloadRecorder("bob", stream.position)
             stream._hub.register(bob)
             bob.go_live([])
-            await db[mongo.MESSAGES].insert_many([m.to_doc() for m in msgs])  # as the writer stores them
+            store_in_mysql(engine, msgs)  # as the writer stores them: MySQL, then Mongo
+            await db[mongo.MESSAGES].insert_many([m.to_doc() for m in msgs])
             reads.clear()  # the start-up read is the collection's
             tail.go.set()
             await until_position(stream, 8)
@@ -105,19 +105,20 @@ async def test_a_hole_mysql_cannot_fill_is_read_from_the_collection(dbs, monkeyp
         tail.go.set()
         await until_position(stream, 5)
         assert bob.got == [1, 2, 3, 4, 5]
-        assert "event=fill_mysql_failed" in caplog.text
+        assert "event=committed_head_failed" in caplog.text  # MySQL cannot say what is committed
         assert len(reads) >= 1
     ranges.close()
 
 
 async def test_rows_mysql_does_not_have_in_order_leave_the_hole_to_the_collection(dbs, monkeypatch):
-    # MySQL holds 2 but not 3 (a row it should have, lost to a restore, say):
-    # what MySQL gives is not the next ids in order, so the collection decides.
+    # MySQL holds 2 and 5 but not 3 and 4 (rows it should have, lost to a
+    # restore, say): what MySQL gives is not the next ids in order, so the
+    # collection decides, up to the head MySQL has committed.
     msgs = [Message(i, "alice", "bob", f"m{i}", now_ms()) for i in range(1, 6)]
     tail = _BurstTail([msgs[0].to_doc(), msgs[4].to_doc()], batch=2)
     reads = count_calls(monkeypatch, mongo, "messages_between")  # each a full scan on FerretDB
     with mysql_database(dbs) as engine:
-        store_in_mysql(engine, [msgs[1]])
+        store_in_mysql(engine, [msgs[1], msgs[4]])
         ranges = StreamRanges(engine)
         async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
                                    ranges=ranges) as (db, stream, bob):
