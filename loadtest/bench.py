@@ -165,7 +165,7 @@ def average(c: int, runs: list[dict]) -> dict:
 @contextlib.contextmanager
 def database_alone(system, seconds: float, result: dict):
     """FerretDB's own insert -> tail latency and the cores it used, over the
-    send window only. Started with the run instead (through session 12), the
+    send window only. Started with the run instead, the
     probe spent most of its time in the clients' connection phase, 14-28 s at
     10k clients, with no message traffic: the database's share was measured
     on a quieter FerretDB than the one our messages went through."""

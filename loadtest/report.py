@@ -26,7 +26,7 @@ def _stored(run: dict) -> str:
 
 
 def _lag(run: dict) -> str:
-    """The writer's created_at -> in Mongo (runs from before session 14 lack it: –)."""
+    """The writer's created_at -> in Mongo (runs recorded without it: –)."""
     s = run.get("mongo_lag_ms")
     return "–" if s is None else f"{_fmt(s['p50'])}/{_fmt(s['p99'])}"
 
@@ -224,7 +224,7 @@ def _plots(r: dict, out: Path) -> None:
     ws = r["ws"]
     n = [w["clients"] for w in ws]
     ax = _latency_plot(n, ws, (("e2e_ms", "delivery (end to end)", "o"), ("creation_ms", "creation (API)", "o")))
-    if all("stored_to_client_ms" in w for w in ws):  # runs from before session 6 lack it
+    if all("stored_to_client_ms" in w for w in ws):  # older result files lack it
         ax.plot(n, [w["stored_to_client_ms"]["p50"] for w in ws], "^-", label="stored → client p50")
     ax.plot(n, [w["ferretdb_tail_ms"]["p50"] for w in ws], "s:", label="FerretDB insert→tail p50")
     _finish(ax, "connected clients", f"Latency vs connections ({ws[0]['rate']:g} msg/s, FerretDB 1.24)",
