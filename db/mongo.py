@@ -48,7 +48,8 @@ async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_second
     local = client["local"]
     if "oplog.rs" not in await local.list_collection_names():
         # Only FerretDB lets us create it; a real replica set has its own.
-        # The small `max` bounds FerretDB's tail cost (../shared/STACK.md).
+        # The small `max` bounds FerretDB's tail cost, which grows with the
+        # oplog's length (docs/ferretdb.md).
         await local.create_collection("oplog.rs", capped=True, size=oplog_size_bytes, max=oplog_max_docs)
         found["oplog"] = "created"
     db = client[db_name]
@@ -62,9 +63,9 @@ async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_second
         # FerretDB 1.24 (SQLite) plans every query of ours as a full scan, even
         # by _id (explain: "SCAN messages_..."), so an index there is only work
         # for each insert: 6.5 against 5.2 ms per 42-message insert_many
-        # (session 14), on the path of every delivery. No TTL index either:
+        # (measured on an idle FerretDB), on the path of every delivery. No TTL index either:
         # the retention sweeper (db/retention.py) deletes expired messages.
-        for name in ("to_id", "from_id", "created_at"):  # from databases made before session 14
+        for name in ("to_id", "from_id", "created_at"):  # an older schema made them
             with contextlib.suppress(OperationFailure):
                 await messages.drop_index(name)
         found["ferretdb"] = True

@@ -10,7 +10,7 @@ MySQL is asked first because it answers from its primary key. FerretDB 1.24
 pushes no integer ``_id`` condition down to SQLite, so its answer decodes the
 whole `messages` collection: under 3,000 POST/s the daemons fell off its small
 oplog about twice a second each, and those scans took most of its CPU
-(README, session 12). On MongoDB both are index reads; MySQL's is still the
+(docs/decisions/holes-from-mysql.md). On MongoDB both are index reads; MySQL's is still the
 one that never competes with the tail for the same server.
 """
 

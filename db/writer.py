@@ -25,12 +25,12 @@ missed, never one that is still in flight. That is what makes catch-up exact.
 Within a session the stores are decoupled: MySQL commits, and their answers,
 never wait for a Mongo insert, unless ``UNSENT_BATCHES`` batches of committed
 messages already do (then the next commit waits: a Mongo slower than MySQL
-for long slows the writer down instead of growing a queue). Session 11 let
-one answered batch wait for Mongo at most, so each commit waited for the
-previous batch's insert, and a POST's time followed FerretDB's insert time,
-which the daemons' tails make long. As deployed (2 API processes, the writer
-process, 2 daemons tailing FerretDB, ab -k -c 100, single runs, session 12):
-3,861-4,243 POST/s at p99 44-48 ms, decoupled and with sessions that run on
+for long slows the writer down instead of growing a queue). With at most
+one answered batch waiting for Mongo, each commit waited for the previous
+batch's insert, and a POST's time followed FerretDB's insert time, which the
+daemons' tails make long. As deployed (2 API processes, the writer process,
+2 daemons tailing FerretDB, ab -k -c 100, single runs): 3,861-4,243 POST/s
+at p99 44-48 ms, decoupled and with sessions that run on
 (CHECKPOINT_SECONDS), against 2,926-3,202 at p99 80-92. Inserts still start
 in id order, one at a time, and the session waits for the last one before it
 gives up the lock.
@@ -39,7 +39,7 @@ A process queued for the lock holds ``chat.writer.next`` meanwhile; the
 holder sees it and hands over after the batch in hand, so that lingering
 never holds another process's requests for a whole session.
 
-Across sessions the stores are not pipelined, on purpose. Tried (session 9):
+Across sessions the stores are not pipelined, on purpose. Tried:
 the next holder committed and answered its first batch while the last one's
 final insert ran, and waited for that insert (a second named lock) only to
 insert its own. The write path alone went from 2,762-2,828 to 3,222-3,782
@@ -91,7 +91,7 @@ SESSION_MAX_SECONDS = 0.25
 # A session that runs on (requests keep coming, nobody else is queued for the
 # lock) records mirrored_upto and moves meta.head this often. Ending it
 # instead, to do that and take the lock again, stopped every commit for a
-# whole Mongo insert four times a second: most of a POST's p99 (session 12).
+# whole Mongo insert four times a second: most of a POST's p99.
 CHECKPOINT_SECONDS = 1.0
 # Committed messages that may wait for Mongo, in batches of batch_max: past
 # that, commits wait for the insert in flight (Mongo slower than MySQL for
@@ -100,8 +100,8 @@ UNSENT_BATCHES = 4
 # A pause after each Mongo insert before the next one starts. Back-to-back
 # inserts (the next one taking what was committed meanwhile) slowed
 # FerretDB's tails, ours and its own probe's alike: at 250 msg/s delivery
-# p50 went from 59-75 to 76-99 ms (session 12, interleaved runs); session
-# 11's writer had a MySQL commit between its inserts. Commits never wait
+# p50 went from 59-75 to 76-99 ms (interleaved runs) against a writer that
+# had a MySQL commit between its inserts. Commits never wait
 # for this pause, and what it delays is only the start of the next insert;
 # with INSERT_GAP_BELOW messages or more waiting for Mongo (a flood of POSTs:
 # ab -k -c 100 keeps about 100 waiting, 1,000 msg/s about 20), there is none.

@@ -22,7 +22,7 @@ import orjson
 import typer
 
 from loadtest import ab, machine, replay, scrape, wsload
-from loadtest.report import write_report
+from loadtest.report import DOCS, write_report
 from tests.system import databases, running_system
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -165,7 +165,7 @@ def average(c: int, runs: list[dict]) -> dict:
 @contextlib.contextmanager
 def database_alone(system, seconds: float, result: dict):
     """FerretDB's own insert -> tail latency and the cores it used, over the
-    send window only. Started with the run instead (through session 12), the
+    send window only. Started with the run instead, the
     probe spent most of its time in the clients' connection phase, 14-28 s at
     10k clients, with no message traffic: the database's share was measured
     on a quieter FerretDB than the one our messages went through."""
@@ -310,8 +310,8 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
     results["failures"] = failures(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "latest.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
-    write_report(results, out_dir)
-    log(f"wrote {out_dir}/latest.json, report.md and plots")
+    write_report(results, out_dir, DOCS if out_dir == RESULTS else None)
+    log(f"wrote {out_dir}/latest.json, report.md, plots and (into the default folder) docs/benchmarks.md")
     print((out_dir / "report.md").read_text())
     if results["failures"]:
         raise SystemExit("FAILED: " + "; ".join(results["failures"]))

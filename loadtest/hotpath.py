@@ -1,4 +1,4 @@
-"""The Python share of a daemon's cost per message, with no socket (issue #4).
+"""The Python share of a daemon's cost per message, with no socket.
 
 The replay benchmark (loadtest/replay.py) measures a daemon whole: about
 17 us of CPU per one-frame message, of which about 10 us is the socket

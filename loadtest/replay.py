@@ -1,4 +1,4 @@
-"""The daemon tier fed with recorded oplog entries, replayed in-process (issue #4).
+"""The daemon tier fed with recorded oplog entries, replayed in-process.
 
 FerretDB's own ceiling (a tail whose cost grows with the oplog, about 24k
 inserts/s) would hide the daemons' speed, so this benchmark records real

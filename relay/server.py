@@ -5,7 +5,7 @@ tail re-reads the whole oplog. With a tail per daemon, that cost grows with
 the daemons a host runs (8 to hold 100k clients under the 20k open-files
 limit). At 10k clients and 1,000 msg/s through FerretDB, delivery p50 was
 149-195 ms with one daemon tailing against 218-353 ms with two (interleaved
-runs, session 13). A real MongoDB answers a tail cheaply, but N tails per
+runs). A real MongoDB answers a tail cheaply, but N tails per
 host are still N cursors on the primary for the same entries.
 
 The relay tails once (daemon/oplog.py, the same tailer) and writes each batch

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The development FerretDB under supervisord: SQLite files in var/ferretdb,
-# 127.0.0.1:27017, replica-set name rs0. Flags from ../shared/STACK.md: no
+# 127.0.0.1:27017, replica-set name rs0. Flags (docs/ferretdb.md): no
 # debug port, state beside the data, fast capped-collection cleanup so the
 # small local oplog stays small.
 set -euo pipefail

@@ -2,7 +2,7 @@
 # Builds FerretDB 1.24 from the Go module proxy into .cache/ferretdb/bin/ferretdb.
 # Idempotent: a second run with the binary present returns at once.
 # Why vendor + version.txt: the module zip lacks build/version/version.txt and
-# a plain build panics at start-up (see ../shared/STACK.md).
+# a plain build panics at start-up (see docs/ferretdb.md).
 set -euo pipefail
 version=v1.24.0
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -107,14 +107,14 @@ class FerretDB:
 # Go's collector ran a sixth of FerretDB's CPU under load (pprof: mark workers
 # and assists, at 1,000 msg/s), for a live heap of a few tens of MB. Collecting
 # when the heap has grown 16-fold instead of 2-fold took delivery p50 from
-# 181-195 ms to 125 ms (100 WebSocket clients, 1,000 msg/s, README session 10)
+# 181-195 ms to 125 ms (100 WebSocket clients, 1,000 msg/s; docs/decisions/ferretdb-gc.md)
 # for about 175 MB of RSS; the soft limit keeps a big fill's heap in check.
 # scripts/ferretdb.sh sets the same for `make run` (a test holds them equal).
 FERRETDB_GC = {"GOGC": "1600", "GOMEMLIMIT": "1GiB"}
 
 
 def ferretdb_command(data: Path, port: int) -> list[str]:
-    # Flags from ../shared/STACK.md: no debug port (a second instance would
+    # Flags (docs/ferretdb.md): no debug port (a second instance would
     # clash on 8088), state beside the data, fast capped-collection cleanup
     # so the small oplog stays small.
     return [str(FERRETDB), "--handler=sqlite", f"--sqlite-url=file:{data}/", f"--listen-addr=127.0.0.1:{port}",

@@ -4,7 +4,7 @@ Ids must reach MongoDB in commit order (db/writer.py), so writers take turns
 under a MySQL lock, and each turn ends with a wait for its last Mongo insert.
 With a writer in each API process, two processes on one host spent most of a
 message's creation time waiting for each other's turn (41-49 ms p50 against
-14-15 with one process, at 1,000 msg/s, session 11). Here the API processes
+14-15 with one process, at 1,000 msg/s). Here the API processes
 parse, authenticate and validate, and hand the message to this one process
 over a Unix socket; it batches them all together and holds the lock, in
 turns, only against the writers of other hosts.

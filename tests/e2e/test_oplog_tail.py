@@ -75,7 +75,7 @@ async def test_the_tail_reads_every_insert(quiet_dbs, force_await):
     if not restarts:
         # One cursor: oplog order. The entry it resumed from may come again
         # (the consumer drops repeats by id). After a re-open FerretDB may show
-        # entries out of order (../shared/STACK.md); the tail says RESTARTED and
+        # entries out of order (docs/ferretdb.md); the tail says RESTARTED and
         # the stream's sequencer, not the tail, puts ids back in order.
         assert list(dict.fromkeys(seen)) == list(range(30))
 

@@ -30,7 +30,7 @@ def test_on_ferretdb_messages_has_no_index_but_its_id_so_the_sweeper_path_is_use
     try:
         messages = client["chat"]["messages"]
         assert [i["name"] for i in messages.list_indexes()] == ["_id_"]
-        messages.create_index("created_at", name="created_at")  # as made before session 14
+        messages.create_index("created_at", name="created_at")  # as an older schema made it
         init_all(short_lived.dbs.settings())
         assert [i["name"] for i in messages.list_indexes()] == ["_id_"]
     finally:

@@ -66,7 +66,8 @@ async def test_a_commit_is_answered_while_the_previous_insert_is_still_running(o
         await _in_mongo_in_order(db, sender, 1)
         writer.gate.clear()  # from here on, every Mongo insert hangs until released
         # "two" starts an insert that hangs; the rest are committed and answered
-        # meanwhile (session 11's writer answered one more, then waited for it)
+        # meanwhile (a writer that lets one answered batch wait for Mongo
+        # would answer one more, then wait for it)
         later = [(await asyncio.wait_for(writer.submit(Draft(sender, "r", body)), 5))[0].id
                  for body in ("two", "three", "four", "five")]
         assert later == [first.id + 1, first.id + 2, first.id + 3, first.id + 4]
@@ -168,10 +169,11 @@ class _SlowCommitWriter(_GatedWriter):
 
 
 async def test_the_next_insert_starts_when_the_last_one_ends_not_when_the_session_gets_to_it(own_dbs):
-    # Until session 14 an insert that ended during a MySQL commit was followed
-    # by the next only once that commit returned: at 1,000 msg/s, where the
-    # writer is nearly always committing, each message waited for Mongo that
-    # much longer. The pump starts it at once.
+    # Were the next insert started by the session loop, an insert that ended
+    # during a MySQL commit would be followed by the next only once that commit
+    # returned: at 1,000 msg/s, where the writer is nearly always committing,
+    # each message would wait for Mongo that much longer. The pump starts it
+    # at once.
     sender = f"s-{uuid.uuid4().hex[:8]}"
     async with running_writer(own_dbs, _SlowCommitWriter, queue_max=1000, timeout_seconds=30) as (writer, engine, db):
         await writer.submit(Draft(sender, "r", "warm"))

@@ -156,9 +156,9 @@ def read_reply(sock: socket.socket) -> list | None:
 
 
 def test_a_request_sent_as_the_writer_stops_is_answered_not_dropped(hosted, users):
-    """The race a restart used to lose (CI, session 12): a request in the
-    socket when the writer stopped reading got no answer, so its POST got 503
-    outcome_unknown. Now the writer says goodbye and reads its link to the end."""
+    """The race of a restart: a request already in the socket when the writer
+    stops reading would get no answer, so its POST would get 503
+    outcome_unknown. The writer says goodbye and reads its link to the end."""
     sender, to = users("s"), users("r")
     proc = hosted.procs.pop("writer")
     try:
