@@ -257,7 +257,7 @@ class Daemon:
         headers = self.cors_headers(request.headers.get("origin"))
         try:
             token = auth.bearer(request.headers.get("authorization")) or query.get("token")
-            user = self.admit(token, None)
+            user = self.admit(token, request.headers.get("origin"))  # the WebSocket's checks, origin included
             default = min(POLL_DEFAULT_TIMEOUT, self.settings.poll_max_timeout_seconds)
             timeout = _poll_timeout(query.get("timeout", f"{default:g}"), self.settings.poll_max_timeout_seconds)
             limit = _poll_limit(query.get("limit"), self.settings.poll_max_messages)
