@@ -10,13 +10,14 @@ Routing and admission live in ``daemon.server``; the bookkeeping in
 ``daemon.hub``. Close codes: 1002 protocol error, 1007 a close reason that
 is not UTF-8, 1008 inbound frame rate,
 1009 inbound frame too big, 1011 server error, 1012 restarting, 1013 behind
-the client's since (retry), 4008 slow consumer.
+the client's since (retry), 4001 token expired, 4008 slow consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -35,6 +36,7 @@ log = logging.getLogger("chat.daemon")
 
 CLOSE_PROTOCOL, CLOSE_INVALID_DATA, CLOSE_RATE, CLOSE_TOO_BIG, CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN = (
     1002, 1007, 1008, 1009, 1011, 1012, 1013)
+CLOSE_TOKEN_EXPIRED = 4001  # the token's `exp` passed (as HTTP 401): reconnect with a new token and since
 REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
 PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
 CLOSE_STALL_SECONDS = 10.0  # a closing peer that reads nothing for this long is cut off (websockets' close_timeout)
@@ -78,7 +80,7 @@ class HttpPhase:
 
 class Connection(Subscriber, asyncio.Protocol):
     __slots__ = ("daemon", "transport", "http", "reader", "ping_sent", "next_ping",
-                 "window_start", "window_count", "closing", "write_paused", "drain_waiter")
+                 "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires")
 
     def __init__(self, daemon: Daemon):
         Subscriber.__init__(self, "", 0)
@@ -93,6 +95,7 @@ class Connection(Subscriber, asyncio.Protocol):
         self.closing = False
         self.write_paused = False  # the transport holds more than its high-water mark
         self.drain_waiter: asyncio.Future | None = None  # a paged catch-up waiting for it to drain
+        self.expires = math.inf  # monotonic time the WebSocket's token expires (set at the upgrade)
         # Counted from the moment it exists, not from connection_made: the
         # acceptor counts a socket until its protocol is made, and the two
         # counts must meet with no gap (a burst of accepts slipped through it).
@@ -269,6 +272,10 @@ class Connection(Subscriber, asyncio.Protocol):
     # --- WebSocket: keep-alive and closing ------------------------------------
     def heartbeat(self, now: float) -> None:
         """Called about every second by the daemon for every WebSocket."""
+        if now >= self.expires:  # the handshake checked the token; the heartbeat holds it to its `exp`
+            metrics.CLOSES.labels("token_expired").inc()
+            self.close(CLOSE_TOKEN_EXPIRED, "token expired: reconnect with a new token and since")
+            return
         settings = self.daemon.settings
         if self.ping_sent:
             if now - self.ping_sent > settings.ping_timeout_seconds:
