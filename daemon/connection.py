@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from daemon import metrics
+from daemon.http_checks import parser_refusal, refusal
 from daemon.hub import SLOW_CONSUMER, Subscriber
 from daemon.wire import PING, FrameReader, Opcode, PayloadTooBig, ProtocolError, close_frame, http_response
 from daemon.wire import parse_close, pong_frame, text_frame
@@ -43,11 +44,12 @@ CLOSE_STALL_SECONDS = 10.0  # a closing peer that reads nothing for this long is
 
 
 class Request:
-    __slots__ = ("method", "target", "headers", "keep_alive", "upgrade")
+    __slots__ = ("method", "target", "headers", "keep_alive", "upgrade", "version")
 
-    def __init__(self, method: str, target: bytes, headers: dict[str, str], keep_alive: bool, upgrade: bool):
+    def __init__(self, method: str, target: bytes, headers: dict[str, str], keep_alive: bool, upgrade: bool,
+                 version: str = "1.1"):
         self.method, self.target, self.headers = method, target, headers
-        self.keep_alive, self.upgrade = keep_alive, upgrade
+        self.keep_alive, self.upgrade, self.version = keep_alive, upgrade, version
 
 
 class HttpPhase:
@@ -74,7 +76,7 @@ class HttpPhase:
     def on_message_complete(self) -> None:
         p = self.parser
         self.requests.append(Request(p.get_method().decode(), self.target, self.headers,
-                                     p.should_keep_alive(), p.should_upgrade()))
+                                     p.should_keep_alive(), p.should_upgrade(), p.get_http_version()))
         self.target, self.headers, self.head_bytes = b"", {}, 0
 
 
@@ -157,8 +159,9 @@ class Connection(Subscriber, asyncio.Protocol):
         except httptools.HttpParserUpgrade as upgrade:
             http.rest = data[upgrade.args[0]:]
             self.transport.pause_reading()  # the handshake decides what comes next
-        except httptools.HttpParserError:
-            self.respond(400, b'{"error":"bad_request","message":"malformed HTTP request"}', False)
+        except httptools.HttpParserError as exc:
+            refused = parser_refusal(str(exc))
+            self.respond(refused.status, refused.body, False)
             return
         if http.requests and http.task is None:
             http.task = asyncio.get_running_loop().create_task(self._serve_http())
@@ -170,6 +173,10 @@ class Connection(Subscriber, asyncio.Protocol):
         try:
             while http.requests and not self.closing:
                 request = http.requests.popleft()
+                refused = refusal(request.method, request.version, request.headers, request.upgrade)
+                if refused is not None:  # the RFCs' refusals, before any routing
+                    self.respond(refused.status, refused.body, False, refused.headers)
+                    return
                 if request.upgrade and await self.daemon.handle_upgrade(self, request):
                     return  # a WebSocket now; nothing after the upgrade is HTTP
                 if not request.upgrade:
