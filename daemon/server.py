@@ -27,7 +27,7 @@ from websockets.server import ServerProtocol
 from chat import auth
 from chat.metrics_port import serve_metrics
 from chat.parsing import is_decimal
-from chat.serve import reuseport_socket
+from chat.serve import LISTEN_BACKLOG, reuseport_socket
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
 from daemon import metrics
@@ -465,7 +465,8 @@ async def run(settings: Settings, tail=None) -> None:
     # it should be told); past the ceiling above it, at once, so that silent
     # sockets stop short of the open-files limit.
     ceiling = connection_ceiling(settings.max_connections)
-    acceptor = Acceptor(loop, reuseport_socket(settings.daemon_host, settings.daemon_port), lambda: Connection(daemon),
+    listener = reuseport_socket(settings.daemon_host, settings.daemon_port, listen=False)
+    acceptor = Acceptor(loop, listener, lambda: Connection(daemon),
                         room=lambda accepting: len(daemon.conns) + accepting < ceiling)
     # What exists now (modules, classes, settings: some 60,000 objects) lives
     # as long as the process: out of the cyclic GC's sight, so that its full
@@ -473,6 +474,7 @@ async def run(settings: Settings, tail=None) -> None:
     gc.freeze()
     metrics.watch_gc()
     serve_metrics(settings.daemon_host, settings.metrics_port)
+    listener.listen(LISTEN_BACKLOG)  # only now: the kernel queues connections for this process from here on
     acceptor.start()
     log.info("event=daemon_started port=%d pid=%d", settings.daemon_port, os.getpid())
     try:
