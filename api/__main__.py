@@ -1,6 +1,7 @@
 """``python -m api``: one write-API process on the shared port."""
 
 from api.app import create_app
+from chat.auth_config import require_safe_auth
 from chat.logs import setup_logging
 from chat.serve import serve
 from chat.settings import Settings
@@ -8,5 +9,6 @@ from chat.settings import Settings
 if __name__ == "__main__":
     settings = Settings()
     setup_logging(settings.log_level)
+    require_safe_auth(settings, "api", serves_dev_login=True)
     serve(create_app(settings), settings.api_host, settings.api_port, settings.api_head_timeout_seconds,
           limit_concurrency=4000, timeout_keep_alive=75, h11_max_incomplete_event_size=16 * 1024)

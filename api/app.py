@@ -125,12 +125,18 @@ async def get_conversations(request: Request) -> Response:
 async def dev_token(request: Request) -> Response:
     """Development only (CHAT_DEV_LOGIN): a token for any user, no password."""
     st = _state(request)
-    if not st.settings.dev_login:
+    if not dev_login_on(st.settings):
         raise ApiError(404, "not_found", f"no route {request.url.path}")
     raw = await read_body(request.receive, request.headers.get("content-length"), st.settings.request_max_bytes)
     user = parse_dev_login(raw)
     token = auth.mint(st.settings.jwt_secret.get_secret_value(), user, DEV_TOKEN_TTL_SECONDS)
     return json_response({"token": token, "user": user})
+
+
+def dev_login_on(settings: Settings) -> bool:
+    """Only on a development machine: `python -m api` refuses to start with dev login
+    and no dev mode (chat.auth_config), and an app made another way serves none."""
+    return settings.dev_login and settings.dev_mode
 
 
 def daemon_urls(public_url: str, scheme: str, host: str, daemon_port: int) -> dict[str, str]:
@@ -149,7 +155,7 @@ async def client_config(request: Request) -> Response:
     settings = _state(request).settings
     urls = daemon_urls(settings.public_daemon_url, request.url.scheme, request.url.hostname or settings.api_host,
                        settings.daemon_port)
-    return json_response({**urls, "dev_login": settings.dev_login})
+    return json_response({**urls, "dev_login": dev_login_on(settings)})
 
 
 async def home(request: Request) -> Response:

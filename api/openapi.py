@@ -127,7 +127,7 @@ OPENAPI = {
         },
         "/v1/dev/token": {
             "post": {
-                "summary": "Development only (CHAT_DEV_LOGIN): a token for any user, no password",
+                "summary": "Development only (CHAT_DEV_LOGIN with CHAT_DEV_MODE): a token for any user, no password",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": {
                     "type": "object", "additionalProperties": False, "required": ["user"],
                     "properties": {"user": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}}}}}},

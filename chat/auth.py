@@ -38,12 +38,17 @@ def mint(secret: str, user: str, ttl_seconds: int = 3600) -> str:
 
 def verify(secret: str, token: str | None) -> str:
     """Returns the user id the token speaks for, or raises AuthError."""
+    return verify_until(secret, token)[0]
+
+
+def verify_until(secret: str, token: str | None) -> tuple[str, float]:
+    """The user id the token speaks for and its ``exp`` (Unix time), or raises AuthError."""
     if not token:
         raise AuthError("missing token")
     user, expires = _verified(secret, token)
     if expires <= time.time():
         raise AuthError("token expired")
-    return user
+    return user, expires
 
 
 @lru_cache(maxsize=VERIFIED_CACHE_MAX)

@@ -17,7 +17,21 @@ from prometheus_client import start_http_server
 log = logging.getLogger("chat.metrics")
 
 
-def serve_metrics(host: str, port: int) -> None:
-    if port:
+def serve_metrics(host: str, port: int) -> bool:
+    """Serves /metrics on ``port`` (0: none); False if it cannot.
+
+    A port that is taken (another program, a stale process) costs this
+    process its own scrape target, not its service: it logs an error that
+    names the port and the reason, and carries on. Exiting instead would
+    crash-loop under supervisord and take the process's share of the shared
+    port with it, for the sake of an auxiliary endpoint."""
+    if not port:
+        return True
+    try:
         start_http_server(port, addr=host)
-        log.info("event=metrics_port port=%d", port)
+    except OSError as exc:
+        log.error("event=metrics_port_failed host=%s port=%d error=%r action=serving_without_metrics_port",
+                  host, port, exc.strerror or str(exc))
+        return False
+    log.info("event=metrics_port port=%d", port)
+    return True

@@ -94,21 +94,31 @@ class KeepAliveHttp10(HttpToolsProtocol):
             self.transport.close()
 
 
-def reuseport_socket(host: str, port: int, backlog: int = 4096) -> socket.socket:
+LISTEN_BACKLOG = 4096
+
+
+def reuseport_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG, listen: bool = True) -> socket.socket:
+    """A socket bound to the port the processes share. With ``listen=False`` it
+    is only bound: the kernel hands a socket of an SO_REUSEPORT group
+    connections only once it listens, so a process listens when it is ready to
+    serve, and one that fails to start never takes connections down with it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(backlog)
+    if listen:
+        sock.listen(backlog)
     sock.set_inheritable(True)
     return sock
 
 
 def serve(app, host: str, port: int, head_timeout_seconds: float = 10.0, **config) -> None:
-    sock = reuseport_socket(host, port)
+    # Bound now, listening once the app's start-up (its lifespan) is done:
+    # uvicorn's create_server listens only after it.
+    sock = reuseport_socket(host, port, listen=False)
     http = type("KeepAliveHttp10", (KeepAliveHttp10,), {"head_timeout": head_timeout_seconds})
     # proxy_headers off: nothing here reads the client address (limits are
     # per user), so the middleware would only cost time on every request.
     cfg = uvicorn.Config(app, log_config=None, access_log=False, loop="uvloop", http=http,
-                         proxy_headers=False, backlog=4096, **config)
+                         proxy_headers=False, backlog=LISTEN_BACKLOG, **config)
     uvicorn.Server(cfg).run(sockets=[sock])

@@ -10,14 +10,23 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Public (it is in this file), so only development mode accepts it (chat.auth_config).
+DEV_JWT_SECRET = "dev-secret-change-me-0123456789abcdef"
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHAT_", env_file=".env", extra="ignore")
 
     # --- auth ---------------------------------------------------------------
     jwt_secret: SecretStr = Field(
-        SecretStr("dev-secret-change-me-0123456789abcdef"),
-        description="HS256 key that signs client tokens. Set a long random value in production.",
+        SecretStr(DEV_JWT_SECRET),
+        description="HS256 key that signs client tokens: 32 bytes or more, random, the same on every host. The "
+        "API, the daemons and `chatctl` refuse to start with this default, a placeholder or a shorter one "
+        "unless `CHAT_DEV_MODE` is on.",
+    )
+    dev_mode: bool = Field(
+        False, description="A development machine: the default or a weak `CHAT_JWT_SECRET` is accepted, and "
+        "`CHAT_DEV_LOGIN` may be on. `make run` sets it (`supervisord.conf`); never in production.",
     )
 
     # --- stores -------------------------------------------------------------
@@ -62,8 +71,8 @@ class Settings(BaseSettings):
     )
     db_timeout_seconds: float = Field(2.0, gt=0, description="MySQL lock/statement and Mongo timeouts.")
     dev_login: bool = Field(
-        False, description="Serve `POST /v1/dev/token`: log in as any user, no password. "
-        "`make run` turns it on; never in production.",
+        False, description="Serve `POST /v1/dev/token`: log in as any user, no password. Requires "
+        "`CHAT_DEV_MODE` (the API refuses to start without it). `make run` turns both on; never in production.",
     )
     public_daemon_url: str = Field(
         "", description="Daemon base URL the web page connects to (production: the proxy, "

@@ -16,12 +16,20 @@ import orjson
 import typer
 
 from chat import auth
+from chat.auth_config import require_safe_auth
 from chat.settings import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 _DURATION = re.compile(r"(\d+)([smhd]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def signing_settings() -> Settings:
+    """The settings, if their secret may sign tokens (chat.auth_config); else exits with why."""
+    settings = Settings()
+    require_safe_auth(settings, "chatctl")
+    return settings
 
 
 def parse_ttl(text: str) -> int:
@@ -34,7 +42,7 @@ def parse_ttl(text: str) -> int:
 @app.command()
 def token(user: str, ttl: str = typer.Option("1h", help="Lifetime: 90s, 15m, 1h, 7d")) -> None:
     """Print a JWT (HS256, signed with CHAT_JWT_SECRET) whose sub is USER."""
-    settings = Settings()
+    settings = signing_settings()
     try:
         typer.echo(auth.mint(settings.jwt_secret.get_secret_value(), user, parse_ttl(ttl)))
     except ValueError as exc:
@@ -46,7 +54,7 @@ def send(to: str, body: str, sender: str = typer.Option(..., "--as", help="Send 
          client_msg_id: str = typer.Option(None, help="Idempotency key; a retry with it stores nothing new"),
          api: str = typer.Option(None, help="API base URL (default from settings)")) -> None:
     """POST one message and print the stored message as JSON."""
-    settings = Settings()
+    settings = signing_settings()
     base = api or f"http://{settings.api_host}:{settings.api_port}"
     tok = auth.mint(settings.jwt_secret.get_secret_value(), sender, 300)
     payload = {"to": to, "body": body}
@@ -66,7 +74,7 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
     """Print incoming messages as JSON lines; reconnects and resumes with since."""
     from chatctl.client import listen as run_listen
 
-    settings = Settings()
+    settings = signing_settings()
     base = url or f"ws://{settings.daemon_host}:{settings.daemon_port}"
     tok = auth.mint(settings.jwt_secret.get_secret_value(), user, 86400)
 

@@ -10,13 +10,14 @@ Routing and admission live in ``daemon.server``; the bookkeeping in
 ``daemon.hub``. Close codes: 1002 protocol error, 1007 a close reason that
 is not UTF-8, 1008 inbound frame rate,
 1009 inbound frame too big, 1011 server error, 1012 restarting, 1013 behind
-the client's since (retry), 4008 slow consumer.
+the client's since (retry), 4001 token expired, 4008 slow consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from daemon import metrics
+from daemon.http_checks import parser_refusal, refusal
 from daemon.hub import SLOW_CONSUMER, Subscriber
 from daemon.wire import PING, FrameReader, Opcode, PayloadTooBig, ProtocolError, close_frame, http_response
 from daemon.wire import parse_close, pong_frame, text_frame
@@ -35,17 +37,19 @@ log = logging.getLogger("chat.daemon")
 
 CLOSE_PROTOCOL, CLOSE_INVALID_DATA, CLOSE_RATE, CLOSE_TOO_BIG, CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN = (
     1002, 1007, 1008, 1009, 1011, 1012, 1013)
+CLOSE_TOKEN_EXPIRED = 4001  # the token's `exp` passed (as HTTP 401): reconnect with a new token and since
 REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
 PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
 CLOSE_STALL_SECONDS = 10.0  # a closing peer that reads nothing for this long is cut off (websockets' close_timeout)
 
 
 class Request:
-    __slots__ = ("method", "target", "headers", "keep_alive", "upgrade")
+    __slots__ = ("method", "target", "headers", "keep_alive", "upgrade", "version")
 
-    def __init__(self, method: str, target: bytes, headers: dict[str, str], keep_alive: bool, upgrade: bool):
+    def __init__(self, method: str, target: bytes, headers: dict[str, str], keep_alive: bool, upgrade: bool,
+                 version: str = "1.1"):
         self.method, self.target, self.headers = method, target, headers
-        self.keep_alive, self.upgrade = keep_alive, upgrade
+        self.keep_alive, self.upgrade, self.version = keep_alive, upgrade, version
 
 
 class HttpPhase:
@@ -72,13 +76,13 @@ class HttpPhase:
     def on_message_complete(self) -> None:
         p = self.parser
         self.requests.append(Request(p.get_method().decode(), self.target, self.headers,
-                                     p.should_keep_alive(), p.should_upgrade()))
+                                     p.should_keep_alive(), p.should_upgrade(), p.get_http_version()))
         self.target, self.headers, self.head_bytes = b"", {}, 0
 
 
 class Connection(Subscriber, asyncio.Protocol):
     __slots__ = ("daemon", "transport", "http", "reader", "ping_sent", "next_ping",
-                 "window_start", "window_count", "closing", "write_paused", "drain_waiter")
+                 "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires")
 
     def __init__(self, daemon: Daemon):
         Subscriber.__init__(self, "", 0)
@@ -93,6 +97,7 @@ class Connection(Subscriber, asyncio.Protocol):
         self.closing = False
         self.write_paused = False  # the transport holds more than its high-water mark
         self.drain_waiter: asyncio.Future | None = None  # a paged catch-up waiting for it to drain
+        self.expires = math.inf  # monotonic time the WebSocket's token expires (set at the upgrade)
         # Counted from the moment it exists, not from connection_made: the
         # acceptor counts a socket until its protocol is made, and the two
         # counts must meet with no gap (a burst of accepts slipped through it).
@@ -154,8 +159,9 @@ class Connection(Subscriber, asyncio.Protocol):
         except httptools.HttpParserUpgrade as upgrade:
             http.rest = data[upgrade.args[0]:]
             self.transport.pause_reading()  # the handshake decides what comes next
-        except httptools.HttpParserError:
-            self.respond(400, b'{"error":"bad_request","message":"malformed HTTP request"}', False)
+        except httptools.HttpParserError as exc:
+            refused = parser_refusal(str(exc))
+            self.respond(refused.status, refused.body, False)
             return
         if http.requests and http.task is None:
             http.task = asyncio.get_running_loop().create_task(self._serve_http())
@@ -167,6 +173,10 @@ class Connection(Subscriber, asyncio.Protocol):
         try:
             while http.requests and not self.closing:
                 request = http.requests.popleft()
+                refused = refusal(request.method, request.version, request.headers, request.upgrade)
+                if refused is not None:  # the RFCs' refusals, before any routing
+                    self.respond(refused.status, refused.body, False, refused.headers)
+                    return
                 if request.upgrade and await self.daemon.handle_upgrade(self, request):
                     return  # a WebSocket now; nothing after the upgrade is HTTP
                 if not request.upgrade:
@@ -269,6 +279,10 @@ class Connection(Subscriber, asyncio.Protocol):
     # --- WebSocket: keep-alive and closing ------------------------------------
     def heartbeat(self, now: float) -> None:
         """Called about every second by the daemon for every WebSocket."""
+        if now >= self.expires:  # the handshake checked the token; the heartbeat holds it to its `exp`
+            metrics.CLOSES.labels("token_expired").inc()
+            self.close(CLOSE_TOKEN_EXPIRED, "token expired: reconnect with a new token and since")
+            return
         settings = self.daemon.settings
         if self.ping_sent:
             if now - self.ping_sent > settings.ping_timeout_seconds:

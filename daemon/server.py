@@ -4,7 +4,8 @@ It moves data between sockets (``daemon.connection``) and the core
 (``daemon.hub``, ``daemon.stream``) and holds no delivery rules of its own.
 Refused handshakes: 401 bad token, 403 origin not allowed, 426 not a
 WebSocket handshake, 503 at capacity or restarting. A daemon that has not
-reached the client's ``since`` within 2 s closes with 1013 (poll: 503).
+reached the client's ``since`` within 2 s closes with 1013 (poll: 503). A
+WebSocket whose token expires is closed with 4001 (the heartbeat sees it).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from websockets.server import ServerProtocol
 from chat import auth
 from chat.metrics_port import serve_metrics
 from chat.parsing import is_decimal
-from chat.serve import reuseport_socket
+from chat.serve import LISTEN_BACKLOG, reuseport_socket
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
 from daemon import metrics
@@ -111,10 +112,11 @@ class Daemon:
         self.draining = False
 
     # --- admission ------------------------------------------------------------
-    def admit(self, token: str | None, origin: str | None) -> str:
-        """The user, decided before anything is registered; or a Refusal."""
+    def admit(self, token: str | None, origin: str | None) -> tuple[str, float]:
+        """The user and the token's ``exp`` (Unix time), decided before anything
+        is registered; or a Refusal."""
         try:
-            user = auth.verify(self.settings.jwt_secret.get_secret_value(), token)
+            user, expires = auth.verify_until(self.settings.jwt_secret.get_secret_value(), token)
         except auth.AuthError as exc:
             metrics.REJECTS.labels("auth").inc()
             raise Refusal(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"}) from None
@@ -129,7 +131,7 @@ class Daemon:
             metrics.REJECTS.labels("capacity").inc()
             raise Refusal(503, "try_again_later", "this daemon is full, starting or restarting; retry",
                           {"Retry-After": "1"})
-        return user
+        return user, expires
 
     def origin_allowed(self, origin: str) -> bool:
         allowed = self.settings.allowed_origins
@@ -179,13 +181,15 @@ class Daemon:
             return False
         try:
             token = query.get("token") or auth.bearer(request.headers.get("authorization"))
-            user = self.admit(token, request.headers.get("origin"))
+            user, expires = self.admit(token, request.headers.get("origin"))
         except Refusal as refusal:
             conn.respond(refusal.status, refusal.body(), False, refusal.headers)
             return False
         if conn.closing:
             return True
         conn.upgrade(user, response.serialize())
+        # One number per socket; the heartbeat closes it with 4001 once it is past.
+        conn.expires = time.monotonic() + (expires - time.time())
         self.sockets.add(conn)
         metrics.WS_OPEN.inc()
         try:
@@ -257,7 +261,8 @@ class Daemon:
         headers = self.cors_headers(request.headers.get("origin"))
         try:
             token = auth.bearer(request.headers.get("authorization")) or query.get("token")
-            user = self.admit(token, None)
+            # The WebSocket's checks, origin included. A poll is short: its token need only be valid now.
+            user, _expires = self.admit(token, request.headers.get("origin"))
             default = min(POLL_DEFAULT_TIMEOUT, self.settings.poll_max_timeout_seconds)
             timeout = _poll_timeout(query.get("timeout", f"{default:g}"), self.settings.poll_max_timeout_seconds)
             limit = _poll_limit(query.get("limit"), self.settings.poll_max_messages)
@@ -460,7 +465,8 @@ async def run(settings: Settings, tail=None) -> None:
     # it should be told); past the ceiling above it, at once, so that silent
     # sockets stop short of the open-files limit.
     ceiling = connection_ceiling(settings.max_connections)
-    acceptor = Acceptor(loop, reuseport_socket(settings.daemon_host, settings.daemon_port), lambda: Connection(daemon),
+    listener = reuseport_socket(settings.daemon_host, settings.daemon_port, listen=False)
+    acceptor = Acceptor(loop, listener, lambda: Connection(daemon),
                         room=lambda accepting: len(daemon.conns) + accepting < ceiling)
     # What exists now (modules, classes, settings: some 60,000 objects) lives
     # as long as the process: out of the cyclic GC's sight, so that its full
@@ -468,6 +474,7 @@ async def run(settings: Settings, tail=None) -> None:
     gc.freeze()
     metrics.watch_gc()
     serve_metrics(settings.daemon_host, settings.metrics_port)
+    listener.listen(LISTEN_BACKLOG)  # only now: the kernel queues connections for this process from here on
     acceptor.start()
     log.info("event=daemon_started port=%d pid=%d", settings.daemon_port, os.getpid())
     try:

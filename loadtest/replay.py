@@ -43,6 +43,7 @@ import typer
 import uvloop
 from tqdm import tqdm
 
+from chat.auth_config import require_safe_auth
 from chat.logs import setup_logging
 from chat.settings import Settings
 from daemon.oplog import RESTARTED
@@ -126,6 +127,7 @@ def serve(entries_file: Path, clients: int, count: int, rate: float, batch: int,
 
     settings = Settings()
     setup_logging(settings.log_level)
+    require_safe_auth(settings, "replay daemon")
     entries = bson.decode_all(entries_file.read_bytes())
     uvloop.run(run(settings, tail=ReplayTail(entries, clients, count, rate, batch, senders_offline)))
 

@@ -19,6 +19,7 @@ cat <<BANNER
   profiles), log in as alice in one and bob in the other, open the chat, type.
 
   Or in a second terminal in this folder:
+    export CHAT_DEV_MODE=true   # chatctl signs with the development secret, as make run does
     BOB=\$(.venv/bin/chatctl token bob); ALICE=\$(.venv/bin/chatctl token alice)
     .venv/bin/python -m websockets "ws://127.0.0.1:8100/v1/ws?token=\$BOB" &
     curl -s -X POST http://127.0.0.1:8000/v1/messages -H "Authorization: Bearer \$ALICE" \\

@@ -56,11 +56,18 @@ def test_the_page_is_served_and_slash_redirects_to_it(system):
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
 
 
-def test_poll_lets_allowed_origins_read_it_and_no_others(system, users):
+def test_poll_lets_allowed_origins_read_it_and_refuses_others_as_the_websocket_does(system, users):
     token = system.token(users("bob"))
     allowed = "http://127.0.0.1:8000"  # in the default CHAT_ALLOWED_ORIGINS
     reply = httpx.get(system.poll_url, params={"token": token, "timeout": 0}, headers={"Origin": allowed})
     assert reply.status_code == 200
     assert reply.headers["access-control-allow-origin"] == allowed and reply.headers["vary"] == "Origin"
+    refusal = {"error": "origin_not_allowed", "message": "origin 'http://evil.test' is not allowed"}
     other = httpx.get(system.poll_url, params={"token": token, "timeout": 0}, headers={"Origin": "http://evil.test"})
-    assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+    assert other.status_code == 403 and other.json() == refusal
+    assert "access-control-allow-origin" not in other.headers
+    handshake = httpx.get(f"http://127.0.0.1:{system.daemon_port}/v1/ws", params={"token": token}, headers={
+        "Origin": "http://evil.test", "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    assert handshake.status_code == 403 and handshake.json() == refusal
+    assert httpx.get(system.poll_url, params={"token": token, "timeout": 0}).status_code == 200  # no Origin: not a browser

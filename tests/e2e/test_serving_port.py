@@ -1,0 +1,80 @@
+"""A process takes connections on the shared port only once it can serve them,
+and an auxiliary port that is taken (its own /metrics) does not stop it serving."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+
+from tests.servers import ROOT, free_port, stop, wait_port
+from tests.system import running_system
+
+
+def test_processes_whose_metrics_port_is_taken_serve_without_it_and_say_so(dbs, users):
+    with socket.socket() as squatter:  # another program on the metrics port
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        with running_system(dbs, daemons=1, apis=1, CHAT_METRICS_PORT=str(port)) as s:
+            alice, bob = users("alice"), users("bob")
+            reply = httpx.post(f"{s.api_url}/v1/messages", json={"to": bob, "body": "hi"},
+                               headers={"Authorization": f"Bearer {s.token(alice)}"})
+            assert reply.status_code == 201
+            poll = httpx.get(s.poll_url, params={"token": s.token(bob), "since": "0", "timeout": 0})
+            assert poll.status_code == 200 and [m["id"] for m in poll.json()["messages"]][-1] == reply.json()["id"]
+            for name in ("api_0", "daemon_0"):
+                assert s.procs[name].poll() is None, f"{name} exited"
+                log = (s.logdir / f"{name}.log").read_text()
+                line = next(line for line in log.splitlines() if "event=metrics_port_failed" in line)
+                assert "level=ERROR" in line and f"port={port} " in line
+                assert "error='Address already in use'" in line and "action=serving_without_metrics_port" in line
+
+
+# An ASGI app whose start-up waits for a file: the shared port's state can be
+# looked at while a process is still starting.
+SLOW_START = textwrap.dedent("""
+    import asyncio, os, sys
+    from chat.serve import serve
+
+    started, gate, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await receive()
+            open(started, "w").close()
+            while not os.path.exists(gate):
+                await asyncio.sleep(0.02)
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"serving"})
+
+    serve(app, "127.0.0.1", port)
+""")
+
+
+def test_the_shared_port_refuses_connections_until_start_up_is_done(tmp_path):
+    started, gate, port = tmp_path / "started", tmp_path / "gate", free_port()
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_START, str(started), str(gate), str(port)], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 20
+        while not started.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        # Bound, still starting: a connection is refused, not queued for a
+        # process that may yet fail and drop it.
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2)
+        gate.touch()
+        wait_port(port, 20, proc)
+        assert httpx.get(f"http://127.0.0.1:{port}/").text == "serving"
+    finally:
+        stop(proc)
