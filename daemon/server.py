@@ -29,13 +29,14 @@ from chat.metrics_port import serve_metrics
 from chat.parsing import is_decimal
 from chat.serve import LISTEN_BACKLOG, reuseport_socket
 from chat.settings import Settings
-from chat.stopping import stop_on_signals
+from chat.stopping import bounded, exit_by, stop_on_signals
 from daemon import metrics
 from daemon.acceptor import Acceptor, connection_ceiling
 from daemon.connection import CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN, Connection, Request
 from daemon.hub import Hub, Subscriber
 from daemon.oplog import OplogTail
-from daemon.stream import CatchUp, Stream, first_page
+from daemon.catchup import CatchUp, first_page
+from daemon.stream import Stream
 from daemon.wire import text_frame
 from db import mongo
 from db.sql import make_engine
@@ -46,6 +47,10 @@ log = logging.getLogger("chat.daemon")
 
 POLL_DEFAULT_TIMEOUT = 25.0  # seconds, when a poll names none (and the cap allows it)
 FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
+# After the drain, each step of the shutdown gets this long, and the whole of it
+# SHUTDOWN_GRACE_SECONDS, whatever the stores do: well inside supervisord's 20 s.
+SHUTDOWN_STEP_SECONDS = 1.0
+SHUTDOWN_GRACE_SECONDS = 3.0
 # Heartbeats visit the WebSockets this many at a time, then let the loop run.
 # One pass over 10,000 of them (about 500 pings a second at a 20 s interval)
 # held the loop for 18-26 ms of CPU each second (measured, instrumented, in the
@@ -480,13 +485,17 @@ async def run(settings: Settings, tail=None) -> None:
     try:
         await stop.wait()
         log.info("event=daemon_draining connections=%d", hub.count)
+        exit_by(settings.drain_seconds + SHUTDOWN_GRACE_SECONDS, lambda: 1 if failed else 0, log)
         acceptor.close()
         await daemon.drain()
     finally:
+        # Each step bounded: with a store that hangs, the stream's reads clean
+        # up by talking to it, and the Mongo client's close asks it to end its
+        # sessions, each up to a socket timeout (10 s).
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await client.close()
+        await bounded("tasks", asyncio.gather(*tasks, return_exceptions=True), SHUTDOWN_STEP_SECONDS, log)
+        await bounded("mongo_close", client.close(), SHUTDOWN_STEP_SECONDS, log)
         if ranges is not None:
             ranges.close()
         log.info("event=daemon_stopped")

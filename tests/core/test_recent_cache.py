@@ -1,16 +1,18 @@
-"""Catch-up served from a daemon's cache of recent messages, with no database:
-exactly the user's messages in (since, upto], oldest first, from any part of
-the cache (it is walked from whichever end is nearer)."""
+"""Catch-up served from a daemon's cache of recent messages, with no database
+(daemon/recent_cache.py, daemon/catchup.py): exactly the user's messages in
+(since, upto], oldest first, from any part of the cache (it is walked from
+whichever end is nearer), in pages."""
 
 import gc
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from daemon.hub import Hub
-from daemon.stream import Stream
+from daemon import catchup
+from daemon.recent_cache import RecentCache
 
 USERS = ["ann", "bob", "cat"]
+LONG_AGO = datetime.now(UTC) - timedelta(days=2)
 
 
 def doc(i):
@@ -19,45 +21,68 @@ def doc(i):
 
 
 @pytest.fixture
-def stream():
-    s = Stream(None, None, Hub(1 << 20), retention_seconds=86_400, cache_max=1000, gap_check_seconds=1)
-    s._cache_extend([doc(i) for i in range(1, 1501)])  # the first 500 fall out
-    return s
+def cache():
+    c = RecentCache(1000)
+    c.extend([doc(i) for i in range(1, 1501)])  # the first 500 fall out
+    return c
+
+
+async def catch_up(cache, user, since, upto, most=None):
+    return await catchup.first_page(catchup.paginate(catchup.from_cache(cache, user, since, upto), LONG_AGO,
+                                                     most, None))
 
 
 @pytest.mark.parametrize(("since", "upto"), [(500, 510), (500, 1500), (900, 1000), (1400, 1500), (1499, 1500),
                                              (1200, 1201)])
-async def test_catch_up_from_the_cache_is_exact_from_either_end(stream, since, upto):
+async def test_catch_up_from_the_cache_is_exact_from_either_end(cache, since, upto):
+    assert cache.covers(since, upto)
     for user in USERS:
-        got = await stream.catch_up(user, since, upto)
+        got = await catch_up(cache, user, since, upto)
         assert got.recovered
         want = [i for i in range(since + 1, upto + 1) if user in (USERS[i % 3], USERS[(i + 1) % 3])]
         assert [msg_id for msg_id, _payload, _ in got.frames] == want
         assert all(f'"body":"m{msg_id}"'.encode() in payload for msg_id, payload, _ in got.frames)
 
 
-async def test_catch_up_can_stop_at_the_oldest_few(stream):
+def test_the_cache_covers_only_what_it_holds(cache):
+    assert not cache.covers(499, 510)  # 500 fell out
+    assert not cache.covers(1400, 1501)  # not yet there
+    assert not RecentCache(1000).covers(0, 1)
+
+
+async def test_catch_up_can_stop_at_the_oldest_few(cache):
     # A long-poll asks for one more than its answer holds, to tell that it is cut.
-    got = await stream.catch_up("bob", 600, 1500, most=4)
+    got = await catch_up(cache, "bob", 600, 1500, most=4)
     assert [msg_id for msg_id, _payload, _ in got.frames] == [i for i in range(601, 1501) if i % 3 in (0, 1)][:4]
-    assert len((await stream.catch_up("bob", 1490, 1500, most=100)).frames) == 7
+    assert got.more
+    assert len((await catch_up(cache, "bob", 1490, 1500, most=100)).frames) == 7
 
 
-def test_cached_messages_are_not_tracked_by_the_cyclic_gc(stream):
+def test_cached_messages_are_not_tracked_by_the_cyclic_gc(cache):
     # A full collection walks every tracked object and stops the event loop
-    # meanwhile: a 50,000-message cache must not add to it (daemon/stream.py).
+    # meanwhile: a 50,000-message cache must not add to it.
     gc.collect()
-    assert len(stream._cache) == 1000
-    assert not any(gc.is_tracked(entry) for entry in stream._cache)
+    assert len(cache) == 1000
+    assert not any(gc.is_tracked(entry) for entry in cache)
+
+
+def test_a_message_out_of_order_empties_the_cache_so_it_stays_contiguous(cache):
+    cache.extend([doc(1502)])  # 1501 never came
+    assert [entry[0] for entry in cache] == [1502]
 
 
 async def test_the_cache_is_bounded_in_bytes_too_and_drops_the_oldest_first():
-    s = Stream(None, None, Hub(1 << 20), retention_seconds=86_400, cache_max=1000, gap_check_seconds=1,
-               cache_max_bytes=20_000)
-    s._cache_extend([doc(i) for i in range(1, 1501)])
-    sizes = [len(entry[4]) for entry in s._cache]
+    c = RecentCache(1000, max_bytes=20_000)
+    c.extend([doc(i) for i in range(1, 1501)])
+    sizes = [len(entry[4]) for entry in c]
     assert sum(sizes) <= 20_000 < sum(sizes) + 200  # full: one more message would not fit
-    assert [entry[0] for entry in s._cache] == list(range(1501 - len(sizes), 1501))  # the newest, contiguous
-    assert s._cache_bytes == sum(sizes)
-    got = await s.catch_up("bob", 1490, 1500)
+    assert [entry[0] for entry in c] == list(range(1501 - len(sizes), 1501))  # the newest, contiguous
+    got = await catch_up(c, "bob", 1490, 1500)
     assert [msg_id for msg_id, _payload, _ in got.frames] == [i for i in range(1491, 1501) if i % 3 in (0, 1)]
+
+
+async def test_expired_messages_are_left_out_and_the_page_says_not_recovered(cache):
+    cutoff = datetime.now(UTC) + timedelta(seconds=1)  # everything in the cache is older
+    got = await catchup.first_page(catchup.paginate(catchup.from_cache(cache, "bob", 1490, 1500), cutoff,
+                                                    None, None))
+    assert got.frames == [] and not got.recovered

@@ -118,14 +118,38 @@ async def test_rows_mysql_does_not_have_in_order_leave_the_hole_to_the_collectio
     tail = _BurstTail([msgs[0].to_doc(), msgs[4].to_doc()], batch=2)
     reads = count_calls(monkeypatch, mongo, "messages_between")  # each a full scan on FerretDB
     with mysql_database(dbs) as engine:
-        store_in_mysql(engine, [msgs[1], msgs[4]])
         ranges = StreamRanges(engine)
         async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
                                    ranges=ranges) as (db, stream, bob):
+            store_in_mysql(engine, [msgs[1], msgs[4]])
             await db[mongo.MESSAGES].insert_many([m.to_doc() for m in msgs])
             reads.clear()
             tail.go.set()
             await until_position(stream, 5)
             assert bob.got == [1, 2, 3, 4, 5]
             assert len(reads) >= 1
+        ranges.close()
+
+
+async def test_an_id_gone_from_both_stores_is_passed_over_once_not_read_for_ever(dbs, monkeypatch):
+    # Message 3 was deleted from MySQL and from the collection (an operator
+    # removing it): the fill reads the collection for it once, passes over it,
+    # and the gap check, every 0.2 s here, finds nothing more to read.
+    msgs = [Message(i, "alice", "bob", f"m{i}", now_ms()) for i in range(1, 5)]
+    kept = [msgs[0], msgs[1], msgs[3]]
+    tail = _BurstTail([m.to_doc() for m in kept], batch=3)
+    reads = count_calls(monkeypatch, mongo, "messages_between")  # each a full scan on FerretDB
+    with mysql_database(dbs) as engine:
+        ranges = StreamRanges(engine)
+        async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=0.2,
+                                   ranges=ranges) as (db, stream, bob):
+            store_in_mysql(engine, kept)
+            await db[mongo.MESSAGES].insert_many([m.to_doc() for m in kept])
+            reads.clear()
+            tail.go.set()
+            await until_position(stream, 4)
+            assert bob.got == [1, 2, 4]
+            await asyncio.sleep(1.0)  # five gap checks
+            assert len(reads) == 1
+            assert stream.position == 4
         ranges.close()

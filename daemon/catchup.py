@@ -1,0 +1,102 @@
+"""Catch-up pages: a user's messages after ``since``, oldest first, cut into
+pages by count and bytes, with ``recovered`` False where messages are missing.
+Pure: the items come from the recent cache or from a read of the store
+(``daemon.stream``), and nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from daemon.recent_cache import RecentCache
+
+GAP = object()  # in a catch-up's items: messages may be missing here
+
+# (id, created_at, JSON payload) of one of the user's messages, or GAP
+Item = tuple[int, datetime, bytes] | object
+
+
+@dataclass
+class CatchUp:
+    recovered: bool
+    frames: list[tuple[int, bytes, None]]
+    more: bool = False  # another page follows
+
+
+async def no_items() -> AsyncIterator[Item]:
+    return
+    yield  # an async generator that yields nothing
+
+
+async def from_cache(cache: RecentCache, user: str, since: int, upto: int) -> AsyncIterator[Item]:
+    """The user's messages (either side) in (since, upto], which the cache covers."""
+    for msg_id, sender, recipient, created_at, payload in cache.between(since, upto):
+        if recipient == user or sender == user:
+            yield msg_id, created_at, payload
+
+
+async def paginate(items: AsyncIterator[Item], cutoff: datetime, most: int | None,
+                   max_bytes: int | None) -> AsyncIterator[CatchUp]:
+    """``items`` in pages of at most ``most`` messages and ``max_bytes`` of
+    payload (one message at least); the last page has ``more`` False.
+
+    A page's ``recovered`` is False if messages before or in it were left
+    out: created before ``cutoff`` (expired), or a GAP in the items (the store
+    lost some while it was read). On the first page that sends the client to
+    reload history. On a later one, messages expired while the client read
+    the earlier pages: a caller must not pass that page on as if nothing were
+    missing (the WebSocket closes, and the client's resume finds the gap)."""
+    page = _Page(most, max_bytes)
+    try:
+        async for item in items:
+            if item is GAP:
+                # What was read before the gap goes out as it was; the page
+                # after it says that messages are missing.
+                if page.frames:
+                    yield page.result(more=True)
+                    page = _Page(most, max_bytes)
+                page.recovered = False
+                continue
+            msg_id, created_at, payload = item
+            if created_at < cutoff:
+                page.recovered = False
+                continue
+            if page.full(len(payload)):
+                yield page.result(more=True)
+                page = _Page(most, max_bytes)
+            page.add(msg_id, payload)
+        yield page.result(more=False)
+    finally:
+        await items.aclose()  # a reader that stops early leaves no store read suspended
+
+
+async def first_page(pages: AsyncIterator[CatchUp]) -> CatchUp:
+    """The first page of a catch-up; the rest is never read."""
+    try:
+        return await anext(pages)
+    finally:
+        await pages.aclose()
+
+
+class _Page:
+    """One page of a catch-up being filled, oldest first."""
+
+    __slots__ = ("most", "max_bytes", "recovered", "frames", "size")
+
+    def __init__(self, most: int | None, max_bytes: int | None):
+        self.most, self.max_bytes = most, max_bytes
+        self.recovered, self.frames, self.size = True, [], 0
+
+    def full(self, adding: int) -> bool:
+        """Whether a payload of ``adding`` bytes must start the next page."""
+        return bool(self.frames) and (len(self.frames) == self.most
+                                      or (self.max_bytes is not None and self.size + adding > self.max_bytes))
+
+    def add(self, msg_id: int, payload: bytes) -> None:
+        self.frames.append((msg_id, payload, None))
+        self.size += len(payload)
+
+    def result(self, more: bool) -> CatchUp:
+        return CatchUp(self.recovered, self.frames, more)

@@ -1,0 +1,61 @@
+"""A daemon's shutdown is bounded whatever its stores do: with MariaDB
+stopped and FerretDB frozen (SIGSTOP), SIGTERM still closes every client
+with 1012 and the process exits within its drain period and a short grace,
+on the real servers. supervisord kills a daemon that overruns `stopwaitsecs`
+(20 s), and its clients then wait for a TCP reset instead of a close frame."""
+
+import asyncio
+import signal
+import time
+
+import pytest
+import websockets
+
+from tests.e2e.helpers import connect, post, receive
+from tests.system import private_system
+
+DRAIN_SECONDS = 1.0
+GRACE_SECONDS = 3.0  # bound of the steps after the drain (daemon.server.SHUTDOWN_GRACE_SECONDS)
+
+
+@pytest.fixture
+def system(tmp_path):
+    with private_system(tmp_path, daemons=1, CHAT_DRAIN_SECONDS=DRAIN_SECONDS, CHAT_DB_TIMEOUT_SECONDS=2,
+                        CHAT_RATE_LIMIT_PER_SECOND=0) as s:
+        yield s
+
+
+async def test_sigterm_with_both_stores_unresponsive_exits_within_the_drain_and_a_grace(system, users):
+    alice, bob = users("alice"), users("bob")
+    clients = [(await connect(system, bob))[0] for _ in range(20)]
+    assert (await post(system, alice, bob, "before")).status_code == 201
+    for ws in clients:
+        assert [f["body"] for f in await receive(ws, 1)] == ["before"]
+    ferretdb = system.dbs.ferretdb.proc
+    ferretdb.send_signal(signal.SIGSTOP)
+    system.dbs.mariadb.stop()
+    try:
+        # Pooled connections to FerretDB are still open: a call on one of them
+        # now waits for its socket timeout (10 s), as the Mongo client's close
+        # does when it asks the server to end its sessions.
+        await asyncio.sleep(0.3)
+        daemon = system.procs["daemon_0"]
+        started = time.monotonic()
+        daemon.send_signal(signal.SIGTERM)
+        codes = []
+        for ws in clients:
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), DRAIN_SECONDS + GRACE_SECONDS)
+            codes.append(ws.close_code)
+        assert codes == [1012] * len(clients)
+        while daemon.poll() is None and time.monotonic() - started < 30:
+            await asyncio.sleep(0.05)
+        took = time.monotonic() - started
+        assert daemon.poll() is not None, "the daemon did not exit"
+        assert took < DRAIN_SECONDS + GRACE_SECONDS + 1.0, took
+        log = (system.logdir / "daemon_0.log").read_text()
+        assert "event=daemon_stopped" in log
+    finally:
+        ferretdb.send_signal(signal.SIGCONT)
+        system.dbs.mariadb.start()
+        system.procs.pop("daemon_0", None)
