@@ -11,6 +11,8 @@
 # sdist against the unpacked 2.7 headers.
 #
 # Usage: scripts/autobahn-setup.sh [INSTALL_DIR]   (default: .cache/autobahn)
+# AUTOBAHN_DEBIAN_MIRROR (and AUTOBAHN_DEBIAN_SECURITY_MIRROR) name another Debian mirror,
+# e.g. http://archive.debian.org/debian once bullseye has left the ordinary mirrors.
 # Leaves INSTALL_DIR/wstest. Exit status 3, with a line starting
 # "autobahn unavailable:", means the Debian 11 packages could not be fetched
 # (a retired release leaves the ordinary mirror for archive.debian.org);
@@ -44,8 +46,8 @@ if [ -r "$SRCF" ]; then
     MAIN=$(awk '/^URIs:/ && !/security/ {print $2; exit}' "$SRCF")
     SEC=$(awk '/^URIs:/ && /security/ {print $2; exit}' "$SRCF")
 fi
-MAIN=${MAIN:-http://deb.debian.org/debian}
-SEC=${SEC:-http://deb.debian.org/debian-security}
+MAIN=${AUTOBAHN_DEBIAN_MIRROR:-${MAIN:-http://deb.debian.org/debian}}
+SEC=${AUTOBAHN_DEBIAN_SECURITY_MIRROR:-${SEC:-http://deb.debian.org/debian-security}}
 KEY=/usr/share/keyrings/debian-archive-keyring.gpg
 command -v apt-get >/dev/null && command -v dpkg >/dev/null && [ -r "$KEY" ] \
     || unavailable "needs apt-get, dpkg and $KEY (a Debian machine) to fetch Debian 11's Python 2.7"
@@ -66,7 +68,8 @@ export APT_CONFIG="$B/apt/apt.conf"
 apt-get -q update >"$B"/apt-update.log 2>&1 || true
 (cd "$B"/debs && apt-get -q download python2.7 python2.7-minimal libpython2.7-stdlib libpython2.7-minimal \
     libpython2.7 libpython2.7-dev python2.7-dev libssl1.1 libffi7 >"$B"/apt-download.log 2>&1) \
-    || unavailable "Debian 11 (bullseye) Python 2.7 packages are not on $MAIN (moved to archive.debian.org?);" \
+    || unavailable "Debian 11 (bullseye) Python 2.7 packages are not on $MAIN (moved to archive.debian.org?" \
+                   "then set AUTOBAHN_DEBIAN_MIRROR=http://archive.debian.org/debian);" \
                    "see $B/apt-update.log and $B/apt-download.log"
 unset APT_CONFIG
 for f in "$B"/debs/*.deb; do dpkg -x "$f" "$R"; done
