@@ -119,7 +119,7 @@ def test_a_close_is_answered_with_its_own_code(payload, answer):
     assert fed(frame(CLOSE, payload)) == [Ending(answer, "", None)]
 
 
-@pytest.mark.parametrize("code", [0, 999, 1004, 1005, 1006, 1016, 1100, 2000, 2999, 5000, 65535])
+@pytest.mark.parametrize("code", [0, 999, 1004, 1005, 1006, 1015, 1016, 1100, 2000, 2999, 5000, 65535])
 def test_a_close_with_an_invalid_code_fails_with_1002(code):
     assert code_of(fed(close(code))) == 1002
 
