@@ -7,10 +7,11 @@ straight to the transport when the hub offers them; the transport's unsent
 bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
 
 Routing and admission live in ``daemon.server``; the bookkeeping in
-``daemon.hub``. Close codes: a client's close is answered with its own code;
-1002 protocol error, 1007 text or a close reason that is not UTF-8, 1008
-inbound frame rate, 1009 inbound frame too big (``daemon.inbound`` judges), 1011 server error, 1012 restarting, 1013 behind
-the client's since (retry), 4008 slow consumer.
+``daemon.hub``; what a client sends is judged by ``daemon.inbound``. Close
+codes: a client's close is answered with its own code; 1002 protocol error,
+1007 text or a close reason that is not UTF-8, 1008 inbound frame rate, 1009
+inbound frame too big, 1011 server error, 1012 restarting, 1013 behind the
+client's since (retry), 4008 slow consumer.
 """
 
 from __future__ import annotations
