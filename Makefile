@@ -1,5 +1,5 @@
 # The commands a newcomer types. Each installs what it needs first.
-.PHONY: run test test-fast bench bench-full status bootstrap
+.PHONY: run test test-fast conformance bench bench-full status bootstrap
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -12,6 +12,12 @@ test: bootstrap
 
 test-fast: bootstrap
 	.venv/bin/python -m pytest -q -m "not e2e"
+
+# RFC 6455 conformance (Autobahn|Testsuite, docs/conformance.md). Unlike `make test`,
+# which skips it when the suite cannot be installed, this fails.
+conformance: bootstrap
+	scripts/autobahn-setup.sh
+	.venv/bin/python -m pytest -q tests/e2e/test_autobahn.py
 
 bench: bootstrap
 	.venv/bin/python -m loadtest.bench --quick

@@ -7,10 +7,11 @@ straight to the transport when the hub offers them; the transport's unsent
 bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
 
 Routing and admission live in ``daemon.server``; the bookkeeping in
-``daemon.hub``. Close codes: 1002 protocol error, 1007 a close reason that
-is not UTF-8, 1008 inbound frame rate,
-1009 inbound frame too big, 1011 server error, 1012 restarting, 1013 behind
-the client's since (retry), 4001 token expired, 4008 slow consumer.
+``daemon.hub``; what a client sends is judged by ``daemon.inbound``. Close
+codes: a client's close is answered with its own code; 1002 protocol error,
+1007 text or a close reason that is not UTF-8, 1008 inbound frame rate, 1009
+inbound frame too big, 1011 server error, 1012 restarting, 1013 behind the
+client's since (retry), 4001 token expired, 4008 slow consumer.
 """
 
 from __future__ import annotations
@@ -27,16 +28,15 @@ import httptools
 from daemon import metrics
 from daemon.http_checks import parser_refusal, refusal
 from daemon.hub import SLOW_CONSUMER, Subscriber
-from daemon.wire import PING, FrameReader, Opcode, PayloadTooBig, ProtocolError, close_frame, http_response
-from daemon.wire import parse_close, pong_frame, text_frame
+from daemon.inbound import FRAGMENT, Control, Ending, Inbound, Message
+from daemon.wire import PING, Opcode, close_frame, http_response, pong_frame, text_frame
 
 if TYPE_CHECKING:
     from daemon.server import Daemon
 
 log = logging.getLogger("chat.daemon")
 
-CLOSE_PROTOCOL, CLOSE_INVALID_DATA, CLOSE_RATE, CLOSE_TOO_BIG, CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN = (
-    1002, 1007, 1008, 1009, 1011, 1012, 1013)
+CLOSE_RATE, CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN = 1008, 1011, 1012, 1013
 CLOSE_TOKEN_EXPIRED = 4001  # the token's `exp` passed (as HTTP 401): reconnect with a new token and since
 REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
 PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
@@ -89,7 +89,7 @@ class Connection(Subscriber, asyncio.Protocol):
         self.daemon = daemon
         self.transport: asyncio.Transport | None = None
         self.http: HttpPhase | None = HttpPhase()
-        self.reader: FrameReader | None = None  # exists only while a frame is partly read
+        self.reader: Inbound | None = None  # exists only while a frame or a fragmented message is unfinished
         self.ping_sent = 0.0  # monotonic time of the unanswered ping, 0 if none
         self.next_ping = 0.0
         self.window_start = 0.0
@@ -234,40 +234,41 @@ class Connection(Subscriber, asyncio.Protocol):
             self.close(SLOW_CONSUMER, "slow consumer: reconnect with since")
 
     # --- WebSocket: what the client sends -------------------------------------
+    def new_inbound(self) -> Inbound:
+        return Inbound(self.daemon.settings.ws_max_frame_bytes)
+
+    def on_message(self, message: Message) -> None:
+        """A client's whole data message. ``/v1/ws`` is push-only: messages are
+        read, checked (framing, UTF-8) and counted against the frame rate, then
+        dropped; the conformance testee echoes them."""
+
     def _ws_data(self, data: bytes) -> None:
-        if self.reader is None:
-            self.reader = FrameReader(self.daemon.settings.ws_max_frame_bytes)
-        try:
-            frames = self.reader.feed(data)
-        except PayloadTooBig:
-            metrics.CLOSES.labels("frame_too_big").inc()
-            self.close(CLOSE_TOO_BIG, "frame too big")
-            return
-        except ProtocolError:
-            metrics.CLOSES.labels("protocol_error").inc()
-            self.close(CLOSE_PROTOCOL, "protocol error")
-            return
-        if self.reader.idle:
+        reader = self.reader
+        if reader is None:
+            reader = self.reader = self.new_inbound()
+        events = reader.feed(data)
+        if reader.idle:
             self.reader = None
-        for frame in frames:
-            if frame.opcode is Opcode.PONG and self.ping_sent:
-                self.ping_sent = 0.0  # the answer to our ping
-            elif frame.opcode is Opcode.CLOSE:
-                try:
-                    code = parse_close(frame.data)
-                except ProtocolError:
-                    code = CLOSE_PROTOCOL
-                except UnicodeDecodeError:  # the reason must be UTF-8 (RFC 6455 section 5.5.1)
-                    code = CLOSE_INVALID_DATA
-                self.close(1000 if code == 1005 else code, "")  # the close handshake: echo the code
+        for event in events:
+            kind = type(event)
+            if kind is Ending:
+                if event.metric is not None:
+                    metrics.CLOSES.labels(event.metric).inc()
+                self.close(event.code, event.reason)  # a peer's close is answered with its own code
                 return
-            else:  # text, binary, continuation, ping, unasked pongs: nothing is expected, so they are rate-limited
-                if not self._within_rate():
-                    metrics.CLOSES.labels("frame_rate").inc()
-                    self.close(CLOSE_RATE, "too many frames")
-                    return
-                if frame.opcode is Opcode.PING:
-                    self.transport.write(pong_frame(frame.data))
+            if kind is Control and event.opcode is Opcode.PONG and self.ping_sent:
+                self.ping_sent = 0.0  # the answer to our ping
+                continue
+            # data frames, pings, unasked pongs: nothing is expected, so they are rate-limited
+            if not self._within_rate():
+                metrics.CLOSES.labels("frame_rate").inc()
+                self.close(CLOSE_RATE, "too many frames")
+                return
+            if kind is Control:
+                if event.opcode is Opcode.PING:
+                    self.transport.write(pong_frame(event.data))
+            elif event is not FRAGMENT:
+                self.on_message(event)
 
     def _within_rate(self) -> bool:
         now = time.monotonic()

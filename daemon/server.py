@@ -20,9 +20,6 @@ from collections.abc import AsyncIterator
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from websockets.datastructures import Headers
-from websockets.http11 import Request as WsRequest
-from websockets.server import ServerProtocol
 
 from chat import auth
 from chat.metrics_port import serve_metrics
@@ -30,9 +27,10 @@ from chat.parsing import is_decimal
 from chat.serve import LISTEN_BACKLOG, reuseport_socket
 from chat.settings import Settings
 from chat.stopping import bounded, exit_by, stop_on_signals
-from daemon import metrics
+from daemon import handshake, metrics
 from daemon.acceptor import Acceptor, connection_ceiling
 from daemon.connection import CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN, Connection, Request
+from daemon.handshake import error_body as _error_body
 from daemon.hub import Hub, Subscriber
 from daemon.oplog import OplogTail
 from daemon.catchup import CatchUp, first_page
@@ -173,16 +171,8 @@ class Daemon:
         if path != "/v1/ws":
             conn.respond(404, _error_body("not_found", f"no route {path}"), False)
             return False
-        version = request.headers.get("sec-websocket-version")
-        if version is not None and version.strip() != "13":
-            # RFC 6455 4.2.2: say which version this server speaks, so the client can retry with it
-            conn.respond(426, _error_body("unsupported_websocket_version", "this server speaks WebSocket version 13"),
-                         False, {"Sec-WebSocket-Version": "13"})
-            return False
-        handshake = ServerProtocol(max_size=self.settings.ws_max_frame_bytes)
-        response = handshake.accept(WsRequest(path, Headers(request.headers)))
-        if response.status_code != 101:  # not a valid WebSocket handshake: the library says why
-            conn.respond(response.status_code, _error_body("bad_handshake", response.body.decode().strip()), False)
+        response = handshake.accept(conn, path, request)
+        if response is None:
             return False
         try:
             token = query.get("token") or auth.bearer(request.headers.get("authorization"))
@@ -192,7 +182,7 @@ class Daemon:
             return False
         if conn.closing:
             return True
-        conn.upgrade(user, response.serialize())
+        conn.upgrade(user, response)
         # One number per socket; the heartbeat closes it with 4001 once it is past.
         conn.expires = time.monotonic() + (expires - time.time())
         self.sockets.add(conn)
@@ -403,14 +393,6 @@ def _split(target: bytes) -> tuple[str, dict[str, str]]:
         url = urllib.parse.urlsplit(text)
         path, query = url.path, url.query
     return path, dict(urllib.parse.parse_qsl(query))
-
-
-def _error_body(code: str, message: str, field: str | None = None) -> bytes:
-    """The write API's error shape: ``{"error", "message", "field"?}``."""
-    body = {"error": code, "message": message}
-    if field is not None:
-        body["field"] = field
-    return orjson.dumps(body)
 
 
 def _poll_timeout(raw: str, limit: float) -> float:

@@ -1,8 +1,9 @@
-"""Bytes on the daemon's sockets, with no I/O: WebSocket frames out, an
-incremental reader of frames in, and plain HTTP/1.1 responses.
+"""Bytes on the daemon's sockets, with no I/O: WebSocket frames out, and
+plain HTTP/1.1 responses. What clients send is read by ``daemon.inbound``;
+``FrameReader`` here reads a server's frames, for the load-test client.
 
-Frames are parsed, and control frames built, by the websockets library's
-sans-I/O pieces (``Frame``, ``StreamReader``); the one frame built per message,
+Control frames are built by the websockets library's sans-I/O ``Frame``;
+the one frame built per message,
 a server's text frame, is a two-to-ten-byte header put on here (see
 ``text_frame``). This module keeps all of it out of the per-connection
 state, which is what lets a daemon hold an idle connection in a few
@@ -17,7 +18,7 @@ from websockets.exceptions import PayloadTooBig, ProtocolError
 from websockets.frames import Close, Frame, Opcode
 from websockets.streams import StreamReader
 
-__all__ = ["FrameReader", "PayloadTooBig", "ProtocolError", "close_frame", "http_response",
+__all__ = ["FrameReader", "PayloadTooBig", "ProtocolError", "close_frame", "data_frame", "http_response",
            "pong_frame", "text_frame", "Opcode", "PING"]
 
 PING = Frame(Opcode.PING, b"").serialize(mask=False)
@@ -37,6 +38,12 @@ def text_frame(payload: bytes) -> bytes:
     return b"\x81\x7f" + n.to_bytes(8, "big") + payload
 
 
+def data_frame(opcode: Opcode, payload: bytes) -> bytes:
+    """One unfragmented server-to-client frame of any data opcode (the
+    conformance testee's echo; the daemon's pushes use ``text_frame``)."""
+    return Frame(opcode, payload).serialize(mask=False)
+
+
 def close_frame(code: int, reason: str = "") -> bytes:
     return Frame(Opcode.CLOSE, Close(code, reason).serialize()).serialize(mask=False)
 
@@ -45,18 +52,13 @@ def pong_frame(data: bytes) -> bytes:
     return Frame(Opcode.PONG, data).serialize(mask=False)
 
 
-def parse_close(data: bytes) -> int:
-    """The code of a peer's close frame (1005 when it gave none)."""
-    return Close.parse(data).code if data else 1005
-
-
 class FrameReader:
-    """Client frames, fed in as they arrive. Raises ``PayloadTooBig`` as soon
+    """Frames, fed in as they arrive. Raises ``PayloadTooBig`` as soon
     as a header announces more than ``max_size`` (the payload is never
     buffered) and ``ProtocolError`` on unmasked or malformed frames.
 
     A connection creates one only while inbound bytes are pending, and drops
-    it when the buffer is empty again: clients rarely send anything but pongs.
+    it when the buffer is empty again.
     """
 
     __slots__ = ("_reader", "_parser", "_max_size", "_mask")
