@@ -20,13 +20,12 @@ class Settings(BaseSettings):
     # --- auth ---------------------------------------------------------------
     jwt_secret: SecretStr = Field(
         SecretStr(DEV_JWT_SECRET),
-        description="HS256 key that signs client tokens: 32 bytes or more, random, the same on every host. The "
-        "API, the daemons and `chatctl` refuse to start with this default, a placeholder or a shorter one "
-        "unless `CHAT_DEV_MODE` is on.",
+        description="HS256 key of client tokens: 32+ random bytes, the same on every host. This default, a "
+        "placeholder or a shorter one is refused unless `CHAT_DEV_MODE` is on.",
     )
     dev_mode: bool = Field(
-        False, description="A development machine: the default or a weak `CHAT_JWT_SECRET` is accepted, and "
-        "`CHAT_DEV_LOGIN` may be on. `make run` sets it (`supervisord.conf`); never in production.",
+        False, description="Development only (`make run` sets it): a weak `CHAT_JWT_SECRET` and "
+        "`CHAT_DEV_LOGIN` are accepted.",
     )
 
     # --- stores -------------------------------------------------------------
@@ -63,37 +62,34 @@ class Settings(BaseSettings):
     )
     writer_queue_max: int = Field(10_000, ge=1, description="Messages queued for the writer before 503.")
     writer_socket: str = Field(
-        "", description="Unix socket of the host's writer process (`python -m writer`), which makes every API "
-        "process's group commit one; `supervisord.conf` sets it. Empty: each API process writes for itself.",
+        "", description="Unix socket of the host's writer process (`python -m writer`). Empty: each API process "
+        "writes for itself.",
     )
     writer_wait_seconds: float = Field(
         5.0, gt=0, description="How long a POST waits for the writer process to come back (a restart) before 503.",
     )
     db_timeout_seconds: float = Field(2.0, gt=0, description="MySQL lock/statement and Mongo timeouts.")
     dev_login: bool = Field(
-        False, description="Serve `POST /v1/dev/token`: log in as any user, no password. Requires "
-        "`CHAT_DEV_MODE` (the API refuses to start without it). `make run` turns both on; never in production.",
+        False, description="Serve `POST /v1/dev/token`: log in as any user, no password. Needs "
+        "`CHAT_DEV_MODE`.",
     )
     public_daemon_url: str = Field(
-        "", description="Daemon base URL the web page connects to (production: the proxy, "
-        "`https://chat.example.com`). Empty: the page's host on `CHAT_DAEMON_PORT`.",
+        "", description="Daemon base URL the web page connects to (production: the proxy). Empty: the "
+        "page's host on `CHAT_DAEMON_PORT`.",
     )
 
     # --- delivery daemons ---------------------------------------------------
     daemon_host: str = Field("127.0.0.1", description="Daemon listen address.")
     daemon_port: int = Field(8100, description="Daemon port, shared by all daemon processes (SO_REUSEPORT).")
     max_connections: int = Field(
-        15_000, ge=1, le=18_000, description="Open sockets one daemon process holds (WebSockets, polls, handshakes "
-        "under way, idle keep-alives); past it, handshakes and polls get 503, and past it by a sixteenth (64 at "
-        "least) a new connection gets 503 at once and is closed (the open-files limit is 20k)."
+        15_000, ge=1, le=18_000, description="Open sockets of any kind one daemon process holds; past it, handshakes and "
+        "polls get 503 (the open-files limit is 20k)."
     )
     api_head_timeout_seconds: float = Field(
-        10.0, gt=0, description="A write-API request head (request line and headers) that is not complete this long "
-        "after its first byte gets 408 and the connection is closed (a trickled head cannot hold a socket).",
+        10.0, gt=0, description="A write-API request head not complete this long after its first byte gets 408.",
     )
     http_idle_seconds: float = Field(
-        30.0, gt=0, description="A daemon connection still in HTTP (not a WebSocket) that has sent no whole request "
-        "for this long, or idles between keep-alive requests, is closed: a slow request head cannot hold a socket.",
+        30.0, gt=0, description="A daemon connection with no whole HTTP request for this long is closed.",
     )
     send_buffer_max_bytes: int = Field(
         256 * 1024, ge=1024,
@@ -113,18 +109,16 @@ class Settings(BaseSettings):
         1.0, gt=0, description="Period of the query that finds messages the oplog never showed."
     )
     oplog_relay_socket: str = Field(
-        "", description="Unix socket of the host's oplog relay (`python -m relay`), which tails the oplog once for "
-        "all of the host's daemons; `supervisord.conf` sets it. Empty: each daemon tails the oplog itself.",
+        "", description="Unix socket of the host's oplog relay (`python -m relay`). Empty: each daemon tails the "
+        "oplog itself.",
     )
     tail_silence_seconds: float = Field(30.0, gt=0, description="Watchdog: restart a tail silent this long.")
     fill_holes_from_mysql: bool = Field(
-        True, description="A daemon reads ids its oplog tail skipped (a fall-off) from MySQL by primary key, and "
-        "from the `messages` collection only if MySQL cannot say. False: from the collection alone (on FerretDB "
-        "a full scan of it per read).",
+        True, description="Daemons read the truth from MySQL by primary key: holes, what the fast store lacks "
+        "yet, their start-up, the committed head they trust up to. False: `messages` alone (development only).",
     )
     ferretdb_tail_poll_ms: float = Field(
-        20.0, gt=0, description="FerretDB only: poll period of the oplog tail, which there is tailable without "
-        "awaitData (FerretDB re-scans the oplog every 10 ms for each awaiting cursor). MongoDB: awaitData.",
+        20.0, gt=0, description="FerretDB only: poll period of the oplog tail (no awaitData there). MongoDB: awaitData.",
     )
     drain_seconds: float = Field(5.0, ge=0, description="On SIGTERM: grace period after closing clients with 1012.")
     recent_cache_max: int = Field(
@@ -135,9 +129,8 @@ class Settings(BaseSettings):
     )
 
     metrics_port: int = Field(
-        0, ge=0, le=65535, description="A port of this process alone that serves /metrics (0: none). The shared "
-        "API and daemon ports answer /metrics from whichever process the kernel picks: scrape each process here "
-        "(supervisord.conf gives each its own).",
+        0, ge=0, le=65535, description="A port of this process alone that serves /metrics (0: none): scrape each "
+        "process here, not on the shared ports.",
     )
     log_level: str = Field("INFO", description="Log level of every process.")
 
