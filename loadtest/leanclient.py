@@ -25,7 +25,7 @@ KEY = base64.b64encode(os.urandom(16)).decode()
 
 
 class LeanClient(asyncio.Protocol):
-    __slots__ = ("inbox", "on_frame", "transport", "status", "head", "reader", "opened", "closed_code")
+    __slots__ = ("inbox", "on_frame", "transport", "status", "head", "reader", "opened", "closed_code", "lost")
 
     def __init__(self, inbox: Inbox, on_frame: Callable[[dict, float], None]):
         self.inbox = inbox
@@ -36,6 +36,7 @@ class LeanClient(asyncio.Protocol):
         self.reader: FrameReader | None = None
         self.opened = asyncio.get_running_loop().create_future()  # the hello frame, or the refusal status
         self.closed_code: int | None = None
+        self.lost = asyncio.get_running_loop().create_future()  # done once the connection is gone
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -75,6 +76,8 @@ class LeanClient(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._settle(0)
+        if not self.lost.done():
+            self.lost.set_result(None)
 
     def _settle(self, result) -> None:
         if not self.opened.done():
