@@ -32,10 +32,11 @@ from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from db import mongo
 from db.retention import run_sweeper
-from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages
+from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages, row_to_message
 from db.threads import Threads
-from db.writer import MessageWriter, row_to_message
+from writer import metrics as writer_metrics
 from writer.client import RemoteWriter
+from writer.message_writer import MessageWriter
 
 log = logging.getLogger("chat.api")
 STATIC = Path(__file__).with_name("static")
@@ -249,9 +250,9 @@ def _writer(settings: Settings, db) -> tuple[MessageWriter | RemoteWriter, Engin
     engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=2)
     return MessageWriter(engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
                          queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
-                         retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch,
-                         observe_mongo_lag=metrics.MONGO_LAG.observe,
-                         observe_outbox=metrics.observe_outbox), engine
+                         retention_seconds=settings.retention_seconds, observe_batch=writer_metrics.observe_batch,
+                         observe_mongo_lag=writer_metrics.MONGO_LAG.observe,
+                         observe_outbox=writer_metrics.observe_outbox), engine
 
 
 def create_app(settings: Settings) -> ASGIApp:

@@ -28,7 +28,7 @@ import orjson
 
 from chat.frames import BadFrame, read_sized
 from chat.messages import Message
-from db.writer import Draft
+from chat.drafts import Draft
 
 HEADER = struct.Struct("!I")
 # Replies come from our own writer, and may carry a message stored under a

@@ -16,7 +16,9 @@ from sqlalchemy.exc import OperationalError
 from api.app import read_threads
 from db import mongo
 from db.sql import make_engine
-from db.writer import ClientIdConflict, Draft, MessageWriter, WriteOutcomeUnknown
+from chat.drafts import Draft
+from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown
+from writer.message_writer import MessageWriter
 from tests.e2e.helpers import running_writer
 from tests.system import databases
 
