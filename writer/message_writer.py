@@ -12,10 +12,15 @@ processes share:
    found by (sender, client_msg_id) when the unique key refuses the INSERT);
    answer at once (MySQL is the permanent store: the message is stored);
    then hand them to the session's one Mongo insert at a time
-   (``_Mirror``): each ``insert_many`` takes, in id order, everything
-   committed since the previous one started;
+   (``writer.mirror.Mirror``): each ``insert_many`` takes, in id order,
+   everything committed since the previous one started;
 4. when the queue is still empty once the last insert is done (or the
    session has held the lock long enough): record mirrored_upto, unlock.
+
+Every decision of a session (repair the outbox now or later, end or
+checkpoint after a commit, ask for a hand-over, move meta.head) is made by
+the pure ``writer.core.WriterCore``; this module does the I/O around it, and
+``writer.mysql_steps`` holds its SQL.
 
 Why a lock across both stores: ids are gap-free and become visible in Mongo
 (and its oplog) strictly in id order. A daemon that has seen id N therefore
