@@ -34,7 +34,6 @@ from db import mongo
 from db.retention import run_sweeper
 from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages, row_to_message
 from db.threads import Threads
-from writer import metrics as writer_metrics
 from writer.client import RemoteWriter
 from writer.message_writer import MessageWriter
 
@@ -246,6 +245,10 @@ def _writer(settings: Settings, db) -> tuple[MessageWriter | RemoteWriter, Engin
         # writer's own MySQL and Mongo timeouts answer first.
         return RemoteWriter(settings.writer_socket, wait_seconds=settings.writer_wait_seconds,
                             reply_seconds=3 * settings.db_timeout_seconds + settings.writer_wait_seconds), None
+    # Imported here, not at the top: registering the writer's metrics makes
+    # this process export them, and only a process that writes for itself has any.
+    from writer import metrics as writer_metrics
+
     # The writer's own connections: the reads cannot take them all from it.
     engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=2)
     return MessageWriter(engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
