@@ -24,8 +24,8 @@ from starlette.types import ASGIApp
 from api import metrics
 from api.errors import ApiError
 from api.openapi import OPENAPI
-from api.ratelimit import RateLimiter
 from api.post_message import PostMessage, front, read_body
+from api.ratelimit import RateLimiter
 from api.validation import parse_bearer, parse_dev_login, parse_history_query
 from chat import auth
 from chat.metrics_port import serve_metrics

@@ -22,7 +22,12 @@ from api import metrics
 from api.errors import ApiError
 from api.validation import parse_bearer, parse_message
 from chat.parsing import is_decimal
-from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
+from chat.write_errors import (
+    ClientIdConflict,
+    WriteOutcomeUnknown,
+    WriterOverloaded,
+    WriteUnavailable,
+)
 
 log = logging.getLogger("chat.api")
 

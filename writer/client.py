@@ -24,9 +24,14 @@ import contextlib
 import itertools
 import logging
 
-from chat.messages import Message
 from chat.drafts import Draft
-from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
+from chat.messages import Message
+from chat.write_errors import (
+    ClientIdConflict,
+    WriteOutcomeUnknown,
+    WriterOverloaded,
+    WriteUnavailable,
+)
 from writer import protocol
 from writer.protocol import BadFrame
 

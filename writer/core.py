@@ -132,6 +132,9 @@ class Timing:
     head_every_seconds: float = HEAD_EVERY_SECONDS
 
 
+DEFAULT_TIMING = Timing()
+
+
 def batch_room(taken: int, queued: int, batch_max: int) -> int:
     """How many of the ``queued`` requests join a batch that has ``taken`` already."""
     return max(0, min(batch_max - taken, queued))
@@ -150,10 +153,10 @@ def insert_gap(unsent: int) -> float:
 class WriterCore:
     """The state the writer's decisions need, across turns and within one."""
 
-    __slots__ = ("timing", "phase", "turn_started", "checkpointed", "handover_check_at",
-                 "mongo_retry_at", "head_written", "head_at")
+    __slots__ = ("checkpointed", "handover_check_at", "head_at", "head_written", "mongo_retry_at", "phase",
+                 "timing", "turn_started")
 
-    def __init__(self, timing: Timing = Timing()):
+    def __init__(self, timing: Timing = DEFAULT_TIMING):
         self.timing = timing
         self.phase = Phase.IDLE
         self.turn_started = 0.0  # when the turn began committing

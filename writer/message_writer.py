@@ -70,7 +70,6 @@ from datetime import UTC, datetime
 
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, PyMongoError
-from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -78,10 +77,18 @@ from chat.drafts import Draft
 from chat.messages import Message
 from chat.write_errors import WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
 from db import mongo
-from db.sql import messages, row_to_message
+from db.sql import row_to_message
 from db.threads import Threads
 from writer.batch import CommitFailed, Pending, answer_all, fail
-from writer.core import REPAIR_PAGE, NextStep, OutboxPlan, Timing, WriterCore, batch_room, unsent_max
+from writer.core import (
+    DEFAULT_TIMING,
+    NextStep,
+    OutboxPlan,
+    Timing,
+    WriterCore,
+    batch_room,
+    unsent_max,
+)
 from writer.mirror import Mirror
 from writer.mysql_steps import MySQLSteps
 from writer.outbox_watch import OutboxWatch
@@ -95,7 +102,7 @@ class MessageWriter(MySQLSteps):
                  observe_batch: Callable[[int, float], None] = lambda n, s: None,
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
                  observe_outbox: Callable[[int, float], None] = lambda n, s: None,
-                 timing: Timing = Timing()):
+                 timing: Timing = DEFAULT_TIMING):
         self._engine = engine
         # A thread of its own for its MySQL calls: slow reads elsewhere must not
         # hold a message back (db.threads). One, so that they run in order: a
@@ -352,8 +359,7 @@ class MessageWriter(MySQLSteps):
         every page done is progress kept: a failure resumes after it."""
         cutoff = mongo.expired_before(self._retention)
         while mirrored < last_id:
-            rows = await self._mysql(lambda c: c.execute(select(messages).where(messages.c.id > mirrored)
-                                                         .order_by(messages.c.id).limit(REPAIR_PAGE)).all(), conn)
+            rows = await self._mysql(self._outbox_page, conn, mirrored)
             if not rows:
                 return last_id, True
             docs = [row_to_message(r).to_doc() for r in rows]

@@ -12,14 +12,14 @@ import logging
 import time
 
 from sqlalchemy import func, select, text, tuple_
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from chat.messages import Message, now_ms
 from chat.write_errors import WriteUnavailable
 from db.sql import conversation_key, messages, row_to_message, stream_state
 from writer.batch import CommitFailed, Committed, Pending
-from writer.core import WriterCore
+from writer.core import REPAIR_PAGE, WriterCore
 
 log = logging.getLogger("chat.writer")
 
@@ -148,6 +148,12 @@ class MySQLSteps:
             conn.invalidate()
         finally:
             conn.close()
+
+    @staticmethod
+    def _outbox_page(conn: Connection, after: int) -> list[Row]:
+        """The next REPAIR_PAGE rows of the outbox past ``after``, oldest first (by primary key)."""
+        return list(conn.execute(select(messages).where(messages.c.id > after)
+                                 .order_by(messages.c.id).limit(REPAIR_PAGE)).all())
 
     def _rows_present(self, new: list[Message]) -> bool:
         """Whether a batch whose COMMIT failed is stored after all, read on a fresh connection."""

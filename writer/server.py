@@ -24,13 +24,18 @@ import logging
 from functools import partial
 from pathlib import Path
 
-from chat.unix_socket import bind_owner_only
 from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
+from chat.unix_socket import bind_owner_only
+from chat.write_errors import (
+    ClientIdConflict,
+    WriteOutcomeUnknown,
+    WriterOverloaded,
+    WriteUnavailable,
+)
 from db import mongo
 from db.sql import make_engine
-from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
 from writer import metrics, protocol
 from writer.message_writer import MessageWriter
 from writer.protocol import BadFrame
@@ -61,7 +66,7 @@ class Link:
     soon as its batch is settled (from the future's callback: no task per message)."""
 
     def __init__(self, writer: MessageWriter, reader: asyncio.StreamReader, stream: asyncio.StreamWriter,
-                 unanswered: "Unanswered", frame_max: int):
+                 unanswered: Unanswered, frame_max: int):
         self._writer, self._reader, self._stream = writer, reader, stream
         self._unanswered = unanswered
         self._frame_max = frame_max

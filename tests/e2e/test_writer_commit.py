@@ -14,13 +14,13 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from api.app import read_threads
-from db import mongo
-from db.sql import make_engine
 from chat.drafts import Draft
 from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown
-from writer.message_writer import MessageWriter
+from db import mongo
+from db.sql import make_engine
 from tests.e2e.helpers import running_writer
 from tests.system import databases
+from writer.message_writer import MessageWriter
 
 
 class _LosesOneCommit(MessageWriter):

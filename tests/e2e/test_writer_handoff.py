@@ -14,13 +14,13 @@ import uuid
 import pytest
 from sqlalchemy import text
 
+from chat.drafts import Draft
 from db import mongo
 from db.sql import make_engine
-from chat.drafts import Draft
+from tests.system import databases
 from writer.core import HANDOVER_CHECK_SECONDS, Timing
 from writer.message_writer import MessageWriter
 from writer.mysql_steps import NEXT_LOCK_NAME
-from tests.system import databases
 
 
 def _writer(dbs, **options) -> MessageWriter:

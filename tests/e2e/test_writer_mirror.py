@@ -12,10 +12,10 @@ from sqlalchemy import text
 
 from chat.drafts import Draft
 from db import mongo
-from writer.core import UNSENT_BATCHES, Timing
-from writer.message_writer import MessageWriter
 from tests.e2e.helpers import running_writer
 from tests.system import databases
+from writer.core import UNSENT_BATCHES, Timing
+from writer.message_writer import MessageWriter
 
 
 class _GatedWriter(MessageWriter):
