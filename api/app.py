@@ -24,18 +24,18 @@ from starlette.types import ASGIApp
 from api import metrics
 from api.errors import ApiError
 from api.openapi import OPENAPI
-from api.ratelimit import RateLimiter
 from api.post_message import PostMessage, front, read_body
+from api.ratelimit import RateLimiter
 from api.validation import parse_bearer, parse_dev_login, parse_history_query
 from chat import auth
 from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from db import mongo
 from db.retention import run_sweeper
-from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages
+from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages, row_to_message
 from db.threads import Threads
-from db.writer import MessageWriter, row_to_message
 from writer.client import RemoteWriter
+from writer.message_writer import MessageWriter
 
 log = logging.getLogger("chat.api")
 STATIC = Path(__file__).with_name("static")
@@ -245,13 +245,17 @@ def _writer(settings: Settings, db) -> tuple[MessageWriter | RemoteWriter, Engin
         # writer's own MySQL and Mongo timeouts answer first.
         return RemoteWriter(settings.writer_socket, wait_seconds=settings.writer_wait_seconds,
                             reply_seconds=3 * settings.db_timeout_seconds + settings.writer_wait_seconds), None
+    # Imported here, not at the top: registering the writer's metrics makes
+    # this process export them, and only a process that writes for itself has any.
+    from writer import metrics as writer_metrics
+
     # The writer's own connections: the reads cannot take them all from it.
     engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=2)
     return MessageWriter(engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
                          queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
-                         retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch,
-                         observe_mongo_lag=metrics.MONGO_LAG.observe,
-                         observe_outbox=metrics.observe_outbox), engine
+                         retention_seconds=settings.retention_seconds, observe_batch=writer_metrics.observe_batch,
+                         observe_mongo_lag=writer_metrics.MONGO_LAG.observe,
+                         observe_outbox=writer_metrics.observe_outbox), engine
 
 
 def create_app(settings: Settings) -> ASGIApp:

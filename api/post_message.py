@@ -22,7 +22,12 @@ from api import metrics
 from api.errors import ApiError
 from api.validation import parse_bearer, parse_message
 from chat.parsing import is_decimal
-from db.writer import ClientIdConflict, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
+from chat.write_errors import (
+    ClientIdConflict,
+    WriteOutcomeUnknown,
+    WriterOverloaded,
+    WriteUnavailable,
+)
 
 log = logging.getLogger("chat.api")
 
@@ -36,7 +41,7 @@ class Disconnected(Exception):
 
 
 class PostMessage:
-    """ASGI app: stores one message (``db.writer``) and answers 201, or 200
+    """ASGI app: stores one message (``writer.message_writer``, or the host's writer process) and answers 201, or 200
     for a retry with a known ``client_msg_id``; errors as in the README."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

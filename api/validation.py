@@ -16,8 +16,8 @@ import orjson
 from api.errors import ApiError
 from chat import auth
 from chat.auth import is_user_id
+from chat.drafts import Draft
 from chat.parsing import is_decimal
-from db.writer import Draft
 
 MAX_DEPTH = 16
 CLIENT_MSG_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")

@@ -18,7 +18,7 @@ import orjson
 # builds one per oplog entry. Nothing mutates a Message.
 @dataclass(slots=True)
 class Message:
-    id: int  # global, gap-free, assigned in commit order (see db/writer.py)
+    id: int  # global, gap-free, assigned in commit order (see writer/message_writer.py)
     sender: str
     recipient: str
     body: str

@@ -1,7 +1,7 @@
 """Turns what the oplog shows (any order, repeats, holes) into the gap-free
 global stream of messages, by id. Pure: no I/O, tested with plain dicts.
 
-Ids are gap-free and visible in id order (db/writer.py). So a repeat is any
+Ids are gap-free and visible in id order (writer/message_writer.py). So a repeat is any
 id <= high, and a hole is an id above high+1 seen before high+1: the shell
 then reads the missing range from the `messages` collection (the truth).
 """

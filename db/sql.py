@@ -5,6 +5,8 @@ Migrations in db/migrations create exactly these tables; a test compares them.
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -18,11 +20,13 @@ from sqlalchemy import (
     create_engine,
 )
 from sqlalchemy.dialects.mysql import DATETIME
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, Row
+
+from chat.messages import Message
 
 metadata = MetaData()
 
-# Ids are assigned by the writer under one lock (db/writer.py), not by
+# Ids are assigned by the writer under one lock (writer/message_writer.py), not by
 # AUTO_INCREMENT: they must be gap-free and in commit order so that the
 # daemons can tell a missed message from one that was never written.
 messages = Table(
@@ -50,7 +54,7 @@ messages = Table(
 # checkpoint (each second, and each session's end; the writer itself takes the
 # greater of it and MAX(messages.id)). mirrored_upto: highest id known to be in
 # MongoDB; every id past it is the outbox that the repair step copies before
-# any newer message (db/writer.py).
+# any newer message (writer/message_writer.py).
 stream_state = Table(
     "stream_state",
     metadata,
@@ -59,6 +63,12 @@ stream_state = Table(
     Column("mirrored_upto", BigInteger, nullable=False),
     mysql_engine="InnoDB",
 )
+
+
+def row_to_message(row: Row) -> Message:
+    """A row of `messages` as the Message it stores (created_at is kept in UTC, without a zone)."""
+    created = row.created_at.replace(tzinfo=UTC)
+    return Message(row.id, row.sender, row.recipient, row.body, created, row.client_msg_id)
 
 
 def conversation_key(a: str, b: str) -> str:

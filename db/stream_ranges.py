@@ -3,7 +3,7 @@
 A daemon whose oplog tail skipped ids (it fell off the oplog, or FerretDB
 stored a document without its oplog entry) holds what came after them and
 reads the hole back. A hole is always below an id the oplog has shown, and
-ids reach Mongo in id order (db/writer.py), so every id in it is committed
+ids reach Mongo in id order (writer/message_writer.py), so every id in it is committed
 in MySQL and in Mongo alike: either store can fill it.
 
 MySQL is asked first because it answers from its primary key. FerretDB 1.24
@@ -19,9 +19,8 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from db.sql import messages
+from db.sql import messages, row_to_message
 from db.threads import Threads
-from db.writer import row_to_message
 
 
 class StreamRanges:

@@ -24,8 +24,14 @@ import contextlib
 import itertools
 import logging
 
+from chat.drafts import Draft
 from chat.messages import Message
-from db.writer import ClientIdConflict, Draft, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
+from chat.write_errors import (
+    ClientIdConflict,
+    WriteOutcomeUnknown,
+    WriterOverloaded,
+    WriteUnavailable,
+)
 from writer import protocol
 from writer.protocol import BadFrame
 

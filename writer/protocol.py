@@ -26,9 +26,9 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
+from chat.drafts import Draft
 from chat.frames import BadFrame, read_sized
 from chat.messages import Message
-from db.writer import Draft
 
 HEADER = struct.Struct("!I")
 # Replies come from our own writer, and may carry a message stored under a

@@ -1,6 +1,6 @@
 """The host's writer process: every API process's messages, one group commit.
 
-Ids must reach MongoDB in commit order (db/writer.py), so writers take turns
+Ids must reach MongoDB in commit order (writer/message_writer.py), so writers take turns
 under a MySQL lock, and each turn ends with a wait for its last Mongo insert.
 With a writer in each API process, two processes on one host spent most of a
 message's creation time waiting for each other's turn (41-49 ms p50 against
@@ -24,15 +24,20 @@ import logging
 from functools import partial
 from pathlib import Path
 
-from api import metrics
-from chat.unix_socket import bind_owner_only
 from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
+from chat.unix_socket import bind_owner_only
+from chat.write_errors import (
+    ClientIdConflict,
+    WriteOutcomeUnknown,
+    WriterOverloaded,
+    WriteUnavailable,
+)
 from db import mongo
 from db.sql import make_engine
-from db.writer import ClientIdConflict, MessageWriter, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
-from writer import protocol
+from writer import metrics, protocol
+from writer.message_writer import MessageWriter
 from writer.protocol import BadFrame
 
 log = logging.getLogger("chat.writer.server")
@@ -61,7 +66,7 @@ class Link:
     soon as its batch is settled (from the future's callback: no task per message)."""
 
     def __init__(self, writer: MessageWriter, reader: asyncio.StreamReader, stream: asyncio.StreamWriter,
-                 unanswered: "Unanswered", frame_max: int):
+                 unanswered: Unanswered, frame_max: int):
         self._writer, self._reader, self._stream = writer, reader, stream
         self._unanswered = unanswered
         self._frame_max = frame_max

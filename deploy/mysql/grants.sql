@@ -26,7 +26,7 @@ GRANT ALTER, CREATE, DROP, INDEX, REFERENCES, SELECT, INSERT, UPDATE, DELETE
   ON chat.* TO 'chat_migrate'@'%';
 
 -- ---- chat_api: the API processes ---------------------------------------------------
--- What db/writer.py and api/app.py execute:
+-- What writer/mysql_steps.py, writer/message_writer.py and api/app.py execute:
 --   messages      SELECT (history, retries by client_msg_id, outbox repair), INSERT
 --   stream_state  SELECT (last_id, mirrored_upto), UPDATE (advance them)
 -- plus UPDATE on messages and INSERT on stream_state, which today's code does

@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
+from chat.drafts import Draft
 from chat.messages import Message
-from db.writer import ClientIdConflict, Draft, WriteOutcomeUnknown, WriteUnavailable
+from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown, WriteUnavailable
 from writer import protocol
 from writer.protocol import BadFrame
 from writer.server import outcome_of

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 
 from db import mongo
 from db.sql import make_engine
-from db.writer import MessageWriter
+from writer.message_writer import MessageWriter
 from tests.system import System
 
 

@@ -35,7 +35,7 @@ async def test_metrics_count_requests_batches_and_errors(system, users):
     text = httpx.get(f"{system.api_url}/metrics").text
     assert _sample(text, created) == before + 1  # counted once (one API process serves the shared system)
     assert "chat_api_request_seconds_bucket" in text
-    assert "chat_api_batch_messages_count" in text
+    assert "chat_writer_batch_messages_count" in text
     assert 'chat_api_errors_total{kind="unauthorized"}' in text
 
 
@@ -93,11 +93,11 @@ async def test_group_commit_never_exceeds_batch_max_and_answers_every_request(db
         # 40 concurrent requests would share one or two batches; capped at 3, they need 14.
         # A batch is observed once its Mongo copy is done, which follows its 201.
         deadline = time.monotonic() + 5
-        while sample(text := httpx.get(f"{s.api_url}/metrics").text, "chat_api_batch_messages_count") < 14:
+        while sample(text := httpx.get(f"{s.api_url}/metrics").text, "chat_writer_batch_messages_count") < 14:
             assert time.monotonic() < deadline, "fewer than 14 batches"
             await asyncio.sleep(0.05)
-        total = sample(text, "chat_api_batch_messages_count")
-        assert sample(text, 'chat_api_batch_messages_bucket{le="5.0"}') == total
+        total = sample(text, "chat_writer_batch_messages_count")
+        assert sample(text, 'chat_writer_batch_messages_bucket{le="5.0"}') == total
 
 
 def _http10(sock, system, sender, to, keep_alive: bool) -> bytes:

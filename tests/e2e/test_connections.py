@@ -492,4 +492,4 @@ async def test_each_process_serves_its_own_metrics_on_its_metrics_port(dbs, user
             if module == "daemon":
                 assert f'chat_daemon_info{{pid="{pid}"}} 1.0' in text and "chat_daemon_connections" in names
             else:
-                assert "chat_api_requests" in names and "chat_api_batch_messages" in names
+                assert "chat_api_requests" in names and "chat_writer_batch_messages" in names

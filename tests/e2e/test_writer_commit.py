@@ -14,11 +14,13 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from api.app import read_threads
+from chat.drafts import Draft
+from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown
 from db import mongo
 from db.sql import make_engine
-from db.writer import ClientIdConflict, Draft, MessageWriter, WriteOutcomeUnknown
 from tests.e2e.helpers import running_writer
 from tests.system import databases
+from writer.message_writer import MessageWriter
 
 
 class _LosesOneCommit(MessageWriter):

@@ -1,4 +1,4 @@
-"""Two API processes' writers share the MySQL writer lock (db/writer.py).
+"""Two API processes' writers share the MySQL writer lock (writer/message_writer.py).
 
 Each writer here has its own engine, so its own MySQL connection, as a
 separate process would. The databases are the test's own: the lock is
@@ -14,10 +14,13 @@ import uuid
 import pytest
 from sqlalchemy import text
 
+from chat.drafts import Draft
 from db import mongo
 from db.sql import make_engine
-from db.writer import HANDOVER_CHECK_SECONDS, NEXT_LOCK_NAME, Draft, MessageWriter
 from tests.system import databases
+from writer.core import HANDOVER_CHECK_SECONDS, Timing
+from writer.message_writer import MessageWriter
+from writer.mysql_steps import NEXT_LOCK_NAME
 
 
 def _writer(dbs, **options) -> MessageWriter:
@@ -44,7 +47,7 @@ async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_h
     # check_every: how often a commit asks whether another process is queued.
     # Every commit: the hand-over comes after the batch in hand. As deployed
     # (every 20 ms), after the batches committed in those 20 ms.
-    busy, other = _writer(own_dbs, handover_check_seconds=check_every), _writer(own_dbs)
+    busy, other = _writer(own_dbs, timing=Timing(handover_check_seconds=check_every)), _writer(own_dbs)
     tasks = [asyncio.create_task(busy.run()), asyncio.create_task(other.run())]
     tag = uuid.uuid4().hex[:8]
     busy_ids: list[int] = []

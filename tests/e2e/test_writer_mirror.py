@@ -1,4 +1,4 @@
-"""The writer's Mongo side (db/writer.py ``_Mirror``), against the real MariaDB
+"""The writer's Mongo side (writer/mirror.py ``Mirror``), against the real MariaDB
 and FerretDB: commits and their answers do not wait for a Mongo insert, up to
 a bound; Mongo still gets every id once, in id order; and a session that
 requests keep busy records its progress without giving up the lock."""
@@ -10,10 +10,12 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from db import mongo, writer as writer_module
-from db.writer import Draft, MessageWriter
+from chat.drafts import Draft
+from db import mongo
 from tests.e2e.helpers import running_writer
 from tests.system import databases
+from writer.core import UNSENT_BATCHES, Timing
+from writer.message_writer import MessageWriter
 
 
 class _GatedWriter(MessageWriter):
@@ -80,7 +82,7 @@ async def test_commits_stop_once_the_unsent_messages_reach_the_bound(own_dbs):
     # batch_max 2: at most UNSENT_BATCHES * 2 committed messages wait for
     # Mongo; past that, commits wait for the insert in flight.
     sender = f"s-{uuid.uuid4().hex[:8]}"
-    bound = writer_module.UNSENT_BATCHES * 2
+    bound = UNSENT_BATCHES * 2
     async with running_writer(own_dbs, _GatedWriter, batch_max=2, queue_max=1000, timeout_seconds=30) as (writer, engine, db):
         await writer.submit(Draft(sender, "r", "warm"))  # the session's start and its repair are behind us
         await _in_mongo_in_order(db, sender, 1)
@@ -96,10 +98,10 @@ async def test_commits_stop_once_the_unsent_messages_reach_the_bound(own_dbs):
         assert in_mongo[1:] == ids and ids == list(range(ids[0], ids[0] + 40))
 
 
-async def test_a_busy_session_records_its_progress_and_keeps_the_lock(own_dbs, monkeypatch):
-    monkeypatch.setattr(writer_module, "CHECKPOINT_SECONDS", 0.2)
+async def test_a_busy_session_records_its_progress_and_keeps_the_lock(own_dbs):
     sender = f"s-{uuid.uuid4().hex[:8]}"
-    async with running_writer(own_dbs, _GatedWriter, queue_max=1000, timeout_seconds=30) as (writer, engine, db):
+    async with running_writer(own_dbs, _GatedWriter, queue_max=1000, timeout_seconds=30,
+                              timing=Timing(checkpoint_seconds=0.2)) as (writer, engine, db):
         await writer.submit(Draft(sender, "r", "warm"))
         await asyncio.sleep(0.5)  # that session ends: the busy one below is a new one
         sessions = writer.sessions

@@ -127,6 +127,33 @@ async def test_the_writer_s_metrics_port_counts_each_message_s_wait_for_mongo(ho
     assert _mongo_lag_count(hosted) == before + len(ids)
 
 
+def _families(url: str) -> dict[str, dict[str, float]]:
+    """Each metric family on ``url``'s /metrics: sample name -> value (labels dropped, summed)."""
+    families: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
+        samples = families.setdefault(family.name, {})
+        for sample in family.samples:
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+    return families
+
+
+async def test_each_process_exports_what_it_does_under_its_own_name(hosted, users):
+    # The writer process counts the group commits; the API processes that
+    # hand it their messages count requests, and no batch of their own.
+    sender, to = users("s"), users("r")
+    ids, _ = await traffic(hosted, sender, to, 10, 0.005, lambda: asyncio.sleep(0))
+    await mongo_docs_soon(hosted, {"from": sender}, 10)
+    writer = _families(f"http://127.0.0.1:{hosted.writer_metrics_port}")
+    assert writer["chat_writer_batch_messages"]["chat_writer_batch_messages_sum"] >= len(ids)
+    assert writer["chat_writer_batch_seconds"]["chat_writer_batch_seconds_count"] >= 1
+    assert {"chat_writer_gc_pause_seconds", "chat_writer_outbox_messages", "chat_writer_outbox_age_seconds",
+            "chat_writer_mongo_lag_seconds"} <= set(writer)
+    assert not [name for name in writer if name.startswith("chat_api_")]
+    api = _families(hosted.api_url)  # the shared port: one API process or the other, each the same shape
+    assert "chat_api_requests" in api and "chat_api_gc_pause_seconds" in api
+    assert not [name for name in api if name.startswith("chat_writer_")]
+
+
 async def test_a_writer_restart_delays_posts_and_refuses_none(hosted, users):
     sender, to = users("s"), users("r")
     listener = await listening(hosted, to)

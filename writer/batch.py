@@ -1,0 +1,58 @@
+"""A batch of requests on its way through the writer, and how each is answered."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from chat.drafts import Draft
+from chat.errors import ChatError
+from chat.messages import Message
+from chat.write_errors import ClientIdConflict
+
+
+@dataclass(slots=True)
+class Pending:
+    """One request: its draft, and the future its answer settles."""
+    draft: Draft
+    future: asyncio.Future = field(repr=False)
+
+
+@dataclass(slots=True)
+class Committed:
+    """One batch after its MySQL commit: what to insert into Mongo and whom to answer."""
+    new_messages: list[Message]
+    answers: list[tuple[Pending, Message, bool]]  # (request, message, created): False for a retry's original
+    started: float  # time.perf_counter() when the batch's commit began
+    stamped: float  # time.monotonic() when created_at was taken, just before the INSERT
+    others_waiting: bool  # another process is queued for the lock: hand over after this batch
+
+
+class CommitFailed(ChatError):
+    """The batch's COMMIT (or the handover check in its transaction) failed: it may have taken."""
+
+    def __init__(self, committed: Committed):
+        super().__init__("commit failed")
+        self.committed = committed
+
+
+def answer(pending: Pending, msg: Message, created: bool) -> None:
+    """Settles one request; a retry whose recipient or body differs from the original is a conflict."""
+    if pending.future.done():
+        return
+    d = pending.draft
+    if not created and (msg.recipient, msg.body) != (d.recipient, d.body):
+        pending.future.set_exception(ClientIdConflict(msg))
+    else:
+        pending.future.set_result((msg, created))
+
+
+def answer_all(committed: Committed) -> None:
+    for pending, msg, created in committed.answers:
+        answer(pending, msg, created)
+
+
+def fail(batch: list[Pending], exc: Exception) -> None:
+    for p in batch:
+        if not p.future.done():
+            p.future.set_exception(exc)

@@ -1,0 +1,248 @@
+"""The writer's decisions, pure: what a turn under the writer lock does next.
+
+A *turn* (a session) is one hold of the MySQL named lock ``chat.writer``
+(writer/message_writer.py does the I/O). Its phases, and the events that move
+it from one to the next, are a table (``TRANSITIONS``); an event the table
+does not list for the phase at hand is a bug of the shell, and raises
+``IllegalTransition`` instead of being taken silently.
+
+    IDLE --locked--> LOCKED --in_step--> MIRRORING --mongo_failed--> OUTBOX
+                       |  \\--behind----------------------------------^
+                       \\--repairing--> REPAIRING --in_step / behind--^
+    LOCKED, REPAIRING, MIRRORING, OUTBOX --ending--> ENDING --released--> IDLE
+    REPAIRING, ENDING, IDLE --mongo_failed--> the same phase
+    (any phase) --released--> IDLE   (a failure ends the turn wherever it is)
+
+MIRRORING: the committed messages go on to Mongo, in id order, behind the
+commits. OUTBOX: Mongo is behind (an insert failed, or the repair was left
+for later): commits go on, nothing more goes to Mongo in this turn, and the
+committed rows past ``mirrored_upto`` are the outbox that a later turn copies
+first. Every time is an argument (``now``, a ``time.monotonic()`` reading),
+so the tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from chat.errors import ChatError
+
+REPAIR_PAGE = 2000  # outbox rows copied to Mongo per MySQL read and insert
+# A turn whose Mongo insert failed ends after this long, so that the next one
+# repairs the outbox once Mongo is back (MONGO_RETRY_SECONDS) instead of
+# committing to it for as long as requests keep coming.
+SESSION_MAX_SECONDS = 0.25
+# A turn that runs on (requests keep coming, nobody else is queued for the
+# lock) records mirrored_upto and moves meta.head this often. Ending it
+# instead, to do that and take the lock again, stopped every commit for a
+# whole Mongo insert four times a second: most of a POST's p99.
+CHECKPOINT_SECONDS = 1.0
+# Committed messages that may wait for Mongo, in batches of batch_max: past
+# that, commits wait for the insert in flight (Mongo slower than MySQL for
+# long must slow the writer down, not grow a queue without end).
+UNSENT_BATCHES = 4
+# A pause after each Mongo insert before the next one starts. Back-to-back
+# inserts (the next one taking what was committed meanwhile) slowed
+# FerretDB's tails, ours and its own probe's alike: at 250 msg/s delivery
+# p50 went from 59-75 to 76-99 ms (interleaved runs) against a writer that
+# had a MySQL commit between its inserts. Commits never wait for this pause,
+# and what it delays is only the start of the next insert; with
+# INSERT_GAP_BELOW messages or more waiting for Mongo (a flood of POSTs:
+# ab -k -c 100 keeps about 100 waiting, 1,000 msg/s about 20), there is none.
+INSERT_GAP_SECONDS = 0.005
+INSERT_GAP_BELOW = 64
+# After a failed Mongo write, turns leave the outbox alone this long
+# (messages are still stored and answered; the copy waits), so that a Mongo
+# that is down or hung costs one timeout, not one per turn under the lock.
+MONGO_RETRY_SECONDS = 2.0
+# How often a batch's commit asks whether another process is queued for the
+# lock (one more round trip, and the host's one writer process is nearly
+# always alone): a waiting process waits this much longer at most.
+HANDOVER_CHECK_SECONDS = 0.02
+# meta.head is only a hint for the daemons' gap check, and every write of it
+# is one more oplog entry: at most this often while busy (at once when idle).
+HEAD_EVERY_SECONDS = 1.0
+
+
+class IllegalTransition(ChatError):
+    """An event that the phase at hand does not allow: a bug of the writer's shell."""
+
+
+class Phase(Enum):
+    IDLE = "idle"  # no turn: this writer does not hold the lock
+    LOCKED = "locked"  # the lock is held and the stream state read; the outbox not looked at yet
+    REPAIRING = "repairing"  # copying the outbox to Mongo before anything newer
+    MIRRORING = "mirroring"  # committing; Mongo follows in id order behind the commits
+    OUTBOX = "outbox"  # committing; Mongo is behind, nothing more goes there in this turn
+    ENDING = "ending"  # no more commits: the last insert, the checkpoint, the release
+
+
+class Event(Enum):
+    LOCKED = "locked"
+    REPAIRING = "repairing"
+    IN_STEP = "in_step"  # Mongo holds every committed id (or will, behind the commits)
+    BEHIND = "behind"  # the outbox stays for a later turn
+    MONGO_FAILED = "mongo_failed"
+    ENDING = "ending"
+    RELEASED = "released"
+
+
+TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
+    (Phase.IDLE, Event.LOCKED): Phase.LOCKED,
+    (Phase.LOCKED, Event.IN_STEP): Phase.MIRRORING,
+    (Phase.LOCKED, Event.BEHIND): Phase.OUTBOX,
+    (Phase.LOCKED, Event.REPAIRING): Phase.REPAIRING,
+    (Phase.REPAIRING, Event.MONGO_FAILED): Phase.REPAIRING,  # the repair then ends BEHIND
+    (Phase.REPAIRING, Event.IN_STEP): Phase.MIRRORING,
+    (Phase.REPAIRING, Event.BEHIND): Phase.OUTBOX,
+    (Phase.MIRRORING, Event.MONGO_FAILED): Phase.OUTBOX,
+    (Phase.ENDING, Event.MONGO_FAILED): Phase.ENDING,  # the last insert, waited for at the end
+    (Phase.IDLE, Event.MONGO_FAILED): Phase.IDLE,  # an insert that outlived its turn (cut short by a shutdown)
+    **{(phase, Event.ENDING): Phase.ENDING
+       for phase in (Phase.LOCKED, Phase.REPAIRING, Phase.MIRRORING, Phase.OUTBOX)},
+    **{(phase, Event.RELEASED): Phase.IDLE for phase in Phase},
+}
+
+
+class OutboxPlan(Enum):
+    """What a turn does with the outbox it finds when it takes the lock."""
+
+    NONE = "none"  # Mongo holds everything committed
+    REPAIR = "repair"  # copy it now, before anything newer
+    LATER = "later"  # Mongo failed moments ago: commit without waiting on it again under the lock
+
+
+class NextStep(Enum):
+    """What a turn does after a batch is committed and handed to the mirror."""
+
+    GO_ON = "go_on"  # take the next batch
+    CHECKPOINT = "checkpoint"  # record mirrored_upto (and hint meta.head), then take the next batch
+    END = "end"  # hand the lock over (another process waits) or let the outbox be repaired
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The writer's intervals, in seconds (the module's constants by default)."""
+
+    session_max_seconds: float = SESSION_MAX_SECONDS
+    checkpoint_seconds: float = CHECKPOINT_SECONDS
+    mongo_retry_seconds: float = MONGO_RETRY_SECONDS
+    handover_check_seconds: float = HANDOVER_CHECK_SECONDS
+    head_every_seconds: float = HEAD_EVERY_SECONDS
+
+
+DEFAULT_TIMING = Timing()
+
+
+def batch_room(taken: int, queued: int, batch_max: int) -> int:
+    """How many of the ``queued`` requests join a batch that has ``taken`` already."""
+    return max(0, min(batch_max - taken, queued))
+
+
+def unsent_max(batch_max: int) -> int:
+    """Committed messages that may wait for Mongo before a commit waits for the insert in flight."""
+    return batch_max * UNSENT_BATCHES
+
+
+def insert_gap(unsent: int) -> float:
+    """The pause before the next Mongo insert, with ``unsent`` messages waiting for it."""
+    return INSERT_GAP_SECONDS if unsent < INSERT_GAP_BELOW else 0.0
+
+
+class WriterCore:
+    """The state the writer's decisions need, across turns and within one."""
+
+    __slots__ = ("checkpointed", "handover_check_at", "head_at", "head_written", "mongo_retry_at", "phase",
+                 "timing", "turn_started")
+
+    def __init__(self, timing: Timing = DEFAULT_TIMING):
+        self.timing = timing
+        self.phase = Phase.IDLE
+        self.turn_started = 0.0  # when the turn began committing
+        self.checkpointed = 0.0  # when mirrored_upto was last recorded in this turn
+        self.handover_check_at = 0.0  # the next commit at or after it asks whether another process waits
+        self.mongo_retry_at = 0.0  # until then, after a failed Mongo write, the outbox waits
+        self.head_written = 0  # the id meta.head was last moved to
+        self.head_at = 0.0  # when
+
+    def _on(self, event: Event) -> Phase:
+        try:
+            self.phase = TRANSITIONS[self.phase, event]
+        except KeyError:
+            raise IllegalTransition(f"writer: {event.value} while {self.phase.value}") from None
+        return self.phase
+
+    # --- a turn -----------------------------------------------------------
+    def locked(self, mirrored: int, last_id: int, now: float) -> OutboxPlan:
+        """The lock is taken and the stream state read: what to do with the outbox."""
+        self._on(Event.LOCKED)
+        if mirrored >= last_id:
+            self._writing(Event.IN_STEP, now)
+            return OutboxPlan.NONE
+        if now < self.mongo_retry_at:
+            self._writing(Event.BEHIND, now)
+            return OutboxPlan.LATER
+        self._on(Event.REPAIRING)
+        return OutboxPlan.REPAIR
+
+    def repaired(self, in_step: bool, now: float) -> None:
+        """The repair is over: Mongo holds the outbox (``in_step``), or it failed and the rest waits."""
+        self._writing(Event.IN_STEP if in_step else Event.BEHIND, now)
+
+    def _writing(self, event: Event, now: float) -> None:
+        self._on(event)
+        self.turn_started = self.checkpointed = now
+
+    @property
+    def mirroring(self) -> bool:
+        """Committed messages go on to Mongo in this turn."""
+        return self.phase is Phase.MIRRORING
+
+    def handover_check_due(self, now: float) -> bool:
+        """Whether this commit asks if another process waits for the lock
+        (then the next one asks ``handover_check_seconds`` later at the earliest)."""
+        if now < self.handover_check_at:
+            return False
+        self.handover_check_at = now + self.timing.handover_check_seconds
+        return True
+
+    def committed(self, others_waiting: bool, now: float) -> NextStep:
+        """A batch is committed and answered: end the turn, checkpoint, or go on."""
+        if others_waiting:
+            return NextStep.END  # after the batch in hand: lingering must not hold another host's requests
+        if self.phase is Phase.OUTBOX and now - self.turn_started > self.timing.session_max_seconds:
+            return NextStep.END  # the next turn repairs the outbox once Mongo is back
+        if now - self.checkpointed > self.timing.checkpoint_seconds:
+            return NextStep.CHECKPOINT
+        return NextStep.GO_ON
+
+    def checkpoint_done(self, now: float) -> None:
+        self.checkpointed = now
+
+    def ending(self) -> None:
+        """No more commits in this turn: the last insert, the checkpoint and the release follow."""
+        self._on(Event.ENDING)
+
+    def released(self) -> None:
+        """The lock is given up (or lost with its connection), whatever the turn did."""
+        self._on(Event.RELEASED)
+
+    # --- Mongo ------------------------------------------------------------
+    def mongo_failed(self, now: float) -> None:
+        """An insert into Mongo failed: this turn sends nothing more, and the outbox waits a while."""
+        self.mongo_retry_at = now + self.timing.mongo_retry_seconds
+        self._on(Event.MONGO_FAILED)
+
+    def head_failed(self, now: float) -> None:
+        """A write of meta.head failed: only a hint, but a sign that Mongo is failing."""
+        self.mongo_retry_at = now + self.timing.mongo_retry_seconds
+
+    def head_due(self, upto: int, now: float, idle: bool = False) -> bool:
+        """Whether to move meta.head to ``upto``: it is behind, and the last
+        move is ``head_every_seconds`` old (any age when idle), and Mongo has not failed moments ago."""
+        return (upto > self.head_written and (idle or now - self.head_at > self.timing.head_every_seconds)
+                and now >= self.mongo_retry_at)
+
+    def head_moved(self, upto: int, now: float) -> None:
+        self.head_written, self.head_at = upto, now

@@ -1,0 +1,46 @@
+"""Prometheus metrics of the writer: its group commits, its way into Mongo, its outbox.
+
+The host's writer process serves them on its own metrics port. An API process
+that writes for itself (``CHAT_WRITER_SOCKET`` empty) serves them beside its
+own ``chat_api_*``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Gauge, Histogram
+
+from chat import gcpauses
+from chat.loop_histogram import LoopHistogram
+
+BATCH_SIZE = Histogram("chat_writer_batch_messages", "Messages per group commit",
+                       buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000))
+BATCH_SECONDS = Histogram("chat_writer_batch_seconds", "Time of one group commit, from its first request taken to "
+                          "its answers (MySQL; the Mongo insert follows)",
+                          buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+# Observed on the event loop for each batch's messages at once (LoopHistogram: no lock, a count).
+MONGO_LAG = LoopHistogram("chat_writer_mongo_lag_seconds", "Per message, from its created_at stamp (just before its "
+                          "MySQL INSERT) to the return of the Mongo insert that holds it: the commit, the wait for "
+                          "the insert ahead, its own insert",
+                          buckets=(.0025, .005, .0075, .01, .015, .02, .025, .03, .04, .05, .075, .1, .15, .25, .5, 1,
+                                   2.5))
+OUTBOX_MESSAGES = Gauge("chat_writer_outbox_messages", "Messages committed to MySQL that the fast store does not "
+                        "hold yet (the outbox), as of the writer's last turn")
+OUTBOX_AGE = Gauge("chat_writer_outbox_age_seconds", "Age of the oldest message in the outbox (0: empty). Past 10 s "
+                   "the writer also logs event=outbox_aging; the daemons deliver those messages from MySQL meanwhile")
+GC_PAUSES = Histogram("chat_writer_gc_pause_seconds", "Cyclic garbage collector passes of the writer process, by "
+                      "generation: no request is read or answered meanwhile", ["generation"], buckets=gcpauses.BUCKETS)
+
+
+def watch_gc() -> None:
+    """The writer process's GC pauses (an API process times its own, as chat_api_gc_pause_seconds)."""
+    gcpauses.watch(GC_PAUSES)
+
+
+def observe_outbox(size: int, age_seconds: float) -> None:
+    OUTBOX_MESSAGES.set(size)
+    OUTBOX_AGE.set(age_seconds)
+
+
+def observe_batch(size: int, seconds: float) -> None:
+    BATCH_SIZE.observe(size)
+    BATCH_SECONDS.observe(seconds)
