@@ -9,10 +9,11 @@ bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
 A connection knows its server only as a ``ServerState`` and a ``Handler``:
 routing and admission live in the handler (``daemon.routes``), the
 bookkeeping in ``daemon.hub``; what a client sends is judged by
-``daemon.inbound``. Close codes (``chat.errors.CloseCode``): a client's close is answered with its own code; 1002 protocol error,
-1007 text or a close reason that is not UTF-8, 1008 inbound frame rate, 1009
-inbound frame too big, 1011 server error, 1012 restarting, 1013 behind the
-client's since (retry), 4001 token expired, 4008 slow consumer.
+``daemon.inbound``. Close codes (``chat.errors.CloseCode``): a client's
+close is answered with its own code; 1002 protocol error, 1007 text or a
+close reason that is not UTF-8, 1008 inbound frame rate, 1009 inbound frame
+too big, 1011 server error, 1012 restarting, 1013 behind the client's since
+(retry), 4001 token expired, 4008 slow consumer.
 """
 
 from __future__ import annotations
