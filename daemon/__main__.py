@@ -5,7 +5,7 @@ import uvloop
 from chat.auth_config import require_safe_auth
 from chat.logs import setup_logging
 from chat.settings import Settings
-from daemon.server import run
+from daemon.lifecycle import run
 
 if __name__ == "__main__":
     settings = Settings()

@@ -19,8 +19,7 @@ import logging
 import socket
 from collections.abc import Callable
 
-import orjson
-
+from chat.errors import error_body
 from daemon.wire import http_response
 
 log = logging.getLogger("chat.daemon")
@@ -31,8 +30,7 @@ OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 # Said to a connection accepted past the ceiling, then closed: it never costs
 # more than the accept. A client that has not sent its request yet reads it
 # as the answer to it.
-FULL = http_response(503, orjson.dumps({"error": "try_again_later", "message": "this daemon is full; retry"}),
-                     headers={"Retry-After": "1"})
+FULL = http_response(503, error_body("try_again_later", "this daemon is full; retry"), headers={"Retry-After": "1"})
 
 
 def connection_ceiling(max_connections: int) -> int:

@@ -6,12 +6,14 @@ no protocol object per connection once it is live. Frames are written
 straight to the transport when the hub offers them; the transport's unsent
 bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
 
-Routing and admission live in ``daemon.server``; the bookkeeping in
-``daemon.hub``; what a client sends is judged by ``daemon.inbound``. Close
-codes: a client's close is answered with its own code; 1002 protocol error,
-1007 text or a close reason that is not UTF-8, 1008 inbound frame rate, 1009
-inbound frame too big, 1011 server error, 1012 restarting, 1013 behind the
-client's since (retry), 4001 token expired, 4008 slow consumer.
+A connection knows its server only as a ``ServerState`` and a ``Handler``:
+routing and admission live in the handler (``daemon.routes``), the
+bookkeeping in ``daemon.hub``; what a client sends is judged by
+``daemon.inbound``. Close codes (``chat.errors.CloseCode``): a client's
+close is answered with its own code; 1002 protocol error, 1007 text or a
+close reason that is not UTF-8, 1008 inbound frame rate, 1009 inbound frame
+too big, 1011 server error, 1012 restarting, 1013 behind the client's since
+(retry), 4001 token expired, 4008 slow consumer.
 """
 
 from __future__ import annotations
@@ -20,73 +22,67 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
 
+from chat.errors import CloseCode, error_body
+from chat.settings import Settings
 from daemon import metrics
 from daemon.http_checks import parser_refusal, refusal
-from daemon.hub import SLOW_CONSUMER, Subscriber
+from daemon.http_phase import HttpPhase, Request
+from daemon.hub import Subscriber
 from daemon.inbound import FRAGMENT, Control, Ending, Inbound, Message
 from daemon.wire import PING, Opcode, close_frame, http_response, pong_frame, text_frame
 
-if TYPE_CHECKING:
-    from daemon.server import Daemon
-
 log = logging.getLogger("chat.daemon")
 
-CLOSE_RATE, CLOSE_ERROR, CLOSE_RESTART, CLOSE_TRY_AGAIN = 1008, 1011, 1012, 1013
-CLOSE_TOKEN_EXPIRED = 4001  # the token's `exp` passed (as HTTP 401): reconnect with a new token and since
+# Said when a request head outgrows REQUEST_HEAD_MAX, and when serving a request fails.
+HEAD_TOO_LARGE = error_body("headers_too_large", "request head over 16 KiB")
+SERVER_ERROR = error_body("server_error", "internal error")
 REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
 PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
 CLOSE_STALL_SECONDS = 10.0  # a closing peer that reads nothing for this long is cut off (websockets' close_timeout)
 
 
-class Request:
-    __slots__ = ("method", "target", "headers", "keep_alive", "upgrade", "version")
+class ServerState:
+    """What the connections of one server share (as uvicorn's ``ServerState``):
+    its settings, the open connections, which each connection counts itself
+    into and out of, and whether the server is draining."""
 
-    def __init__(self, method: str, target: bytes, headers: dict[str, str], keep_alive: bool, upgrade: bool,
-                 version: str = "1.1"):
-        self.method, self.target, self.headers = method, target, headers
-        self.keep_alive, self.upgrade, self.version = keep_alive, upgrade, version
+    __slots__ = ("settings", "conns", "http_conns", "draining")
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.conns: set[Connection] = set()  # every open connection: the cap, the drain
+        self.http_conns: set[Connection] = set()  # those not (yet) WebSockets: the idle sweep
+        self.draining = False  # answers go out with `Connection: close`
 
 
-class HttpPhase:
-    """What a connection needs only until it upgrades (httptools callbacks)."""
+class Handler(Protocol):
+    """What a connection asks of its server: the routes, and the news that a WebSocket is gone."""
 
-    __slots__ = ("parser", "target", "headers", "head_bytes", "requests", "task", "rest", "idle_since")
+    async def handle_upgrade(self, conn: Connection, request: Request) -> bool:
+        """A WebSocket handshake; True once ``conn`` is a WebSocket (nothing after it is HTTP)."""
+        ...
 
-    def __init__(self):
-        self.idle_since = time.monotonic()  # no request in hand since then (Daemon.close_idle_http)
-        self.parser = httptools.HttpRequestParser(self)
-        self.target = b""
-        self.headers: dict[str, str] = {}
-        self.head_bytes = 0
-        self.requests: deque[Request] = deque()
-        self.task: asyncio.Task | None = None
-        self.rest = b""  # bytes after an upgrade request: the client's first frames
+    async def handle_http(self, conn: Connection, request: Request) -> None:
+        """A plain request; answered with ``conn.respond``."""
+        ...
 
-    def on_url(self, url: bytes) -> None:
-        self.target += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def on_message_complete(self) -> None:
-        p = self.parser
-        self.requests.append(Request(p.get_method().decode(), self.target, self.headers,
-                                     p.should_keep_alive(), p.should_upgrade(), p.get_http_version()))
-        self.target, self.headers, self.head_bytes = b"", {}, 0
+    def forget(self, conn: Connection) -> None:
+        """A WebSocket is gone (closed either way); called once or more."""
+        ...
 
 
 class Connection(Subscriber, asyncio.Protocol):
-    __slots__ = ("daemon", "transport", "http", "reader", "ping_sent", "next_ping",
+    __slots__ = ("state", "handler", "transport", "http", "reader", "ping_sent", "next_ping",
                  "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires")
 
-    def __init__(self, daemon: Daemon):
+    def __init__(self, state: ServerState, handler: Handler):
         Subscriber.__init__(self, "", 0)
-        self.daemon = daemon
+        self.state = state
+        self.handler = handler
         self.transport: asyncio.Transport | None = None
         self.http: HttpPhase | None = HttpPhase()
         self.reader: Inbound | None = None  # exists only while a frame or a fragmented message is unfinished
@@ -101,12 +97,12 @@ class Connection(Subscriber, asyncio.Protocol):
         # Counted from the moment it exists, not from connection_made: the
         # acceptor counts a socket until its protocol is made, and the two
         # counts must meet with no gap (a burst of accepts slipped through it).
-        daemon.conns.add(self)
+        state.conns.add(self)
 
     # --- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        self.daemon.http_conns.add(self)
+        self.state.http_conns.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self.http is not None:
@@ -117,14 +113,14 @@ class Connection(Subscriber, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self._wake_drain_waiter()
-        self.daemon.conns.discard(self)
-        self.daemon.http_conns.discard(self)
+        self.state.conns.discard(self)
+        self.state.http_conns.discard(self)
         if self.http is not None:
             if self.http.task is not None:
                 self.http.task.cancel()
             self.http = None
         else:
-            self.daemon.forget(self)
+            self.handler.forget(self)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -152,7 +148,7 @@ class Connection(Subscriber, asyncio.Protocol):
         http = self.http
         http.head_bytes += len(data)
         if http.head_bytes > REQUEST_HEAD_MAX:
-            self.respond(431, b'{"error":"headers_too_large","message":"request head over 16 KiB"}', False)
+            self.respond(431, HEAD_TOO_LARGE, False)
             return
         try:
             http.parser.feed_data(data)
@@ -161,7 +157,7 @@ class Connection(Subscriber, asyncio.Protocol):
             self.transport.pause_reading()  # the handshake decides what comes next
         except httptools.HttpParserError as exc:
             refused = parser_refusal(str(exc))
-            self.respond(refused.status, refused.body, False)
+            self.respond(refused.status, refused.body(), False)
             return
         if http.requests and http.task is None:
             http.task = asyncio.get_running_loop().create_task(self._serve_http())
@@ -175,27 +171,44 @@ class Connection(Subscriber, asyncio.Protocol):
                 request = http.requests.popleft()
                 refused = refusal(request.method, request.version, request.headers, request.upgrade)
                 if refused is not None:  # the RFCs' refusals, before any routing
-                    self.respond(refused.status, refused.body, False, refused.headers)
+                    self.respond(refused.status, refused.body(), False, refused.headers)
                     return
-                if request.upgrade and await self.daemon.handle_upgrade(self, request):
+                if request.upgrade and await self.handler.handle_upgrade(self, request):
                     return  # a WebSocket now; nothing after the upgrade is HTTP
                 if not request.upgrade:
-                    await self.daemon.handle_http(self, request)
+                    await self.handler.handle_http(self, request)
                 if not request.keep_alive or request.upgrade:
                     self.transport.close()
                     return
                 self.transport.resume_reading()
         except Exception:
             log.exception("event=http_error")
-            self.respond(500, b'{"error":"server_error","message":"internal error"}', False)
+            self.respond(500, SERVER_ERROR, False)
         finally:
             if self.http is http:
                 http.task = None
                 http.idle_since = time.monotonic()
 
+    def idle_since(self) -> float | None:
+        """Monotonic time since which this HTTP connection has had no request
+        in hand; None while it has one, or once it is a WebSocket."""
+        http = self.http
+        if http is None or http.task is not None:
+            return None
+        return http.idle_since
+
+    def close_idle(self, abort_unread: bool) -> None:
+        """Closes this connection, idle between requests. ``abort_unread``: a
+        client that has not read its last answer is owed nothing and is cut
+        off at once; else what is unsent still goes out first."""
+        if abort_unread and self.transport.get_write_buffer_size():
+            self.transport.abort()
+        else:
+            self.transport.close()
+
     def respond(self, status: int, body: bytes, keep_alive: bool, headers: dict | None = None,
                 content_type: str = "application/json") -> None:
-        keep_alive = keep_alive and not self.daemon.draining
+        keep_alive = keep_alive and not self.state.draining
         if not self.transport.is_closing():
             self.transport.write(http_response(status, body, content_type, headers, keep_alive))
             if not keep_alive:
@@ -205,37 +218,41 @@ class Connection(Subscriber, asyncio.Protocol):
         """Switches to WebSocket: the 101 goes out, the HTTP state is dropped."""
         rest = self.http.rest
         self.http = None
-        self.daemon.http_conns.discard(self)
+        self.state.http_conns.discard(self)
         self.user = user
         # Paged catch-ups wait for the buffer to fall under low before their
         # next page, and a page is at most a quarter of the bound: catch-up
         # alone never trips the slow-consumer close.
-        limit = self.daemon.settings.send_buffer_max_bytes
+        limit = self.state.settings.send_buffer_max_bytes
         self.transport.set_write_buffer_limits(high=limit // 2, low=limit // 8)
         self.transport.write(response)
-        self.next_ping = time.monotonic() + self.daemon.settings.ping_interval_seconds
+        self.next_ping = time.monotonic() + self.state.settings.ping_interval_seconds
         self.transport.resume_reading()
         if rest:
             self._ws_data(rest)
 
     # --- WebSocket: what the hub calls --------------------------------------
+    def send_text(self, payload: bytes) -> None:
+        """One text frame, written now (the hello before a catch-up)."""
+        self.transport.write(text_frame(payload))
+
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
         if self.closing:  # nothing after the close frame (a catch-up can outlast its connection)
             return
         transport = self.transport
         transport.write(frame if frame is not None else text_frame(payload))
-        if transport.get_write_buffer_size() > self.daemon.settings.send_buffer_max_bytes:
+        if transport.get_write_buffer_size() > self.state.settings.send_buffer_max_bytes:
             self.overflowed = True
             self.overflow()
 
     def overflow(self) -> None:
         if not self.closing:
             metrics.CLOSES.labels("slow_consumer").inc()
-            self.close(SLOW_CONSUMER, "slow consumer: reconnect with since")
+            self.close(CloseCode.SLOW_CONSUMER, "slow consumer: reconnect with since")
 
     # --- WebSocket: what the client sends -------------------------------------
     def new_inbound(self) -> Inbound:
-        return Inbound(self.daemon.settings.ws_max_frame_bytes)
+        return Inbound(self.state.settings.ws_max_frame_bytes)
 
     def on_message(self, message: Message) -> None:
         """A client's whole data message. ``/v1/ws`` is push-only: messages are
@@ -262,7 +279,7 @@ class Connection(Subscriber, asyncio.Protocol):
             # data frames, pings, unasked pongs: nothing is expected, so they are rate-limited
             if not self._within_rate():
                 metrics.CLOSES.labels("frame_rate").inc()
-                self.close(CLOSE_RATE, "too many frames")
+                self.close(CloseCode.POLICY, "too many frames")
                 return
             if kind is Control:
                 if event.opcode is Opcode.PING:
@@ -275,16 +292,16 @@ class Connection(Subscriber, asyncio.Protocol):
         if now - self.window_start >= 1.0:
             self.window_start, self.window_count = now, 0
         self.window_count += 1
-        return self.window_count <= self.daemon.settings.ws_max_frames_per_second
+        return self.window_count <= self.state.settings.ws_max_frames_per_second
 
     # --- WebSocket: keep-alive and closing ------------------------------------
     def heartbeat(self, now: float) -> None:
         """Called about every second by the daemon for every WebSocket."""
         if now >= self.expires:  # the handshake checked the token; the heartbeat holds it to its `exp`
             metrics.CLOSES.labels("token_expired").inc()
-            self.close(CLOSE_TOKEN_EXPIRED, "token expired: reconnect with a new token and since")
+            self.close(CloseCode.TOKEN_EXPIRED, "token expired: reconnect with a new token and since")
             return
-        settings = self.daemon.settings
+        settings = self.state.settings
         if self.ping_sent:
             if now - self.ping_sent > settings.ping_timeout_seconds:
                 metrics.CLOSES.labels("ping_timeout").inc()
@@ -300,13 +317,13 @@ class Connection(Subscriber, asyncio.Protocol):
             return
         self.closing = True
         self._wake_drain_waiter()
-        self.daemon.forget(self)
+        self.handler.forget(self)
         transport = self.transport
         if transport.is_closing():
             return
         transport.write(close_frame(code, reason))
         transport.close()
-        _reap_if_stalled(transport, max(CLOSE_STALL_SECONDS, self.daemon.settings.ping_timeout_seconds),
+        _reap_if_stalled(transport, max(CLOSE_STALL_SECONDS, self.state.settings.ping_timeout_seconds),
                          transport.get_write_buffer_size())
 
 

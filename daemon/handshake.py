@@ -3,20 +3,13 @@ daemon's ``/v1/ws`` and the conformance testee (``daemon.testee``)."""
 
 from __future__ import annotations
 
-import orjson
 from websockets.datastructures import Headers
 from websockets.http11 import Request as WsRequest
 from websockets.server import ServerProtocol
 
-from daemon.connection import Connection, Request
-
-
-def error_body(code: str, message: str, field: str | None = None) -> bytes:
-    """The write API's error shape: ``{"error", "message", "field"?}``."""
-    body = {"error": code, "message": message}
-    if field is not None:
-        body["field"] = field
-    return orjson.dumps(body)
+from chat.errors import error_body
+from daemon.connection import Connection
+from daemon.http_phase import Request
 
 
 def accept(conn: Connection, path: str, request: Request) -> bytes | None:

@@ -10,30 +10,13 @@
 
 from __future__ import annotations
 
-import orjson
+from chat.errors import Refused
 
 SUPPORTED_VERSIONS = ("1.1", "1.0")
 UNSUPPORTED_VERSION = "this server speaks HTTP/1.1 (and HTTP/1.0)"
 # llhttp's reasons for a request line it will not parse as HTTP/1.x: a version
 # it does not know, and the HTTP/2 connection preface (`PRI * HTTP/2.0`).
 PARSER_VERSION_ERRORS = ("Invalid HTTP version", "Pause on PRI/Upgrade")
-
-
-class Refused:
-    """An answer that ends the connection: status, JSON error body, extra headers."""
-
-    __slots__ = ("status", "body", "headers")
-
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
-        self.status, self.headers = status, headers or {}
-        self.body = orjson.dumps({"error": code, "message": message})
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Refused) and (self.status, self.body, self.headers) == (
-            other.status, other.body, other.headers)
-
-    def __repr__(self) -> str:
-        return f"Refused({self.status}, {self.body!r}, {self.headers!r})"
 
 
 def refusal(method: str, version: str, headers: dict[str, str], upgrade: bool) -> Refused | None:
@@ -44,7 +27,8 @@ def refusal(method: str, version: str, headers: dict[str, str], upgrade: bool) -
     if version == "1.1" and "host" not in headers:
         return Refused(400, "bad_request", "an HTTP/1.1 request needs a Host header")
     if upgrade and method != "GET":
-        return Refused(405, "method_not_allowed", f"a WebSocket handshake is a GET, not {method}", {"Allow": "GET"})
+        return Refused(405, "method_not_allowed", f"a WebSocket handshake is a GET, not {method}",
+                       headers={"Allow": "GET"})
     return None
 
 

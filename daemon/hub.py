@@ -12,8 +12,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 
-SLOW_CONSUMER = 4008  # close code: the connection's buffer filled; reconnect with since
-
 # (message id, JSON payload, WebSocket frame or None to build it on demand)
 Item = tuple[int, bytes, bytes | None]
 

@@ -26,9 +26,9 @@ from typing import NamedTuple
 
 from websockets.frames import EXTERNAL_CLOSE_CODES, apply_mask
 
+from chat.errors import CloseCode
 from daemon.wire import Opcode
 
-CLOSE_NORMAL, CLOSE_PROTOCOL, CLOSE_INVALID_DATA, CLOSE_TOO_BIG = 1000, 1002, 1007, 1009
 CONTROL_MAX = 125  # RFC 6455 section 5.5
 OPCODES = {op.value: op for op in Opcode}
 DATA = (Opcode.TEXT, Opcode.BINARY)
@@ -62,13 +62,13 @@ FRAGMENT = Message(Opcode.CONT, b"")  # a data frame that is not a message's las
 
 
 def protocol_error(reason: str) -> Ending:
-    return Ending(CLOSE_PROTOCOL, reason, "protocol_error")
+    return Ending(CloseCode.PROTOCOL_ERROR, reason, "protocol_error")
 
 
 def close_answer(payload: bytes) -> Ending:
     """The answer to a peer's close frame (RFC 6455 sections 5.5.1, 7.4)."""
     if not payload:
-        return Ending(CLOSE_NORMAL, "", None)
+        return Ending(CloseCode.NORMAL, "", None)
     if len(payload) == 1:
         return protocol_error("close frame with a one-byte payload")
     code = int.from_bytes(payload[:2], "big")
@@ -77,7 +77,7 @@ def close_answer(payload: bytes) -> Ending:
     try:
         _utf8(payload[2:], "strict", True)
     except UnicodeDecodeError:
-        return Ending(CLOSE_INVALID_DATA, "close reason is not UTF-8", "invalid_utf8")
+        return Ending(CloseCode.INVALID_DATA, "close reason is not UTF-8", "invalid_utf8")
     return Ending(code, "", None)
 
 
@@ -195,7 +195,7 @@ class Inbound:
                 so_far = self._message.size if self._message is not None else 0
                 limit = min(limit, self._max_message - so_far)
             if length > limit:
-                events.append(Ending(CLOSE_TOO_BIG, "frame too big" if length > self._max_frame
+                events.append(Ending(CloseCode.TOO_BIG, "frame too big" if length > self._max_frame
                                      else "message too big", "frame_too_big"))
                 self._ended = True
                 return size
@@ -243,7 +243,7 @@ class Inbound:
                     try:
                         _utf8(chunk, "strict", True)
                     except UnicodeDecodeError:
-                        return Ending(CLOSE_INVALID_DATA, "text is not UTF-8", "invalid_utf8")
+                        return Ending(CloseCode.INVALID_DATA, "text is not UTF-8", "invalid_utf8")
                 events.append(Message(opcode, chunk if self._keep else b""))
                 return None
             message = self._message = _InFlight(self._opcode)
@@ -251,7 +251,7 @@ class Inbound:
             try:
                 message.decoder.decode(chunk, done and self._fin)
             except UnicodeDecodeError:
-                return Ending(CLOSE_INVALID_DATA, "text is not UTF-8", "invalid_utf8")
+                return Ending(CloseCode.INVALID_DATA, "text is not UTF-8", "invalid_utf8")
         message.size += len(chunk)
         if self._keep and chunk:
             message.parts.append(chunk)

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
@@ -24,12 +25,13 @@ from chat.messages import encode_doc, inserted_docs, is_message_doc
 from daemon import catchup, metrics, store_reads
 from daemon.catchup import CatchUp
 from daemon.hub import Hub
-from daemon.oplog import RESTARTED, Backoff, OplogTail
 from daemon.recent_cache import RecentCache
 from daemon.sequencer import Sequencer
 from daemon.wire import text_frame
 from db import mongo
 from db.stream_ranges import StreamRanges
+from oplog.backoff import Backoff
+from oplog.events import Batch, OplogSource, Restarted
 
 log = logging.getLogger("chat.stream")
 
@@ -40,11 +42,15 @@ PAGE = 5000  # one read of the truth; FerretDB scans the whole collection per qu
 # from scratch. Messages wait meanwhile; none is lost.
 FILL_TIMEOUT_SECONDS = 60.0
 TAIL_QUEUE_MAX = 20_000  # oplog entries waiting for the consumer
-FILL = object()  # in the consumer's queue: "read the truth now"
+
+
+@dataclass(frozen=True, slots=True)
+class FillRequest:
+    """In the consumer's queue, among the oplog batches: "read the truth now"."""
 
 
 class Stream:
-    def __init__(self, db: AsyncDatabase, tail: OplogTail, hub: Hub, *, retention_seconds: int,
+    def __init__(self, db: AsyncDatabase, tail: OplogSource, hub: Hub, *, retention_seconds: int,
                  cache_max: int, gap_check_seconds: float, cache_max_bytes: int = 64 << 20,
                  ranges: StreamRanges | None = None):
         self._db = db
@@ -55,8 +61,9 @@ class Stream:
         self.cache = RecentCache(cache_max, cache_max_bytes)
         self._gap_check = gap_check_seconds
         self._seq = Sequencer(high=0)
-        # oplog batches (or FILL) for the consumer; bounded by entries, not batches
-        self._inbox: asyncio.Queue[tuple[list[dict] | None, float]] = asyncio.Queue()
+        # oplog batches (and fill requests) for the consumer, each with the time
+        # it arrived; bounded by entries, not batches
+        self._inbox: asyncio.Queue[tuple[Batch | FillRequest, float]] = asyncio.Queue()
         self._queued = 0
         self._queue_max = TAIL_QUEUE_MAX
         self._fill_requested = False
@@ -141,21 +148,22 @@ class Stream:
 
     async def _consume(self) -> None:
         while True:
-            batch, received = await self._inbox.get()
-            if batch is FILL:
+            item, received = await self._inbox.get()
+            if type(item) is FillRequest:
                 self._fill_requested = False
                 await self._fill_from_truth()
                 continue
-            self._queued -= len(batch)
-            self._take(batch, received)
+            self._queued -= len(item.entries)
+            self._take(item, received)
             if self._seq.hole:
                 await self._fill_from_truth()
 
-    def _take(self, batch: list[dict], received: float) -> None:
+    def _take(self, batch: Batch, received: float) -> None:
         """One oplog batch, without I/O: what is next in the stream goes out now,
         what comes after a hole is held (loadtest/hotpath.py times this)."""
-        docs = [d for entry in batch for d in inserted_docs(entry, self._tail.namespace)]
-        metrics.OPLOG_ENTRIES.inc(len(batch))
+        entries = batch.entries
+        docs = [d for entry in entries for d in inserted_docs(entry, self._tail.namespace)]
+        metrics.OPLOG_ENTRIES.inc(len(entries))
         if docs:
             self._release(self._seq.offer(self._admit(docs, "oplog")), received)
 
@@ -185,24 +193,25 @@ class Stream:
         return self._committed
 
     async def _read_oplog(self) -> None:
-        async for batch in self._tail.batches():
-            if batch is RESTARTED:
+        async for event in self._tail.batches():
+            if type(event) is Restarted:
                 # Nothing to do: ids are gap-free, so whatever a re-opened or
                 # fallen-off tail missed shows up as a hole (or in the gap
                 # check) and is read back then, and only then.
                 continue
-            if self._queued + len(batch) > self._queue_max:
+            size = len(event.entries)
+            if self._queued + size > self._queue_max:
                 log.warning("event=tail_backlog_full queued=%d action=catch_up_by_query", self._queued)
                 self._request_fill()  # what is dropped here is read back from the truth
             else:
-                self._queued += len(batch)
-                self._inbox.put_nowait((batch, time.perf_counter()))
+                self._queued += size
+                self._inbox.put_nowait((event, time.perf_counter()))
 
     def _request_fill(self) -> None:
         """Asks the consumer for one read of the truth; requests coalesce until it starts."""
         if not self._fill_requested:
             self._fill_requested = True
-            self._inbox.put_nowait((FILL, 0.0))
+            self._inbox.put_nowait((FillRequest(), 0.0))
 
     def _retry_fill(self) -> None:
         self._fill_retry = None

@@ -19,10 +19,12 @@ import socket
 
 import uvloop
 
+from chat.errors import error_body
 from chat.settings import Settings
 from daemon.acceptor import Acceptor
-from daemon.connection import Connection, Request
-from daemon.handshake import accept, error_body
+from daemon.connection import Connection, ServerState
+from daemon.handshake import accept
+from daemon.http_phase import Request
 from daemon.inbound import Inbound, Message
 from daemon.wire import data_frame
 
@@ -45,18 +47,13 @@ class EchoConnection(Connection):
     def on_message(self, message: Message) -> None:
         transport = self.transport
         transport.write(data_frame(message.opcode, message.data))
-        if transport.get_write_buffer_size() > self.daemon.settings.send_buffer_max_bytes:
+        if transport.get_write_buffer_size() > self.state.settings.send_buffer_max_bytes:
             self.overflow()  # the same bound, and close, as a daemon's pushes
 
 
 class Testee:
-    """What a connection asks of its daemon, for an echo server."""
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.conns: set[Connection] = set()
-        self.http_conns: set[Connection] = set()
-        self.draining = False
+    """The echo server's handler (a ``daemon.connection.Handler``): every
+    handshake is accepted, every plain request answered 426."""
 
     async def handle_upgrade(self, conn: Connection, request: Request) -> bool:
         path = request.target.decode("latin-1").partition("?")[0]
@@ -76,9 +73,9 @@ class Testee:
 
 async def serve(host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
-    testee = Testee(testee_settings())
+    state, testee = ServerState(testee_settings()), Testee()
     sock = socket.create_server((host, port), backlog=128)
-    acceptor = Acceptor(loop, sock, lambda: EchoConnection(testee))
+    acceptor = Acceptor(loop, sock, lambda: EchoConnection(state, testee))
     acceptor.start()
     print(f"testee listening on ws://{host}:{sock.getsockname()[1]}", flush=True)
     await asyncio.Event().wait()

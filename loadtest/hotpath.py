@@ -29,9 +29,11 @@ import typer
 
 from chat.settings import Settings
 from daemon import metrics
-from daemon.connection import Connection
+from daemon.connection import Connection, ServerState
+from daemon.http_phase import Request
 from daemon.hub import Hub
 from daemon.stream import Stream
+from oplog.events import Batch
 
 NAMESPACE = "chat.messages"
 
@@ -51,23 +53,36 @@ class CountingTransport:
         return 0
 
 
-def oplog_batches(clients: int, count: int, batch: int, seed: int = 7) -> list[list[dict]]:
+class Unrouted:
+    """The handler of connections that are live from the start: no request reaches it."""
+
+    async def handle_upgrade(self, conn: Connection, request: Request) -> bool:
+        raise AssertionError("the hot path serves no handshake")
+
+    async def handle_http(self, conn: Connection, request: Request) -> None:
+        raise AssertionError("the hot path serves no request")
+
+    def forget(self, conn: Connection) -> None:
+        """No connection closes here."""
+
+
+def oplog_batches(clients: int, count: int, batch: int, seed: int = 7) -> list[Batch]:
     """Insert entries as FerretDB writes them, one recipient per message (the
     sender offline: one frame each, the replay's --senders-offline)."""
     rng, now = random.Random(seed), datetime.now(UTC)
-    return [[{"op": "i", "ns": NAMESPACE, "o": {
+    return [Batch([{"op": "i", "ns": NAMESPACE, "o": {
         "_id": i + 1, "from": f"x{rng.randrange(clients)}", "to": f"r{rng.randrange(clients)}",
         "body": f"{time.time():.6f} replay", "created_at": now, "client_msg_id": None}}
-        for i in range(start, min(start + batch, count))] for start in range(0, count, batch)]
+        for i in range(start, min(start + batch, count))]) for start in range(0, count, batch)]
 
 
 async def one_round(clients: int, count: int, batch: int) -> dict:
     settings = Settings()
     hub = Hub(settings.send_buffer_max_bytes)
-    daemon = SimpleNamespace(settings=settings, conns=set(), hub=hub)
+    state, handler = ServerState(settings), Unrouted()
     transports = []
     for i in range(clients):
-        conn = Connection(daemon)
+        conn = Connection(state, handler)
         conn.transport, conn.user, conn.pending, conn.http = CountingTransport(), f"r{i}", None, None
         transports.append(conn.transport)
         hub.register(conn)
@@ -77,8 +92,8 @@ async def one_round(clients: int, count: int, batch: int) -> dict:
     batches = oplog_batches(clients, count, batch)
     gc.collect()
     cpu = time.process_time()
-    for entries in batches:
-        stream._take(entries, time.perf_counter())  # what Stream._consume does with each oplog batch
+    for oplog_batch in batches:
+        stream._take(oplog_batch, time.perf_counter())  # what Stream._consume does with each oplog batch
     cpu = time.process_time() - cpu
     frames = sum(t.frames for t in transports)
     if stream.position != count or frames != count:

@@ -1,7 +1,7 @@
 """FerretDB's own insert -> tail latency, measured beside ours in the same run.
 
 Inserts a small document into `chat.probe` at a fixed rate and tails
-local.oplog.rs for it with the daemon's own tailer (daemon/oplog.py), so the
+local.oplog.rs for it with the daemon's own tailer (oplog/tail.py), so the
 figure is the database's share: insert call -> oplog entry in hand.
 """
 
@@ -12,8 +12,9 @@ import contextlib
 import sys
 import time
 
-from daemon.oplog import RESTARTED, OplogTail
 from db import mongo
+from oplog.events import Restarted
+from oplog.tail import OplogTail
 
 
 async def measure(url: str, rate: float, seconds: float) -> list[float]:
@@ -38,11 +39,11 @@ async def _probe(client, rate: float, seconds: float, seen: list[float]) -> None
     tail.last_ts = await tail.newest_ts()
 
     async def reader():
-        async for batch in tail.batches():
-            if batch is RESTARTED:
+        async for event in tail.batches():
+            if isinstance(event, Restarted):
                 continue
             now = time.perf_counter()
-            for entry in batch:
+            for entry in event.entries:
                 if entry.get("op") == "i" and entry["o"]["_id"] in sent:
                     seen.append(now - sent.pop(entry["o"]["_id"]))
 

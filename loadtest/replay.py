@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,9 +47,9 @@ from tqdm import tqdm
 from chat.auth_config import require_safe_auth
 from chat.logs import setup_logging
 from chat.settings import Settings
-from daemon.oplog import RESTARTED
 from loadtest import machine, scrape, wsload
 from loadtest.wsload import Job
+from oplog.events import Batch, OplogEvent, Restarted
 
 RECORD_DB = "chat_replay"
 HISTOGRAM = "chat_daemon_oplog_to_socket_seconds"
@@ -81,7 +82,7 @@ def pairs(clients: int, count: int, seed: int = 7) -> list[tuple[int, int]]:
 
 
 class ReplayTail:
-    """Stands in for ``daemon.oplog.OplogTail``: yields recorded entries with
+    """An ``oplog.events.OplogSource`` in place of the oplog tail: yields recorded entries with
     fresh ids from 1, once SIGUSR1 says the clients are connected."""
 
     def __init__(self, entries: list[dict], clients: int, count: int, rate: float, batch: int,
@@ -96,9 +97,9 @@ class ReplayTail:
     async def newest_ts(self):
         return None
 
-    async def batches(self):
+    async def batches(self) -> AsyncIterator[OplogEvent]:
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self.go.set)
-        yield RESTARTED
+        yield Restarted()
         await self.go.wait()
         start, sent = time.monotonic(), 0
         while sent < self.count:
@@ -117,13 +118,13 @@ class ReplayTail:
                 out.append({**entry, "o": {**entry["o"], "_id": i + 1, "from": f"{self.sender_prefix}{a}", "to": f"r{b}",
                                            "body": f"{wall:.6f} replay", "created_at": now}})
             sent += n
-            yield out
+            yield Batch(out)
         await asyncio.Event().wait()  # a tail never ends
 
 
 def serve(entries_file: Path, clients: int, count: int, rate: float, batch: int, senders_offline: bool) -> None:
     """A daemon process (``python -m loadtest.replay --serve``) whose stream reads the replay."""
-    from daemon.server import run
+    from daemon.lifecycle import run
 
     settings = Settings()
     setup_logging(settings.log_level)

@@ -1,9 +1,10 @@
 """A daemon's oplog tail through the host's relay (relay/server.py).
 
-The same interface as ``daemon.oplog.OplogTail``, so the stream cannot tell
-the two apart: ``batches()`` yields oplog batches in order, and ``RESTARTED``
-whenever entries may have been missed (the relay could not resume us from
-its ring, its own tail re-opened, or we are reconnecting). The stream needs
+An ``oplog.events.OplogSource``, as ``oplog.tail.OplogTail`` is, so the
+stream cannot tell the two apart: ``batches()`` yields oplog batches in
+order, and ``Restarted`` whenever entries may have been missed (the relay
+could not resume us from its ring, its own tail re-opened, or we are
+reconnecting). The stream needs
 nothing more: ids are gap-free, so a missed entry shows up as a hole, or in
 the gap check, and is read back from MySQL or the `messages` collection.
 
@@ -21,7 +22,9 @@ from collections.abc import AsyncIterator
 from bson import Timestamp
 from pymongo import AsyncMongoClient
 
-from daemon.oplog import RESTARTED, Backoff, newest_ts
+from oplog.backoff import Backoff
+from oplog.events import Batch, OplogEvent, Restarted
+from oplog.tail import newest_ts
 from relay.protocol import FRAME_MAX, BadFrame, frame, read_frame
 
 log = logging.getLogger("chat.relay")
@@ -39,7 +42,7 @@ class RelayTail:
     async def newest_ts(self) -> Timestamp | None:
         return await newest_ts(self._client)
 
-    async def batches(self) -> AsyncIterator[list[dict] | None]:
+    async def batches(self) -> AsyncIterator[OplogEvent]:
         backoff = Backoff(base=0.05, cap=RECONNECT_CAP)
         codec = self._client.codec_options
         while True:
@@ -52,15 +55,15 @@ class RelayTail:
                     raise ConnectionError("the relay closed before its hello")
                 log.info("event=relay_connected resumed=%s", hello.get("resumed"))
                 if not hello.get("resumed"):
-                    yield RESTARTED
+                    yield Restarted()
                 backoff.reset()
                 while (message := await read_frame(reader, FRAME_MAX, codec)) is not None:
                     batch = message.get("b")
                     if batch:
                         self.last_ts = batch[-1]["ts"]
-                        yield batch
+                        yield Batch(batch)
                     elif message.get("restarted"):
-                        yield RESTARTED
+                        yield Restarted()
                 log.warning("event=relay_closed action=reconnect")
             except (OSError, BadFrame) as exc:  # ConnectionError is an OSError
                 log.warning("event=relay_unreachable error=%s detail=%s", exc.__class__.__name__, exc)

@@ -8,7 +8,7 @@ limit). At 10k clients and 1,000 msg/s through FerretDB, delivery p50 was
 runs). A real MongoDB answers a tail cheaply, but N tails per
 host are still N cursors on the primary for the same entries.
 
-The relay tails once (daemon/oplog.py, the same tailer) and writes each batch
+The relay tails once (oplog/tail.py, the daemon's own tailer) and writes each batch
 to every daemon connected to its Unix socket (``CHAT_OPLOG_RELAY_SOCKET``),
 encoded once. It keeps the last ``RING_ENTRIES`` entries, so a daemon that
 reconnects (a relay or daemon restart, a slow daemon dropped) with the ``ts``
@@ -34,8 +34,9 @@ from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
 from chat.unix_socket import bind_owner_only
-from daemon.oplog import RESTARTED, OplogTail
 from db import mongo
+from oplog.events import OplogSource, Restarted
+from oplog.tail import OplogTail
 from relay.protocol import HELLO_MAX, BadFrame, frame, read_frame
 
 log = logging.getLogger("chat.relay")
@@ -51,7 +52,7 @@ RESUMES = Counter("chat_relay_resumes_total", "Daemon (re)connections, by whethe
 
 
 class Relay:
-    def __init__(self, tail: OplogTail, codec: CodecOptions, ring_entries: int = RING_ENTRIES,
+    def __init__(self, tail: OplogSource, codec: CodecOptions, ring_entries: int = RING_ENTRIES,
                  buffer_max: int = SUBSCRIBER_BUFFER_MAX, hello_seconds: float = HELLO_SECONDS):
         self._tail = tail
         self._codec = codec
@@ -67,13 +68,14 @@ class Relay:
     async def run(self) -> None:
         """The tail, for the life of the process. Its first open is a restart
         too: from there on, the ring covers what the tail shows."""
-        async for batch in self._tail.batches():
-            if batch is RESTARTED:
+        async for event in self._tail.batches():
+            if isinstance(event, Restarted):
                 # Entries before this point may be missing: a daemon resuming
                 # from before it must be told so.
                 self._covered_from = self._tail.last_ts
                 self._publish(frame({"restarted": True}))
                 continue
+            batch = event.entries
             data = frame({"b": batch})
             ENTRIES.inc(len(batch))
             self._remember(batch[-1]["ts"], data, len(batch))

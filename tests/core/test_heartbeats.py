@@ -6,7 +6,8 @@ import asyncio
 
 from chat.settings import Settings
 from daemon.hub import Hub
-from daemon.server import HEARTBEAT_SLICE, Daemon
+from daemon.lifecycle import HEARTBEAT_SLICE, heartbeats
+from daemon.server import Daemon
 
 SOCKETS = 2 * HEARTBEAT_SLICE + 88  # three slices, the last one short
 
@@ -38,7 +39,7 @@ async def test_heartbeats_visit_every_socket_in_slices_and_let_deliveries_run():
             await asyncio.sleep(0)
 
     other = asyncio.create_task(deliver())
-    beating = asyncio.create_task(daemon.heartbeats())
+    beating = asyncio.create_task(heartbeats(daemon))
     while len(log) < SOCKETS - 1:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.02)  # the rest of the pass, if there were one

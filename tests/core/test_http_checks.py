@@ -2,20 +2,26 @@
 
 import pytest
 
-from daemon.http_checks import Refused, parser_refusal, refusal
+from chat.errors import Refused
+from daemon.http_checks import parser_refusal, refusal
 
 HOST = {"host": "chat.example"}
-VERSION = Refused(505, "http_version_not_supported", "this server speaks HTTP/1.1 (and HTTP/1.0)")
+VERSION = (505, b'{"error":"http_version_not_supported","message":"this server speaks HTTP/1.1 (and HTTP/1.0)"}', {})
+
+
+def answer(refused: Refused | None) -> tuple[int, bytes, dict[str, str]] | None:
+    """What the client is sent: the status, the JSON body, the extra headers."""
+    return None if refused is None else (refused.status, refused.body(), refused.headers)
 
 
 @pytest.mark.parametrize("version", ["2.0", "0.9"])
 def test_a_version_other_than_1_x_gets_505(version):
-    assert refusal("GET", version, HOST, upgrade=False) == VERSION
+    assert answer(refusal("GET", version, HOST, upgrade=False)) == VERSION
 
 
 def test_http_1_1_without_host_gets_400_and_http_1_0_needs_none():
-    assert refusal("GET", "1.1", {}, upgrade=False) == Refused(400, "bad_request",
-                                                               "an HTTP/1.1 request needs a Host header")
+    assert answer(refusal("GET", "1.1", {}, upgrade=False)) == (
+        400, b'{"error":"bad_request","message":"an HTTP/1.1 request needs a Host header"}', {})
     assert refusal("GET", "1.0", {}, upgrade=False) is None
     assert refusal("GET", "1.1", HOST, upgrade=False) is None
 
@@ -29,6 +35,6 @@ def test_a_handshake_by_another_method_than_get_gets_405_allow_get(method):
 
 
 def test_parser_errors_about_the_version_get_505_and_others_400():
-    assert parser_refusal("Invalid HTTP version") == VERSION
-    assert parser_refusal("Pause on PRI/Upgrade") == VERSION  # the HTTP/2 preface
+    assert answer(parser_refusal("Invalid HTTP version")) == VERSION
+    assert answer(parser_refusal("Pause on PRI/Upgrade")) == VERSION  # the HTTP/2 preface
     assert parser_refusal("Invalid method encountered").status == 400

@@ -14,15 +14,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("api", "writer", "db", "chat", "daemon", "relay", "chatctl", "loadtest")
-SIZED = ("api", "daemon", "db", "writer", "relay", "chat", "chatctl")  # the modules held to MAX_LINES
+PACKAGES = ("api", "writer", "db", "chat", "daemon", "oplog", "relay", "chatctl", "loadtest")
+SIZED = ("api", "daemon", "oplog", "db", "writer", "relay", "chat", "chatctl")  # the modules held to MAX_LINES
 MAX_LINES = 400
 
-KNOWN = {
-    "too long: daemon/server.py",
-    "package circle: daemon -> relay -> daemon",
-    "module circle: daemon.connection -> daemon.handshake -> daemon.server -> daemon.connection",
-}
+KNOWN: set[str] = set()
 
 
 def module_name(path: Path) -> str:

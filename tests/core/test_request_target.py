@@ -3,18 +3,18 @@ client or proxy may send (RFC 9112, 3.2): origin form and absolute form."""
 
 import pytest
 
-from daemon.server import _split, parse_since
+from daemon.admission import parse_since, split_target
 
 
 @pytest.mark.parametrize("target", [b"/v1/poll?since=42&limit=%C2%B2&timeout=",
                                     b"http://chat.example:8100/v1/poll?since=42&limit=%C2%B2&timeout="])
 def test_both_target_forms_give_the_same_path_and_query(target):
     # blank values are absent; percent-escapes are decoded as UTF-8
-    assert _split(target) == ("/v1/poll", {"since": "42", "limit": "²"})
+    assert split_target(target) == ("/v1/poll", {"since": "42", "limit": "²"})
 
 
 def test_a_path_without_query():
-    assert _split(b"/v1/ws") == ("/v1/ws", {})
+    assert split_target(b"/v1/ws") == ("/v1/ws", {})
 
 
 @pytest.mark.parametrize(("raw", "since"), [("42", 42), ("0", 0), ("²", None), ("-1", None), ("4" * 20, None),

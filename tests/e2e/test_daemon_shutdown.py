@@ -15,7 +15,7 @@ from tests.e2e.helpers import connect, post, receive
 from tests.system import private_system
 
 DRAIN_SECONDS = 1.0
-GRACE_SECONDS = 3.0  # bound of the steps after the drain (daemon.server.SHUTDOWN_GRACE_SECONDS)
+GRACE_SECONDS = 3.0  # bound of the steps after the drain (daemon.lifecycle.SHUTDOWN_GRACE_SECONDS)
 
 
 @pytest.fixture

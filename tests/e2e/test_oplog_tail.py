@@ -15,9 +15,10 @@ from bson.errors import InvalidBSON
 
 from chat.messages import Message, now_ms
 from daemon.hub import Hub, Subscriber
-from daemon.oplog import RESTARTED, OplogTail
 from daemon.stream import Stream
 from db import mongo
+from oplog.events import Batch, Restarted
+from oplog.tail import OplogTail
 from tests.e2e.helpers import count_calls
 from tests.system import databases
 
@@ -34,11 +35,11 @@ async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTa
 
     async def read():
         nonlocal restarts
-        async for batch in tail.batches():
-            if batch is RESTARTED:
+        async for event in tail.batches():
+            if isinstance(event, Restarted):
                 restarts += 1
                 continue
-            seen.extend(e["o"]["_id"] for e in batch if e.get("op") == "i" and e.get("ns") == namespace)
+            seen.extend(e["o"]["_id"] for e in event.entries if e.get("op") == "i" and e.get("ns") == namespace)
             if len(set(seen)) >= 30:
                 return
 
@@ -75,7 +76,7 @@ async def test_the_tail_reads_every_insert(quiet_dbs, force_await):
     if not restarts:
         # One cursor: oplog order. The entry it resumed from may come again
         # (the consumer drops repeats by id). After a re-open FerretDB may show
-        # entries out of order (docs/ferretdb.md); the tail says RESTARTED and
+        # entries out of order (docs/ferretdb.md); the tail says Restarted and
         # the stream's sequencer, not the tail, puts ids back in order.
         assert list(dict.fromkeys(seen)) == list(range(30))
 
@@ -220,7 +221,7 @@ class _BurstTail(_SilentTail):
     async def batches(self):
         await self.go.wait()
         for i in range(0, len(self._docs), self._batch):
-            yield [{"op": "i", "ns": self.namespace, "o": d, "ts": None} for d in self._docs[i:i + self._batch]]
+            yield Batch([{"op": "i", "ns": self.namespace, "o": d, "ts": None} for d in self._docs[i:i + self._batch]])
         await asyncio.Event().wait()
 
 

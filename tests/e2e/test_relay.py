@@ -25,11 +25,12 @@ from bson.errors import InvalidBSON
 from prometheus_client import REGISTRY
 
 from chatctl.client import Inbox, listen
-from daemon.oplog import RESTARTED, OplogTail
 from db import mongo
+from oplog.events import Restarted
+from oplog.tail import OplogTail
+from relay import server as relay_server
 from relay.client import RelayTail
 from relay.protocol import FRAME_MAX, frame, read_frame
-from relay import server as relay_server
 from relay.server import Relay
 from tests.e2e.helpers import post
 from tests.system import databases, running_system
@@ -68,11 +69,11 @@ async def relay_on(dbs, tmp_path, namespace: str, **options):
 
 
 async def collect(tail: RelayTail, namespace: str, seen: list[int], events: list[str]) -> None:
-    async for batch in tail.batches():
-        if batch is RESTARTED:
+    async for event in tail.batches():
+        if isinstance(event, Restarted):
             events.append("restarted")
             continue
-        seen.extend(e["o"]["_id"] for e in batch if e.get("op") == "i" and e.get("ns") == namespace)
+        seen.extend(e["o"]["_id"] for e in event.entries if e.get("op") == "i" and e.get("ns") == namespace)
 
 
 async def until(check, timeout: float = 15) -> None:
@@ -107,7 +108,7 @@ async def test_every_entry_reaches_each_daemon_once_in_order_and_a_reconnect_res
             assert events == [[], []]  # the ring covered both from their start: nothing to read back
 
             # A daemon that goes away and comes back with its last ts gets what
-            # it missed from the ring, not a RESTARTED (which would mean a read of the truth).
+            # it missed from the ring, not a Restarted (which would mean a read of the truth).
             readers[1].cancel()
             await asyncio.gather(readers[1], return_exceptions=True)
             await insert(client, namespace, range(100, 140))

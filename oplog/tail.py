@@ -6,7 +6,7 @@ What it does, after Meteor's oplog tailer:
 - on any error, re-open from that ``ts`` after a capped, jittered backoff;
 - a watchdog re-opens a cursor that has been silent for too long;
 - after an error, a watchdog restart or a fall-off it tells its consumer
-  (``RESTARTED``); what the oplog did not show is read back from the
+  (``Restarted``); what the oplog did not show is read back from the
   `messages` collection by the consumer: the oplog is the fast path, never
   the only one.
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import AsyncIterator
 
@@ -36,10 +35,11 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from db import mongo
+from oplog.backoff import Backoff
+from oplog.events import Batch, OplogEvent, Restarted
 
 log = logging.getLogger("chat.oplog")
 
-RESTARTED = None  # yielded after a re-open that may have missed entries
 REOPEN_PAUSE = 0.02
 
 
@@ -49,20 +49,9 @@ async def newest_ts(client: AsyncMongoClient) -> Timestamp | None:
     return doc["ts"] if doc else None
 
 
-class Backoff:
-    def __init__(self, base: float = 0.05, cap: float = 5.0):
-        self.base, self.cap, self.attempt = base, cap, 0
-
-    def next(self) -> float:
-        delay = min(self.cap, self.base * 2 ** self.attempt)
-        self.attempt += 1
-        return delay * random.uniform(0.5, 1.0)  # jitter: daemons do not retry in lockstep
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-
 class OplogTail:
+    """An ``oplog.events.OplogSource`` on the database's own oplog."""
+
     def __init__(self, client: AsyncMongoClient, namespace: str, *, await_ms: int = 500,
                  silence_seconds: float = 30.0, batch_size: int = 1000, ferretdb_poll_seconds: float = 0.02):
         self._client = client
@@ -111,13 +100,12 @@ class OplogTail:
                       self.last_ts, first[0]["ts"])
         return cursor["id"], first
 
-    def _seen(self, batch: list[dict]) -> list[dict]:
-        if batch:
-            self.last_ts = batch[-1]["ts"]
-            self.last_activity = time.monotonic()
-        return batch
+    def _seen(self, entries: list[dict]) -> Batch:
+        self.last_ts = entries[-1]["ts"]
+        self.last_activity = time.monotonic()
+        return Batch(entries)
 
-    async def batches(self) -> AsyncIterator[list[dict] | None]:
+    async def batches(self) -> AsyncIterator[OplogEvent]:
         backoff = Backoff()
         while True:
             cursor_id = 0
@@ -126,7 +114,7 @@ class OplogTail:
                 if self._suspect:
                     self._suspect = False
                     self.restarts += 1
-                    yield RESTARTED
+                    yield Restarted()
                 if first:
                     yield self._seen(first)
                 opened = time.monotonic()

@@ -1,0 +1,174 @@
+"""One daemon process: its start (the stream, the listening socket), what
+runs for its life (heartbeats, the idle sweep) and its shutdown (the drain,
+then bounded steps), until SIGTERM. ``python -m daemon`` runs ``run``.
+
+Each WebSocket is pinged every ``CHAT_PING_INTERVAL_SECONDS``, aborted when
+its pong is ``CHAT_PING_TIMEOUT_SECONDS`` late, and closed with 4001 once
+its token expires. On SIGTERM, every WebSocket is closed with 1012 and
+waiting polls are answered at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import time
+
+from chat.errors import CloseCode
+from chat.metrics_port import serve_metrics
+from chat.serve import LISTEN_BACKLOG, reuseport_socket
+from chat.settings import Settings
+from chat.stopping import bounded, exit_by, stop_on_signals
+from daemon import metrics
+from daemon.acceptor import Acceptor, connection_ceiling
+from daemon.connection import Connection
+from daemon.hub import Hub
+from daemon.routes import Router
+from daemon.server import Daemon
+from daemon.stream import Stream
+from db import mongo
+from db.sql import make_engine
+from db.stream_ranges import StreamRanges
+from oplog.events import OplogSource
+from oplog.tail import OplogTail
+from relay.client import RelayTail
+
+log = logging.getLogger("chat.daemon")
+
+# After the drain, each step of the shutdown gets this long, and the whole of it
+# SHUTDOWN_GRACE_SECONDS, whatever the stores do: well inside supervisord's 20 s.
+SHUTDOWN_STEP_SECONDS = 1.0
+SHUTDOWN_GRACE_SECONDS = 3.0
+# Heartbeats visit the WebSockets this many at a time, then let the loop run.
+# One pass over 10,000 of them (about 500 pings a second at a 20 s interval)
+# held the loop for 18-26 ms of CPU each second (measured, instrumented, in the
+# replay benchmark), and every message that arrived meanwhile waited for it;
+# slices of 256 hold it for 2-6 ms.
+HEARTBEAT_SLICE = 256
+
+
+async def heartbeats(daemon: Daemon) -> None:
+    settings = daemon.settings
+    tick = max(0.1, min(1.0, settings.ping_interval_seconds / 4, settings.ping_timeout_seconds / 4))
+    while True:
+        await asyncio.sleep(tick)
+        close_idle_http(daemon, time.monotonic())
+        conns = list(daemon.sockets)
+        for start in range(0, len(conns), HEARTBEAT_SLICE):
+            if start:
+                await asyncio.sleep(0)  # deliveries go first
+            now = time.monotonic()
+            for conn in conns[start:start + HEARTBEAT_SLICE]:
+                if conn in daemon.sockets:  # not closed while the loop ran
+                    conn.heartbeat(now)
+
+
+def idle_too_long(idle_since: float | None, now: float, limit: float) -> bool:
+    """Whether an HTTP connection idle since ``idle_since`` (None: it has a request in hand) is past ``limit``."""
+    return idle_since is not None and now - idle_since > limit
+
+
+def close_idle_http(daemon: Daemon, now: float) -> None:
+    """Closes HTTP connections that have had no request in hand for
+    ``http_idle_seconds``: an idle keep-alive, or a request head that
+    trickles in (slowloris) or never comes. Each holds a file descriptor."""
+    limit, http_conns = daemon.settings.http_idle_seconds, daemon.state.http_conns
+    for conn in [c for c in http_conns if idle_too_long(c.idle_since(), now, limit)]:
+        metrics.CLOSES.labels("http_idle").inc()
+        http_conns.discard(conn)
+        conn.close_idle(abort_unread=True)  # a client that has not read its last answer for this long: owed nothing
+
+
+async def drain(daemon: Daemon) -> None:
+    """SIGTERM: refuse new clients, answer waiting polls now, close every
+    WebSocket with 1012 so that clients reconnect elsewhere, and give
+    them ``drain_seconds`` to go."""
+    state = daemon.state
+    state.draining = True
+    for waiter in list(daemon.polls):
+        waiter.wake.set()
+    for conn in list(daemon.sockets):
+        conn.close(CloseCode.RESTART, "daemon restarting: reconnect with since")
+    deadline = time.monotonic() + daemon.settings.drain_seconds
+    while daemon.polls and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    for conn in list(state.conns):
+        if conn.idle_since() is not None:
+            conn.close_idle(abort_unread=False)  # idle keep-alive HTTP
+    while state.conns and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # close frames flushing, clients answering
+
+
+async def run(settings: Settings, tail: OplogSource | None = None) -> None:
+    """One daemon process: the stream, the listening socket, until SIGTERM.
+    ``tail`` replaces the oplog tail (the replay benchmark feeds recorded entries)."""
+    loop = asyncio.get_running_loop()
+    client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+    db = client[settings.mongo_db]
+    hub = Hub(settings.send_buffer_max_bytes)
+    if tail is None and settings.oplog_relay_socket:
+        tail = RelayTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", settings.oplog_relay_socket)
+    elif tail is None:
+        tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds,
+                         ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
+    ranges = None
+    if settings.fill_holes_from_mysql:  # the engine connects on first use: MySQL need not be up to start
+        ranges = StreamRanges(make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
+                                          pool_size=1))
+    stream = Stream(db, tail, hub, retention_seconds=settings.retention_seconds,
+                    cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds,
+                    cache_max_bytes=settings.recent_cache_max_bytes, ranges=ranges)
+    daemon = Daemon(settings, hub, stream)
+    stop = stop_on_signals()
+    tasks = [loop.create_task(stream.run(), name="stream"), loop.create_task(heartbeats(daemon), name="heartbeats")]
+    failed: list[BaseException] = []
+
+    def must_not_end(task: asyncio.Task) -> None:
+        # Both run for the life of the process. One that ends has failed, and a
+        # daemon without its stream would accept clients and deliver nothing:
+        # drain and exit non-zero, so that supervisord starts a fresh one.
+        if not task.cancelled() and not stop.is_set():
+            failed.append(task.exception() or RuntimeError(f"{task.get_name()} ended"))
+            log.error("event=task_failed task=%s action=exit", task.get_name(), exc_info=failed[-1])
+            stop.set()
+
+    for task in tasks:
+        task.add_done_callback(must_not_end)
+    # Past the cap, a connection is refused once it sends a request (503, as
+    # it should be told); past the ceiling above it, at once, so that silent
+    # sockets stop short of the open-files limit.
+    ceiling = connection_ceiling(settings.max_connections)
+    listener = reuseport_socket(settings.daemon_host, settings.daemon_port, listen=False)
+    state, router = daemon.state, Router(daemon)
+    acceptor = Acceptor(loop, listener, lambda: Connection(state, router),
+                        room=lambda accepting: len(state.conns) + accepting < ceiling)
+    # What exists now (modules, classes, settings: some 60,000 objects) lives
+    # as long as the process: out of the cyclic GC's sight, so that its full
+    # passes walk only what the connections and messages create since.
+    gc.freeze()
+    metrics.watch_gc()
+    serve_metrics(settings.daemon_host, settings.metrics_port)
+    listener.listen(LISTEN_BACKLOG)  # only now: the kernel queues connections for this process from here on
+    acceptor.start()
+    log.info("event=daemon_started port=%d pid=%d", settings.daemon_port, os.getpid())
+    try:
+        await stop.wait()
+        log.info("event=daemon_draining connections=%d", hub.count)
+        exit_by(settings.drain_seconds + SHUTDOWN_GRACE_SECONDS, lambda: 1 if failed else 0, log)
+        acceptor.close()
+        await drain(daemon)
+    finally:
+        # Each step bounded: with a store that hangs, the stream's reads clean
+        # up by talking to it, and the Mongo client's close asks it to end its
+        # sessions, each up to a socket timeout (10 s).
+        for task in tasks:
+            task.cancel()
+        await bounded("tasks", asyncio.gather(*tasks, return_exceptions=True), SHUTDOWN_STEP_SECONDS, log)
+        await bounded("mongo_close", client.close(), SHUTDOWN_STEP_SECONDS, log)
+        if ranges is not None:
+            ranges.close()
+        log.info("event=daemon_stopped")
+    if failed:
+        raise SystemExit(1)

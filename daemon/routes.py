@@ -1,0 +1,144 @@
+"""The daemon's routes: ``/v1/ws`` (``daemon.websocket``), ``/v1/poll``,
+``/healthz`` and ``/metrics``, and ``Router``, the handler its connections
+are given (``daemon.connection.Handler``).
+
+They move data between sockets and the core (``daemon.hub``,
+``daemon.stream``) and hold no delivery rules of their own. A poll is
+refused as a WebSocket is (``daemon.admission``); a daemon that has not
+reached its ``since`` within 2 s answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from chat import auth
+from chat.errors import Refused, error_body
+from daemon import metrics, websocket
+from daemon.admission import (
+    cors_headers,
+    parse_since,
+    poll_limit,
+    poll_timeout,
+    split_target,
+)
+from daemon.catchup import first_page
+from daemon.connection import Connection
+from daemon.http_phase import Request
+from daemon.server import Behind, Daemon, PollWaiter
+
+POLL_DEFAULT_TIMEOUT = 25.0  # seconds, when a poll names none (and the cap allows it)
+
+Route = Callable[[Daemon, Connection, Request, dict[str, str]], Awaitable[None]]
+
+
+class Router:
+    """What the daemon's connections ask of it: a ``daemon.connection.Handler``."""
+
+    __slots__ = ("daemon",)
+
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+
+    async def handle_upgrade(self, conn: Connection, request: Request) -> bool:
+        return await websocket.handle_upgrade(self.daemon, conn, request)
+
+    async def handle_http(self, conn: Connection, request: Request) -> None:
+        path, query = split_target(request.target)
+        keep = request.keep_alive
+        route = ROUTES.get(path)
+        if route is None:
+            conn.respond(404, error_body("not_found", f"no route {path}"), keep)
+        elif request.method != "GET":
+            conn.respond(405, error_body("method_not_allowed", f"{request.method} is not allowed here"), keep,
+                         {"Allow": "GET"})
+        else:
+            await route(self.daemon, conn, request, query)
+
+    def forget(self, conn: Connection) -> None:
+        self.daemon.forget(conn)
+
+
+async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[str, str]) -> None:
+    settings, keep = daemon.settings, request.keep_alive
+    headers = cors_headers(settings, request.headers.get("origin"))
+    try:
+        token = auth.bearer(request.headers.get("authorization")) or query.get("token")
+        # The WebSocket's checks, origin included. A poll is short: its token need only be valid now.
+        user, _expires = daemon.admit(token, request.headers.get("origin"))
+        default = min(POLL_DEFAULT_TIMEOUT, settings.poll_max_timeout_seconds)
+        timeout = poll_timeout(query.get("timeout", f"{default:g}"), settings.poll_max_timeout_seconds)
+        limit = poll_limit(query.get("limit"), settings.poll_max_messages)
+    except Refused as refusal:
+        conn.respond(refusal.status, refusal.body(), keep, headers | refusal.headers)
+        return
+    waiter = PollWaiter(user, 0)
+    daemon.polls.add(waiter)
+    metrics.POLLS_WAITING.inc()
+    try:
+        try:
+            pages, cursor = await daemon.subscribe(waiter, parse_since(query.get("since")), limit,
+                                                   settings.send_buffer_max_bytes)
+            catch = await first_page(pages)
+        except Behind:
+            metrics.REJECTS.labels("behind").inc()
+            conn.respond(503, error_body("try_again_later", "this daemon is behind your since: retry"),
+                         keep, headers | {"Retry-After": "1"})
+            return
+        if catch.more:
+            # Cut at `limit` messages or the byte bound: the answer is this
+            # page alone (no live message, which would come after what is
+            # left out), and the cursor resumes after it.
+            waiter.send_page(catch.frames)
+        else:
+            waiter.go_live(catch.frames)
+        if not waiter.items and timeout > 0 and not daemon.draining:
+            waiter.wake.clear()
+            try:
+                await asyncio.wait_for(waiter.wake.wait(), timeout)
+            except TimeoutError:
+                pass
+    finally:
+        daemon.hub.unregister(waiter)
+        daemon.polls.discard(waiter)
+        metrics.POLLS_WAITING.dec()
+    items = waiter.items
+    if len(items) > limit:  # live messages came on top of the catch-up: the rest waits for the next poll
+        items = items[:limit]
+        last = items[-1][0]
+    elif waiter.overflowed or catch.more:
+        last = waiter.last_id
+    else:
+        last = max(cursor, waiter.last_id)
+    body = (b'{"messages":[' + b",".join(payload for _i, payload in items) + b'],"cursor":"'
+            + str(last).encode() + b'","recovered":' + (b"true" if catch.recovered else b"false") + b"}")
+    conn.respond(200, body, keep, headers)
+
+
+async def healthz(daemon: Daemon, conn: Connection, request: Request, query: dict[str, str]) -> None:
+    stream = daemon.stream
+    body = orjson.dumps({"status": "ok" if stream.ready.is_set() else "starting", "pid": os.getpid(),
+                         "position": str(stream.position), "connections": daemon.hub.count})
+    conn.respond(200, body, request.keep_alive)
+
+
+async def metrics_endpoint(daemon: Daemon, conn: Connection, request: Request, query: dict[str, str]) -> None:
+    conn.respond(200, generate_latest(), request.keep_alive, content_type=CONTENT_TYPE_LATEST)
+
+
+async def not_a_handshake(daemon: Daemon, conn: Connection, request: Request, query: dict[str, str]) -> None:
+    conn.respond(426, error_body("upgrade_required", "/v1/ws is a WebSocket endpoint"), request.keep_alive,
+                 {"Upgrade": "websocket"})
+
+
+ROUTES: dict[str, Route] = {
+    "/v1/poll": poll,
+    "/v1/ws": not_a_handshake,  # a plain GET: the handshake is handle_upgrade's
+    "/healthz": healthz,
+    "/metrics": metrics_endpoint,
+}

@@ -1,0 +1,99 @@
+"""``/v1/ws``: the handshake, the admission, the hello, the catch-up a page
+at a time, then live frames.
+
+A daemon that has not reached the client's ``since`` within 2 s closes with
+1013; a catch-up that meets expired messages closes with 1013 too (the
+client resumes and is told ``recovered: false``); a WebSocket whose token
+expires is closed with 4001 by the heartbeat (``daemon.lifecycle``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+
+from chat import auth
+from chat.errors import CloseCode, Refused, error_body
+from daemon import handshake, metrics
+from daemon.admission import parse_since, split_target
+from daemon.connection import Connection
+from daemon.http_phase import Request
+from daemon.server import Behind, Daemon
+
+log = logging.getLogger("chat.daemon")
+
+# A WebSocket catch-up goes out in pages of at most this many messages (and a
+# quarter of the send buffer's bound), each once the socket has sent most of
+# the page before: a client resuming from far back costs one page of memory,
+# not its whole backlog, and a slow reader is paced instead of cut off (4008).
+CATCH_UP_PAGE = 1000
+
+
+async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> bool:
+    """The WebSocket handshake; True once the connection is a WebSocket."""
+    path, query = split_target(request.target)
+    if path != "/v1/ws":
+        conn.respond(404, error_body("not_found", f"no route {path}"), False)
+        return False
+    response = handshake.accept(conn, path, request)
+    if response is None:
+        return False
+    try:
+        token = query.get("token") or auth.bearer(request.headers.get("authorization"))
+        user, expires = daemon.admit(token, request.headers.get("origin"))
+    except Refused as refusal:
+        conn.respond(refusal.status, refusal.body(), False, refusal.headers)
+        return False
+    if conn.closing:
+        return True
+    conn.upgrade(user, response)
+    # One number per socket; the heartbeat closes it with 4001 once it is past.
+    conn.expires = time.monotonic() + (expires - time.time())
+    daemon.sockets.add(conn)
+    metrics.WS_OPEN.inc()
+    try:
+        await serve_socket(daemon, conn, user, parse_since(query.get("since")))
+    except Behind:
+        metrics.REJECTS.labels("behind").inc()
+        conn.close(CloseCode.TRY_AGAIN, "this daemon is behind your since: retry")
+    except Exception:
+        log.exception("event=ws_error user=%s", user)
+        conn.close(CloseCode.SERVER_ERROR, "server error")
+    return True
+
+
+async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int | None) -> None:
+    """The hello, the catch-up a page at a time, then live frames.
+
+    Each page goes out once the socket has sent most of the one before
+    (``drained``), so the daemon holds one page of a long catch-up, and a
+    slow reader is paced instead of overrunning its send buffer. Live
+    frames wait behind the catch-up within their own bound; past it the
+    client is closed with 4008 after the last catch-up frame it got, and
+    resumes from there."""
+    pages, cursor = await daemon.subscribe(conn, since, CATCH_UP_PAGE, daemon.settings.send_buffer_max_bytes // 4)
+    try:
+        page = await anext(pages)
+        if conn.closing:
+            return
+        conn.send_text(orjson.dumps({"type": "hello", "recovered": page.recovered, "cursor": str(cursor),
+                                     "user": user}))
+        while page.more:
+            conn.send_page(page.frames)
+            if not await conn.drained():
+                return
+            if conn.overflowed:  # live frames outran the catch-up: go no further
+                conn.overflow()
+                return
+            page = await anext(pages)
+            if not page.recovered:
+                # Messages expired while the client read the pages before:
+                # its resume from the last one it got says `recovered: false`.
+                conn.close(CloseCode.TRY_AGAIN, "messages expired during catch-up: reconnect with since")
+                return
+        if await conn.drained():
+            conn.go_live(page.frames)
+    finally:
+        await pages.aclose()
