@@ -10,8 +10,9 @@ blocking work therefore gets a pool sized to the connections it may use.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
