@@ -147,7 +147,7 @@ def markdown_table() -> str:
     """The README's settings table, generated so that it cannot drift."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
-        default = field.default_factory() if field.default_factory else field.default
+        default = field.get_default(call_default_factory=True)
         if isinstance(default, SecretStr):
             default = default.get_secret_value()
         rows.append(f"| `CHAT_{name.upper()}` | `{default}` | {field.description} |")

@@ -22,7 +22,7 @@ class Threads:
         self.count = count
         self._pool = ThreadPoolExecutor(count, thread_name_prefix=name)
 
-    def run(self, fn: Callable[..., T], *args) -> asyncio.Future[T]:
+    def run(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def close(self) -> None:
