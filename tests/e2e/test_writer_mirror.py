@@ -25,9 +25,9 @@ class _GatedWriter(MessageWriter):
         self.gate.set()
         self.sessions = 0
 
-    async def _insert(self, docs):
+    async def _insert(self, docs: list[dict], ordered: bool = True) -> bool:
         await self.gate.wait()
-        return await super()._insert(docs)
+        return await super()._insert(docs, ordered)
 
     def _lock_and_read_state(self, conn):
         self.sessions += 1
