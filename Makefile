@@ -1,5 +1,5 @@
 # The commands a newcomer types. Each installs what it needs first.
-.PHONY: run test test-fast conformance bench bench-full status bootstrap
+.PHONY: run test test-fast lint conformance bench bench-full status bootstrap
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -7,8 +7,12 @@ bootstrap:
 run:
 	@scripts/run.sh
 
-test: bootstrap
+test: bootstrap lint
 	.venv/bin/python -m pytest -q
+
+# ruff and mypy, configured in pyproject.toml; `make test` runs it first.
+lint: bootstrap
+	.venv/bin/ruff check . && .venv/bin/mypy
 
 test-fast: bootstrap
 	.venv/bin/python -m pytest -q -m "not e2e"

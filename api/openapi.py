@@ -142,8 +142,9 @@ OPENAPI = {
             },
         },
         "/healthz": {"get": {"summary": "The process is alive", "responses": {"200": {"description": "ok"}}}},
-        "/readyz": {"get": {"summary": "Both databases answer, and the writer process where there is one", "responses": {
-            "200": {"description": "ready"}, "503": {"description": "a database is down"}}}},
+        "/readyz": {"get": {"summary": "Both databases answer, and the writer process where there is one",
+                            "responses": {"200": {"description": "ready"},
+                                          "503": {"description": "a database is down"}}}},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}},
         "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}},
     },

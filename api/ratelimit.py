@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 
 class RateLimiter:
@@ -12,7 +13,8 @@ class RateLimiter:
     the table is trimmed to ``max_users`` that way and stays bounded.
     """
 
-    def __init__(self, per_second: float, burst: int, max_users: int = 100_000, clock=time.monotonic):
+    def __init__(self, per_second: float, burst: int, max_users: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic):
         self._rate = per_second
         self._burst = float(burst)
         self._max_users = max_users

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 
 import orjson
 
@@ -28,8 +29,10 @@ def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict:
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ApiError(400, "malformed_json", f"duplicate key {dup!r}", field=dup)
+        for key, _ in pairs:
+            if key in seen:
+                raise ApiError(400, "malformed_json", f"duplicate key {key!r}", field=key)
+            seen.add(key)
     return obj
 
 
@@ -123,7 +126,7 @@ def parse_dev_login(raw: bytes) -> str:
     return user
 
 
-def parse_history_query(params, max_limit: int = 200) -> tuple[str, int | None, int]:
+def parse_history_query(params: Mapping[str, str], max_limit: int = 200) -> tuple[str, int | None, int]:
     unknown = sorted(set(params.keys()) - {"with", "before", "limit"})
     if unknown:
         raise ApiError(422, "invalid_field", f"unknown parameter `{unknown[0]}`", field=unknown[0])
@@ -135,7 +138,7 @@ def parse_history_query(params, max_limit: int = 200) -> tuple[str, int | None, 
     return peer, before, limit if limit is not None else 50
 
 
-def _int_param(params, name: str, lo: int, hi: int) -> int | None:
+def _int_param(params: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:
     value = params.get(name)
     if value is None:
         return None

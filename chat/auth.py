@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from functools import lru_cache
+from typing import TypeGuard
 
 import jwt
 
@@ -25,7 +26,7 @@ class AuthError(Exception):
     """The token is missing, malformed, forged, expired or names no valid user."""
 
 
-def is_user_id(value: object) -> bool:
+def is_user_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and USER_ID.fullmatch(value) is not None
 
 

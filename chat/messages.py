@@ -89,8 +89,9 @@ def is_message_doc(doc: dict) -> bool:
     try:
         msg_id = doc["_id"]
         # isinstance: BSON's int64 decodes to bson.Int64, a subclass of int (ids past 2**31)
-        return (isinstance(msg_id, int) and msg_id is not True and msg_id > 0 and type(doc["from"]) is str and type(doc["to"]) is str
-                and type(doc["body"]) is str and isinstance(doc["created_at"], datetime)
+        return (isinstance(msg_id, int) and msg_id is not True and msg_id > 0
+                and type(doc["from"]) is str and type(doc["to"]) is str and type(doc["body"]) is str
+                and isinstance(doc["created_at"], datetime)
                 and (doc.get("client_msg_id") is None or type(doc["client_msg_id"]) is str))
     except (KeyError, TypeError):
         return False

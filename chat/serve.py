@@ -8,9 +8,11 @@ the others serving.
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import orjson
 import uvicorn
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
@@ -22,8 +24,11 @@ def _error_response(status: bytes, code: str, message: str) -> bytes:
             b"connection: close\r\n\r\n%s" % (status, len(body), body))
 
 
+# The longest request head a process takes, whatever serve()'s caller passes:
+# KeepAliveHttp10 applies it, and uvicorn's h11 setting is given the same.
+HEAD_MAX_BYTES = 16 * 1024
 HEAD_TOO_LARGE = _error_response(b"431 Request Header Fields Too Large", "headers_too_large",
-                                 "request head over the limit (16 KiB)")
+                                 f"request head over the limit ({HEAD_MAX_BYTES // 1024} KiB)")
 HEAD_TIMEOUT = _error_response(b"408 Request Timeout", "request_timeout", "request head not complete in time")
 
 
@@ -38,9 +43,9 @@ class KeepAliveHttp10(HttpToolsProtocol):
 
     A bounded request head: httptools buffers a header however long it is
     (8 MB accepted, measured), and uvicorn applies its size setting to h11
-    only. A head still incomplete past ``h11_max_incomplete_event_size`` bytes
-    gets 431 and the connection is closed. The count is taken after each read
-    is parsed, so one read (at most 256 KiB) may pass beyond it.
+    only. A head still incomplete past ``HEAD_MAX_BYTES`` gets 431 and the
+    connection is closed. The count is taken after each read is parsed, so one
+    read (at most 256 KiB) may pass beyond it.
 
     A head deadline: 408 if a head is not complete ``head_timeout`` seconds
     after it began. A client that trickles one (slowloris) would otherwise
@@ -61,7 +66,7 @@ class KeepAliveHttp10(HttpToolsProtocol):
         # then part of it was that request's body (one read is bounded anyway).
         if self._in_head and not self._ended and not self.transport.is_closing():
             self._head_bytes += len(data)
-            if self._head_bytes > self.config.h11_max_incomplete_event_size:
+            if self._head_bytes > HEAD_MAX_BYTES:
                 self._refuse(HEAD_TOO_LARGE)
             elif self._head_timer is None:  # (a head that comes whole, as most do, costs no timer)
                 self._head_timer = self.loop.call_later(self.head_timeout, self._refuse, HEAD_TIMEOUT)
@@ -112,7 +117,7 @@ def reuseport_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG, listen
     return sock
 
 
-def serve(app, host: str, port: int, head_timeout_seconds: float = 10.0, **config) -> None:
+def serve(app: ASGIApp, host: str, port: int, head_timeout_seconds: float = 10.0, **config: Any) -> None:
     # Bound now, listening once the app's start-up (its lifespan) is done:
     # uvicorn's create_server listens only after it.
     sock = reuseport_socket(host, port, listen=False)
@@ -120,5 +125,6 @@ def serve(app, host: str, port: int, head_timeout_seconds: float = 10.0, **confi
     # proxy_headers off: nothing here reads the client address (limits are
     # per user), so the middleware would only cost time on every request.
     cfg = uvicorn.Config(app, log_config=None, access_log=False, loop="uvloop", http=http,
-                         proxy_headers=False, backlog=LISTEN_BACKLOG, **config)
+                         proxy_headers=False, backlog=LISTEN_BACKLOG, h11_max_incomplete_event_size=HEAD_MAX_BYTES,
+                         **config)
     uvicorn.Server(cfg).run(sockets=[sock])

@@ -103,7 +103,8 @@ class Settings(BaseSettings):
         default_factory=lambda: ["http://localhost:8000", "http://127.0.0.1:8000"],
         description="Browser origins allowed to open /v1/ws (JSON list; `*` allows any). No Origin = not a browser.",
     )
-    poll_max_messages: int = Field(1000, ge=1, description="Most messages in one /v1/poll answer; follow `cursor` for more.")
+    poll_max_messages: int = Field(
+        1000, ge=1, description="Most messages in one /v1/poll answer; follow `cursor` for more.")
     poll_max_timeout_seconds: float = Field(30.0, gt=0, le=30, description="Longest /v1/poll wait.")
     gap_check_seconds: float = Field(
         1.0, gt=0, description="Period of the query that finds messages the oplog never showed."
@@ -139,7 +140,7 @@ def markdown_table() -> str:
     """The README's settings table, generated so that it cannot drift."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
-        default = field.default_factory() if field.default_factory else field.default
+        default = field.get_default(call_default_factory=True)
         if isinstance(default, SecretStr):
             default = default.get_secret_value()
         rows.append(f"| `CHAT_{name.upper()}` | `{default}` | {field.description} |")

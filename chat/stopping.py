@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -20,7 +20,7 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-async def bounded(step: str, awaitable, seconds: float, log: logging.Logger) -> None:
+async def bounded(step: str, awaitable: Awaitable[object], seconds: float, log: logging.Logger) -> None:
     """Awaits one step of a shutdown for at most ``seconds``; past that it is
     abandoned (a driver call cancelled mid-way may clean up with more I/O to a
     server that hung) and logged, so that the next step still runs."""

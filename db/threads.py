@@ -10,8 +10,9 @@ blocking work therefore gets a pool sized to the connections it may use.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -21,7 +22,7 @@ class Threads:
         self.count = count
         self._pool = ThreadPoolExecutor(count, thread_name_prefix=name)
 
-    def run(self, fn: Callable[..., T], *args) -> asyncio.Future[T]:
+    def run(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def close(self) -> None:

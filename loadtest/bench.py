@@ -149,7 +149,8 @@ def post_alone(levels, seconds, iterations, env: dict) -> list[dict]:
                     for i in range(iterations):
                         log(f"ab POST /v1/messages -c {c} -t {seconds}, {apis} API process(es), no daemon "
                             f"({i + 1}/{iterations})")
-                        runs.append(ab.run(f"{system.api_url}/v1/messages", c, seconds, system.token("ab-writer"), body))
+                        runs.append(ab.run(f"{system.api_url}/v1/messages", c, seconds, system.token("ab-writer"),
+                                           body))
                     out.append({**average(c, runs), "apis": apis, "writer": writer})
     return out
 
@@ -206,8 +207,8 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
         fanout = scrape.merged_delta(before, scrape.histograms(metrics_url, name, daemons))
         result["fanout_ms"] = _quantiles_ms(fanout)
         if writer_url:
-            result["mongo_lag_ms"] = _quantiles_ms(
-                scrape.merged_delta(lag_before, scrape.histograms(writer_url, lag_name, 1)), scrape.quantile_interpolated)
+            lag = scrape.merged_delta(lag_before, scrape.histograms(writer_url, lag_name, 1))
+            result["mongo_lag_ms"] = _quantiles_ms(lag, scrape.quantile_interpolated)
         log(f"  -> {orjson.dumps(result).decode()}")
         check(result, f"WebSocket load at {n} clients")
         out.append(result)
@@ -215,7 +216,8 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
 
 
 def _quantiles_ms(buckets: dict[float, float], quantile=scrape.quantile) -> dict[str, float | None]:
-    return {q: (None if (v := quantile(buckets, p)) is None else round(v * 1000, 2)) for q, p in (("p50", .5), ("p99", .99))}
+    return {q: (None if (v := quantile(buckets, p)) is None else round(v * 1000, 2))
+            for q, p in (("p50", .5), ("p99", .99))}
 
 
 def rate_runs(system, clients: int, rates: list[float], seconds: float) -> list[dict]:

@@ -50,18 +50,20 @@ def main(users_online: int = 1_000_000, messages_per_s: float = 5_000, devices_p
     lines = [
         f"| connections | {conns:,.0f} | users online x devices |",
         f"| daemon processes for connections | {procs_for_conns} | connections / {conns_per_process:,} per process |",
-        f"| daemon processes for pushes | {procs_for_push} | {pushes:,.0f} pushes/s / {push:,.0f} measured per process |",
+        f"| daemon processes for pushes | {procs_for_push} | {pushes:,.0f} pushes/s / {push:,.0f} measured "
+        "per process |",
         f"| daemon processes | {procs} | the larger of the two |",
         f"| daemon hosts | {hosts} | {processes_per_host} processes per host |",
-        f"| daemon RAM per host | {ram_per_host:.1f} GiB | {m['kb_per_conn']} KB/conn measured x {conns_per_process:,} x "
-        f"{processes_per_host} (host has {host_ram_gib} GiB) |",
+        f"| daemon RAM per host | {ram_per_host:.1f} GiB | {m['kb_per_conn']} KB/conn measured x "
+        f"{conns_per_process:,} x {processes_per_host} (host has {host_ram_gib} GiB) |",
         f"| oplog read, every process tails | {oplog_read_unpartitioned / 2**20:,.0f} MiB/s | {procs} tailers x "
         f"{messages_per_s:,.0f} entries/s x {oplog_entry_bytes} B |",
         f"| oplog read, one tailer per partition | {oplog_read_partitioned / 2**20:,.0f} MiB/s | {partitions} "
         f"partitions x {tailers_per_partition} |",
         f"| write API processes | {math.ceil(messages_per_s / m['post_rps'])} | {messages_per_s:,.0f} msg/s / "
         f"{m['post_rps']:,.0f} measured POST/s (through FerretDB here) |",
-        f"| MySQL rows per day | {messages_per_s * 86400:,.0f} | ~{messages_per_s * 86400 * 400 / 2**30:,.0f} GiB/day at ~400 B/row |",
+        f"| MySQL rows per day | {messages_per_s * 86400:,.0f} | "
+        f"~{messages_per_s * 86400 * 400 / 2**30:,.0f} GiB/day at ~400 B/row |",
     ]
     print("| quantity | value | how |\n|---|---|---|\n" + "\n".join(lines))
 

@@ -115,8 +115,8 @@ class ReplayTail:
             for i in range(sent, sent + n):
                 entry = self.entries[i % len(self.entries)]
                 a, b = self.pairs[i]
-                out.append({**entry, "o": {**entry["o"], "_id": i + 1, "from": f"{self.sender_prefix}{a}", "to": f"r{b}",
-                                           "body": f"{wall:.6f} replay", "created_at": now}})
+                out.append({**entry, "o": {**entry["o"], "_id": i + 1, "from": f"{self.sender_prefix}{a}",
+                                           "to": f"r{b}", "body": f"{wall:.6f} replay", "created_at": now}})
             sent += n
             yield Batch(out)
         await asyncio.Event().wait()  # a tail never ends
@@ -261,7 +261,8 @@ def tick_batch(rate: float) -> int:
     return max(1, int(rate / 100)) if rate else 100
 
 
-def main(clients: int = typer.Option(10_000), rate: float = typer.Option(2000.0, help="messages/s; 0 = as fast as it goes"),
+def main(clients: int = typer.Option(10_000),
+         rate: float = typer.Option(2000.0, help="messages/s; 0 = as fast as it goes"),
          count: int = typer.Option(20_000), daemons: int = typer.Option(1),
          batch: int = typer.Option(0, help="entries per oplog batch; 0 = what 10 ms of traffic brings"),
          senders_offline: bool = typer.Option(False, "--senders-offline",

@@ -8,11 +8,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import orjson  # noqa: E402
-import typer  # noqa: E402
+import matplotlib.pyplot as plt
+import orjson
+import typer
 
-from loadtest.report_tables import comparison_tables  # noqa: E402
+from loadtest.report_tables import comparison_tables
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -71,7 +71,8 @@ def write_report(r: dict, out: Path, docs: Path | None = None) -> None:
         f"Backing servers: **{m['mongo']}**, {m['mysql']}. Everything on one machine over loopback,"
         " load generators included. Figures that pass through FerretDB say so.", ""]
     for name, rerun in r.get("reruns", {}).items():
-        lines += [f"Section `{name}` rerun on its own (`--only {name}`): {rerun['date']}, commit {rerun['commit']}.", ""]
+        lines += [f"Section `{name}` rerun on its own (`--only {name}`): {rerun['date']}, "
+                  f"commit {rerun['commit']}.", ""]
     for failure in r.get("failures", []):
         lines += [f"**{failure}** (the run's row below carries the figures it had).", ""]
     (out / "report.md").write_text("\n".join(lines + sections(r, "")))
@@ -98,7 +99,8 @@ def sections(r: dict, images: str, level: str = "##") -> list[str]:
     for row in r["ab"]["poll"]:
         lines.append(f"| {row['concurrency']} | {row['complete']:g} | {row['rps']:g} | {row['tpr_all_ms']:g} | "
                      f"{row['min_ms']:g} | {row['max_ms']:g} | {row['errors']:g} | "
-                     f"{_fmt(max(row['seed_rps']) if row['seed_rps'] else None)} | {_fmt(row['ratio_vs_best_seed'])}× |")
+                     f"{_fmt(max(row['seed_rps']) if row['seed_rps'] else None)} | "
+                     f"{_fmt(row['ratio_vs_best_seed'])}× |")
     lines += ["", f"Command: `{r['ab']['poll'][0]['command']}`", "",
               f"{level} ab -k on POST /v1/messages (MySQL + FerretDB in the path)", "", *_provenance(r, "ab"),
               "| connections | complete requests | requests/s | time per request (ms, across all) | min ms "
@@ -122,25 +124,27 @@ def sections(r: dict, images: str, level: str = "##") -> list[str]:
         lines += ["", f"Averages of {r['post_alone'][0]['iterations']} runs each.", ""]
     lines += [f"{level} WebSocket clients (creation / fan-out / delivery, as delivery servers publish)", "",
               *_provenance(r, "ws"),
-              "creation = POST round trip (API and MySQL commit; the writer answers before its FerretDB insert); fan-out = oplog entry received → frame written,"
-              " inside the daemon; delivery = send → receive, end to end; stored → client = from the MySQL commit's "
-              "time stamp (`created_at`, whole ms) to receipt: the writer's FerretDB insert, the daemon's tail, "
-              "fan-out and the client's read, i.e. the part to compare with FerretDB tail = its own insert → "
-              "tail latency, measured in the same run, over its send window (after every client connected); "
-              "stored → in FerretDB = the writer's own histogram, per message, from its `created_at` stamp (just before its MySQL "
-              "INSERT) to the return of the FerretDB insert that holds it: the MySQL commit, the wait for the "
-              "insert ahead, then its own (interpolated within buckets). Host CPU stolen = the share of the machine's CPU time that "
-              "the hypervisor gave to other guests during the run (steal, /proc/stat): this is a shared virtual "
-              "machine, and what it steals shows up as latency.", "",
-              "| clients | msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p90/p99/max ms "
-              "| stored → client p50/p99 ms | stored → in FerretDB p50/p99 ms | FerretDB tail p50/p99 ms | delivered/s | lost "
-              "| dup | daemon KB/conn | host CPU stolen |",
+              "creation = POST round trip (API and MySQL commit; the writer answers before its FerretDB insert); "
+              "fan-out = oplog entry received → frame written, inside the daemon; delivery = send → receive, end to "
+              "end; stored → client = from the MySQL commit's time stamp (`created_at`, whole ms) to receipt: the "
+              "writer's FerretDB insert, the daemon's tail, fan-out and the client's read, i.e. the part to compare "
+              "with FerretDB tail = its own insert → tail latency, measured in the same run, over its send window "
+              "(after every client connected); stored → in FerretDB = the writer's own histogram, per message, from "
+              "its `created_at` stamp (just before its MySQL INSERT) to the return of the FerretDB insert that holds "
+              "it: the MySQL commit, the wait for the insert ahead, then its own (interpolated within buckets). Host "
+              "CPU stolen = the share of the machine's CPU time that the hypervisor gave to other guests during the "
+              "run (steal, /proc/stat): this is a shared virtual machine, and what it steals shows up as latency.",
+              "",
+              "| clients | msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) "
+              "| delivery p50/p90/p99/max ms | stored → client p50/p99 ms | stored → in FerretDB p50/p99 ms "
+              "| FerretDB tail p50/p99 ms | delivered/s | lost | dup | daemon KB/conn | host CPU stolen |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in r["ws"]:
         c, f, e, t = w["creation_ms"], w["fanout_ms"], w["e2e_ms"], w["ferretdb_tail_ms"]
         lines.append(f"| {w['clients']} | {w['rate']:g} | {_fmt(c['p50'])}/{_fmt(c['p99'])} | "
                      f"{_fmt(f['p50'])}/{_fmt(f['p99'])} | {_fmt(e['p50'])}/{_fmt(e['p90'])}/{_fmt(e['p99'])}/"
-                     f"{_fmt(e['max'])} | {_stored(w)} | {_lag(w)} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | {w['delivered_per_s']:g} | "
+                     f"{_fmt(e['max'])} | {_stored(w)} | {_lag(w)} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | "
+                     f"{w['delivered_per_s']:g} | "
                      f"{w['lost']} | {w['duplicates']} | {w['daemon_rss_kb_per_conn']:g} | {_stolen(w)} |")
     lines += ["", f"![latency against connections]({images}latency_vs_connections.png)",
               f"![memory against connections]({images}memory_vs_connections.png)", ""]
@@ -152,7 +156,8 @@ def sections(r: dict, images: str, level: str = "##") -> list[str]:
     if r.get("hold"):
         h = r["hold"]
         lines += [f"{level} Connections held at once", "", *_provenance(r, "hold"),
-                  f"{h['held']:,} of {h['clients']:,} WebSocket clients held by {len(h['per_daemon'])} daemon processes "
+                  f"{h['held']:,} of {h['clients']:,} WebSocket clients held by {len(h['per_daemon'])} "
+                  "daemon processes "
                   f"({', '.join(str(d['connections']) for d in h['per_daemon'])} each), from {h['client_procs']} "
                   f"client processes, connected in {h['connect_seconds']} s; {h['sent']} messages sent through the "
                   f"API meanwhile: **{h['lost']} lost, {h['duplicates']} duplicated**; daemon RSS "
@@ -166,15 +171,17 @@ def _rates_table(runs: list[dict], images: str, level: str, provenance: list[str
     lines = [f"{level} Through FerretDB at rising message rates ({runs[0]['clients']:,} WebSocket clients)", "",
              *provenance,
              "The same measures as the table above, one system, the rate raised step by step. FerretDB CPU = "
-             "the cores its whole process used during the send window (inserts, and the daemons' and the probe's tails): "
+             "the cores its whole process used during the send window (inserts, and the daemons' and the "
+             "probe's tails): "
              "a tail re-reads the whole oplog on every poll, so most of it is spent whatever the rate.", "",
              "| msg/s | creation p50/p99 ms | fan-out p50/p99 ms (bucket bound) | delivery p50/p99 ms "
-             "| stored → client p50/p99 ms | stored → in FerretDB p50/p99 ms | FerretDB tail p50/p99 ms | FerretDB CPU (cores) "
-             "| host busy | lost | dup |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| stored → client p50/p99 ms | stored → in FerretDB p50/p99 ms | FerretDB tail p50/p99 ms "
+             "| FerretDB CPU (cores) | host busy | lost | dup |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in runs:
         c, f, e, t = w["creation_ms"], w["fanout_ms"], w["e2e_ms"], w["ferretdb_tail_ms"]
         lines.append(f"| {w['rate']:g} | {_fmt(c['p50'])}/{_fmt(c['p99'])} | {_fmt(f['p50'])}/{_fmt(f['p99'])} | "
-                     f"{_fmt(e['p50'])}/{_fmt(e['p99'])} | {_stored(w)} | {_lag(w)} | {_fmt(t['p50'])}/{_fmt(t['p99'])} | "
+                     f"{_fmt(e['p50'])}/{_fmt(e['p99'])} | {_stored(w)} | {_lag(w)} | "
+                     f"{_fmt(t['p50'])}/{_fmt(t['p99'])} | "
                      f"{_fmt(w.get('ferretdb_cores'))} | {w['host_cpu']['busy_pct']:g} % | {w['lost']} | "
                      f"{w['duplicates']} |")
     return lines + ["", f"![latency against message rate through FerretDB]({images}latency_vs_rate_ferretdb.png)", ""]
@@ -256,7 +263,7 @@ def _breakdown_plot(sections: list[tuple[str, dict]], path: Path) -> None:
     for i, (name, color) in enumerate(BREAKDOWN):
         widths = [_stages(w)[i] for w in runs]
         ax.barh(labels, widths, left=left, color=color, label=name)
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.scatter([w["ferretdb_tail_ms"]["p50"] for w in runs], labels, marker="|", s=300, color="black", zorder=3,
                label="FerretDB's own insert → tail (probe), p50")
     ax.invert_yaxis()
@@ -290,13 +297,14 @@ def _plots(r: dict, out: Path) -> None:
     fig.savefig(out / "memory_vs_connections.png", dpi=110)
     if r.get("rates"):
         runs = r["rates"]
-        ax = _latency_plot([w["rate"] for w in runs], runs,
-                           (("e2e_ms", "delivery (end to end)", "o"), ("ferretdb_tail_ms", "FerretDB insert→tail", "s")))
+        ax = _latency_plot([w["rate"] for w in runs], runs, (("e2e_ms", "delivery (end to end)", "o"),
+                                                             ("ferretdb_tail_ms", "FerretDB insert→tail", "s")))
         ax.plot([w["rate"] for w in runs], [w["creation_ms"]["p50"] for w in runs], "^-", label="creation (API) p50")
         _finish(ax, "messages/s through the API",
                 f"Latency vs message rate, {runs[0]['clients']} clients, through FerretDB 1.24",
                 out / "latency_vs_rate_ferretdb.png")
-    _breakdown_plot([("ws", w) for w in ws] + [("rates", w) for w in r.get("rates", [])], out / "delivery_breakdown.png")
+    _breakdown_plot([("ws", w) for w in ws] + [("rates", w) for w in r.get("rates", [])],
+                    out / "delivery_breakdown.png")
     paced = [x for x in r.get("replay", []) if x["rate"] != "max"]
     if paced:
         rates = [x["messages_per_s"] for x in paced]

@@ -12,7 +12,6 @@ import multiprocessing as mp
 import random
 import resource
 import secrets
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass

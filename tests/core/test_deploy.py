@@ -87,7 +87,7 @@ def tokens(command) -> list[str]:
 def depends_on(service: dict) -> dict[str, str]:
     deps = service.get("depends_on", {})
     if isinstance(deps, list):
-        return {name: "service_started" for name in deps}
+        return dict.fromkeys(deps, "service_started")
     return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
 
 
@@ -127,7 +127,7 @@ def test_compose_depends_on_targets_exist(compose):
 def test_compose_one_shots_run_in_order(compose):
     services = compose["services"]
     init = services["mongo-init"]
-    assert depends_on(init) == {m: "service_healthy" for m in ("mongo1", "mongo2", "mongo3")}
+    assert depends_on(init) == dict.fromkeys(("mongo1", "mongo2", "mongo3"), "service_healthy")
     assert "mongosh" in tokens(init["command"]) and "/init-replica-set.js" in tokens(init["command"])
     assert "mongodb://mongo1:27017" in " ".join(tokens(init["command"]))
     assert tokens(services["migrate"]["command"])[-2:] == ["-m", "db.init"]
@@ -620,7 +620,7 @@ def test_nginx_t_accepts_the_config(tmp_path):
     subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
                     "-days", "1", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     (tmp_path / "logs").mkdir()
-    targets = dict(zip(NGINX_PATHS, (str(cert), str(key), f"{tmp_path}/logs/", f"{tmp_path}/nginx.pid")))
+    targets = dict(zip(NGINX_PATHS, (str(cert), str(key), f"{tmp_path}/logs/", f"{tmp_path}/nginx.pid"), strict=True))
     originals = {name: (NGINX / name).read_text() for name in ("nginx.conf", "chat.conf")}
     for path in NGINX_PATHS:
         assert any(path in text for text in originals.values()), f"{path} no longer in the config"

@@ -18,6 +18,7 @@ def test_a_path_without_query():
 
 
 @pytest.mark.parametrize(("raw", "since"), [("42", 42), ("0", 0), ("²", None), ("-1", None), ("4" * 20, None),
-                                            ("9" * 19, None), (str(2**63 - 1), 2**63 - 1), ("", None), (None, None), ("1e3", None)])
+                                            ("9" * 19, None), (str(2**63 - 1), 2**63 - 1), ("", None), (None, None),
+                                            ("1e3", None)])
 def test_since_is_a_decimal_id_or_unknown(raw, since):
     assert parse_since(raw) == since

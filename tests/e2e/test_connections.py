@@ -131,10 +131,11 @@ async def test_slow_consumer_is_closed_with_4008_and_others_are_unaffected(patie
 
 async def test_a_catch_up_bigger_than_the_send_buffer_is_paced_not_cut_off(patient, users):
     # bob was away while 400 messages of 16 KB (6.4 MB: 100 times the 64 KB
-    # send buffer, and more than the kernel's socket buffers take) came for him. He resumes with since on a socket with small
-    # buffers and reads slowly: the catch-up goes out a page at a time as he
-    # reads, so he gets all of them once, in order, and no 4008. Written at
-    # once, it overran the buffer and the socket was closed as a slow consumer.
+    # send buffer, and more than the kernel's socket buffers take) came for
+    # him. He resumes with since on a socket with small buffers and reads
+    # slowly: the catch-up goes out a page at a time as he reads, so he gets
+    # all of them once, in order, and no 4008. Written at once, it overran the
+    # buffer and the socket was closed as a slow consumer.
     alice, bob = users("alice"), users("bob")
     ws, hello = await connect(patient, bob)
     await ws.close()
@@ -144,7 +145,8 @@ async def test_a_catch_up_bigger_than_the_send_buffer_is_paced_not_cut_off(patie
             await asyncio.gather(*(post(patient, alice, bob, f"{batch * 40 + i}:{big}", client=c) for i in range(40)))
     while connections(patient):  # the first socket is gone
         await asyncio.sleep(0.05)
-    while int(httpx.get(f"http://127.0.0.1:{patient.daemon_port}/healthz").json()["position"]) < int(hello["cursor"]) + 400:
+    health = f"http://127.0.0.1:{patient.daemon_port}/healthz"
+    while int(httpx.get(health).json()["position"]) < int(hello["cursor"]) + 400:
         await asyncio.sleep(0.1)  # the daemon has them all: the resume below is a catch-up, not live
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

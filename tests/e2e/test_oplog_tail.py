@@ -142,7 +142,8 @@ async def _stream_for_bob(url, tail, timeout=5, **settings):
 
 
 async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_check(dbs):
-    async with _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=0.2) as (db, stream, bob):
+    stream_for_bob = _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=0.2)
+    async with stream_for_bob as (db, stream, bob):
         # stored the way the writer stores it: the document, then meta.head
         await db[mongo.MESSAGES].insert_one(Message(1, "alice", "bob", "hi", now_ms()).to_doc())
         await mongo.advance_head(db, 1)
@@ -154,7 +155,8 @@ async def test_a_message_whose_oplog_entry_never_comes_is_delivered_by_the_gap_c
 
 async def test_catch_up_past_the_cache_reads_the_store_and_can_stop_at_the_oldest_few(dbs, monkeypatch):
     reads = count_calls(monkeypatch, mongo, "messages_for")  # each a full scan of `messages` on FerretDB
-    async with _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=30) as (db, stream, bob):
+    stream_for_bob = _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=30)
+    async with stream_for_bob as (db, stream, bob):
         # Stored behind the stream's back: the cache has none of them.
         await db[mongo.MESSAGES].insert_many([Message(i, "alice", "bob" if i % 2 else "cat", f"m{i}", now_ms()).to_doc()
                                               for i in range(1, 41)])

@@ -104,7 +104,8 @@ async def test_every_entry_reaches_each_daemon_once_in_order_and_a_reconnect_res
                 await asyncio.sleep(0.1)
             await until(lambda: all(len(set(s)) >= 100 for s in seen))
             for s in seen:
-                assert list(dict.fromkeys(s)) == list(range(100))  # each once (repeats of the resume entry aside), in order
+                # each once (repeats of the resume entry aside), in order
+                assert list(dict.fromkeys(s)) == list(range(100))
             assert events == [[], []]  # the ring covered both from their start: nothing to read back
 
             # A daemon that goes away and comes back with its last ts gets what

@@ -115,8 +115,9 @@ async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_n
         await sender
         assert all(old != new for old, new in pids.values()), pids  # each one really restarted
         # One API process listens while the other restarts, and POSTs wait for
-        # a restarting writer: no POST was refused for want of a listener. A connection the kernel had queued for the one
-        # closing can still be reset (rare; none in 8 runs): the retry answers it.
+        # a restarting writer: no POST was refused for want of a listener. A
+        # connection the kernel had queued for the one closing can still be
+        # reset (rare; none in 8 runs): the retry answers it.
         assert "ConnectError" not in retried, retried
         assert set(retried) <= {"ReadError", "RemoteProtocolError", "503"} and len(retried) <= 2, retried
         deadline = time.monotonic() + 30

@@ -78,3 +78,51 @@ def test_the_shared_port_refuses_connections_until_start_up_is_done(tmp_path):
         assert httpx.get(f"http://127.0.0.1:{port}/").text == "serving"
     finally:
         stop(proc)
+
+
+# An ASGI app served by serve() with nothing but its defaults.
+PLAIN = textwrap.dedent("""
+    import sys
+    from chat.serve import serve
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await receive()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"7")]})
+        await send({"type": "http.response.body", "body": b"serving"})
+
+    serve(app, "127.0.0.1", int(sys.argv[1]))
+""")
+
+
+def _answer_to_a_head_in_parts(port: int, parts: list[bytes]) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        for part in parts:
+            sock.sendall(part)
+            time.sleep(0.1)  # each part its own read on the server
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_serve_with_its_defaults_bounds_a_head_that_arrives_in_parts():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", PLAIN, str(port)], cwd=ROOT)
+    try:
+        wait_port(port, 20, proc)
+        head = [b"GET / HTTP/1.1\r\nHost: x\r\n", b"X-A: 1\r\n\r\n"]
+        answer = _answer_to_a_head_in_parts(port, head)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"serving")
+        too_long = [b"GET / HTTP/1.1\r\nHost: x\r\n"] + [b"X-Pad: " + b"a" * 4000 + b"\r\n"] * 5
+        answer = _answer_to_a_head_in_parts(port, too_long)
+        assert answer.startswith(b"HTTP/1.1 431 ") and b'"error":"headers_too_large"' in answer
+        assert b"request head over the limit (16 KiB)" in answer
+        assert proc.poll() is None
+    finally:
+        stop(proc)

@@ -70,4 +70,5 @@ def test_poll_lets_allowed_origins_read_it_and_refuses_others_as_the_websocket_d
         "Origin": "http://evil.test", "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
         "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
     assert handshake.status_code == 403 and handshake.json() == refusal
-    assert httpx.get(system.poll_url, params={"token": token, "timeout": 0}).status_code == 200  # no Origin: not a browser
+    # no Origin: not a browser
+    assert httpx.get(system.poll_url, params={"token": token, "timeout": 0}).status_code == 200

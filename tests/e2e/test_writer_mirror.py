@@ -27,9 +27,9 @@ class _GatedWriter(MessageWriter):
         self.gate.set()
         self.sessions = 0
 
-    async def _insert(self, docs):
+    async def _insert(self, docs: list[dict], ordered: bool = True) -> bool:
         await self.gate.wait()
-        return await super()._insert(docs)
+        return await super()._insert(docs, ordered)
 
     def _lock_and_read_state(self, conn):
         self.sessions += 1
@@ -83,7 +83,8 @@ async def test_commits_stop_once_the_unsent_messages_reach_the_bound(own_dbs):
     # Mongo; past that, commits wait for the insert in flight.
     sender = f"s-{uuid.uuid4().hex[:8]}"
     bound = UNSENT_BATCHES * 2
-    async with running_writer(own_dbs, _GatedWriter, batch_max=2, queue_max=1000, timeout_seconds=30) as (writer, engine, db):
+    gated = running_writer(own_dbs, _GatedWriter, batch_max=2, queue_max=1000, timeout_seconds=30)
+    async with gated as (writer, engine, db):
         await writer.submit(Draft(sender, "r", "warm"))  # the session's start and its repair are behind us
         await _in_mongo_in_order(db, sender, 1)
         writer.gate.clear()
