@@ -81,7 +81,8 @@ class PostMessage:
             msg, created = await st.writer.submit(draft)
         except WriteOutcomeUnknown:
             raise ApiError(503, "outcome_unknown", "the permanent store failed while committing; the message may "
-                           "have been stored: retry with the same client_msg_id", headers={"Retry-After": "1"}) from None
+                           "have been stored: retry with the same client_msg_id",
+                           headers={"Retry-After": "1"}) from None
         except (WriteUnavailable, WriterOverloaded) as exc:
             kind = "overloaded" if isinstance(exc, WriterOverloaded) else exc.kind
             raise ApiError(503, kind, "the permanent store is unavailable; nothing was stored, retry",

@@ -82,8 +82,9 @@ class Settings(BaseSettings):
     daemon_host: str = Field("127.0.0.1", description="Daemon listen address.")
     daemon_port: int = Field(8100, description="Daemon port, shared by all daemon processes (SO_REUSEPORT).")
     max_connections: int = Field(
-        15_000, ge=1, le=18_000, description="Open sockets of any kind one daemon process holds; past it, handshakes and "
-        "polls get 503 (the open-files limit is 20k)."
+        15_000, ge=1, le=18_000,
+        description="Open sockets of any kind one daemon process holds; past it, handshakes and polls get 503 "
+        "(the open-files limit is 20k)."
     )
     api_head_timeout_seconds: float = Field(
         10.0, gt=0, description="A write-API request head not complete this long after its first byte gets 408.",
@@ -119,7 +120,8 @@ class Settings(BaseSettings):
         "yet, their start-up, the committed head they trust up to. False: `messages` alone (development only).",
     )
     ferretdb_tail_poll_ms: float = Field(
-        20.0, gt=0, description="FerretDB only: poll period of the oplog tail (no awaitData there). MongoDB: awaitData.",
+        20.0, gt=0,
+        description="FerretDB only: poll period of the oplog tail (no awaitData there). MongoDB: awaitData.",
     )
     drain_seconds: float = Field(5.0, ge=0, description="On SIGTERM: grace period after closing clients with 1012.")
     recent_cache_max: int = Field(

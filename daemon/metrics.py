@@ -14,7 +14,8 @@ INFO.labels(str(os.getpid())).set(1)
 CONNECTIONS = Gauge("chat_daemon_connections", "Open WebSocket connections and waiting polls", ["kind"])
 # The children the hot paths touch, looked up once (labels() costs a lock and a dict lookup per call).
 WS_OPEN, POLLS_WAITING = CONNECTIONS.labels("ws"), CONNECTIONS.labels("poll")
-PUSHES = Counter("chat_daemon_pushes_total", "Messages handed to connections: written to a WebSocket at once, or to a poll answer")
+PUSHES = Counter("chat_daemon_pushes_total",
+                 "Messages handed to connections: written to a WebSocket at once, or to a poll answer")
 OPLOG_ENTRIES = Counter("chat_daemon_oplog_entries_total", "Oplog entries read")
 OPLOG_TO_SOCKET = LoopHistogram(
     "chat_daemon_oplog_to_socket_seconds", "Oplog entry received -> frame written to the socket",
