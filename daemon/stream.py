@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import pymongo
@@ -379,7 +379,7 @@ class Stream:
         return await catchup.first_page(self.pages(user, since, upto, most))
 
     def pages(self, user: str, since: int, upto: int, most: int | None = None,
-              max_bytes: int | None = None) -> AsyncIterator[CatchUp]:
+              max_bytes: int | None = None) -> AsyncGenerator[CatchUp, None]:
         """The user's messages (either side) with since < id <= upto, oldest
         first, in pages (``daemon.catchup.paginate`` says how). From the recent
         cache when it covers the range (a snapshot taken now), else from the
