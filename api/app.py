@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import gc
 import logging
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import select, text
-from sqlalchemy.engine import Engine
+from pymongo.asynchronous.database import AsyncDatabase
+from sqlalchemy import Executable, select, text
+from sqlalchemy.engine import Engine, Row
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -26,13 +27,14 @@ from api.errors import ApiError
 from api.openapi import OPENAPI
 from api.post_message import PostMessage, front, read_body
 from api.ratelimit import RateLimiter
+from api.state import State
 from api.validation import parse_bearer, parse_dev_login, parse_history_query
 from chat import auth
 from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from db import mongo
 from db.retention import run_sweeper
-from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages, row_to_message
+from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages, pool_size_of, row_to_message
 from db.threads import Threads
 from writer.client import RemoteWriter
 from writer.message_writer import MessageWriter
@@ -56,18 +58,8 @@ CONVERSATIONS_SQL = text("""
 """)
 
 
-def json_response(data, status: int = 200, headers: dict | None = None) -> Response:
+def json_response(data: object, status: int = 200, headers: dict | None = None) -> Response:
     return Response(orjson.dumps(data), status, headers, media_type="application/json")
-
-
-@dataclass
-class State:
-    settings: Settings
-    engine: Engine
-    mongo_client: object
-    writer: MessageWriter | RemoteWriter
-    limiter: RateLimiter
-    reads: Threads  # the blocking MySQL reads; never asyncio's default executor (db.threads)
 
 
 def _state(request: Request) -> State:
@@ -78,13 +70,13 @@ def authenticate(request: Request, settings: Settings) -> str:
     return parse_bearer(request.headers.get("authorization"), settings.jwt_secret.get_secret_value())
 
 
-async def _read(st: State, statement, params: dict | None = None) -> list:
+async def _read(st: State, statement: Executable, params: dict | None = None) -> Sequence[Row]:
     """One read from MySQL on the API's read threads, or a fast 503. The
     deadline also covers the wait for a free thread: a burst of slow reads
     queues there, not in the connection pool, whose own timeout it would
     never reach."""
 
-    def run():
+    def run() -> Sequence[Row]:
         with st.engine.connect() as conn:
             return conn.execute(statement, params).all()
 
@@ -170,7 +162,7 @@ async def readyz(request: Request) -> Response:
     st = _state(request)
     checks = {}
 
-    def mysql_ping():
+    def mysql_ping() -> None:
         with st.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
 
@@ -199,16 +191,17 @@ async def openapi(request: Request) -> Response:
     return json_response(OPENAPI)
 
 
-async def api_error(request: Request, exc: ApiError) -> Response:
+async def api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)  # registered for ApiError only; Starlette types every handler for Exception
     metrics.ERRORS.labels(exc.code).inc()
     return exc.response()
 
 
-async def not_found(request: Request, exc) -> Response:
+async def not_found(request: Request, exc: Exception) -> Response:
     return ApiError(404, "not_found", f"no route {request.url.path}").response()
 
 
-async def method_not_allowed(request: Request, exc) -> Response:
+async def method_not_allowed(request: Request, exc: Exception) -> Response:
     return ApiError(405, "method_not_allowed", f"{request.method} is not allowed here").response()
 
 
@@ -235,10 +228,10 @@ PAGE_ROUTES = [
 
 def read_threads(engine: Engine) -> Threads:
     """A thread per connection the read engine may hold: more would only queue for one."""
-    return Threads(engine.pool.size() + MAX_OVERFLOW, "reads")
+    return Threads(pool_size_of(engine) + MAX_OVERFLOW, "reads")
 
 
-def _writer(settings: Settings, db) -> tuple[MessageWriter | RemoteWriter, Engine | None]:
+def _writer(settings: Settings, db: AsyncDatabase) -> tuple[MessageWriter | RemoteWriter, Engine | None]:
     """The host's writer process if there is one (writer/), else a writer of this process's own."""
     if settings.writer_socket:
         # Its reply deadline is a last resort for a writer that hangs: the
@@ -260,7 +253,7 @@ def _writer(settings: Settings, db) -> tuple[MessageWriter | RemoteWriter, Engin
 
 def create_app(settings: Settings) -> ASGIApp:
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
         client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
         db = client[settings.mongo_db]
@@ -289,9 +282,10 @@ def create_app(settings: Settings) -> ASGIApp:
             await client.close()
             if isinstance(writer, MessageWriter):
                 writer.close()
-                writer_engine.dispose()
             else:
                 await writer.close()
+            if writer_engine is not None:  # the writer of this process's own
+                writer_engine.dispose()
             reads.close()
             engine.dispose()
 

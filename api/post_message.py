@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import metrics
 from api.errors import ApiError
+from api.state import State
 from api.validation import parse_bearer, parse_message
 from chat.parsing import is_decimal
 from chat.write_errors import (
@@ -63,7 +64,7 @@ class PostMessage:
         metrics.REQUESTS.labels(PATH, str(status)).inc()
         metrics.POST_LATENCY.observe(time.perf_counter() - started)
 
-    async def store(self, st, scope: Scope, receive: Receive) -> tuple[int, bytes, list]:
+    async def store(self, st: State, scope: Scope, receive: Receive) -> tuple[int, bytes, list]:
         authorization = content_length = None
         for name, value in scope["headers"]:  # the first of each, as Starlette's Headers.get
             if name == b"authorization" and authorization is None:

@@ -6,16 +6,22 @@ Pure: the items come from the recent cache or from a read of the store
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import enum
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final, Literal
 
 from daemon.recent_cache import RecentCache
 
-GAP = object()  # in a catch-up's items: messages may be missing here
+class _Gap(enum.Enum):
+    GAP = enum.auto()
+
+
+GAP: Final = _Gap.GAP  # in a catch-up's items: messages may be missing here
 
 # (id, created_at, JSON payload) of one of the user's messages, or GAP
-Item = tuple[int, datetime, bytes] | object
+Item = tuple[int, datetime, bytes] | Literal[_Gap.GAP]
 
 
 @dataclass
@@ -25,20 +31,20 @@ class CatchUp:
     more: bool = False  # another page follows
 
 
-async def no_items() -> AsyncIterator[Item]:
+async def no_items() -> AsyncGenerator[Item, None]:
     return
     yield  # an async generator that yields nothing
 
 
-async def from_cache(cache: RecentCache, user: str, since: int, upto: int) -> AsyncIterator[Item]:
+async def from_cache(cache: RecentCache, user: str, since: int, upto: int) -> AsyncGenerator[Item, None]:
     """The user's messages (either side) in (since, upto], which the cache covers."""
     for msg_id, sender, recipient, created_at, payload in cache.between(since, upto):
         if recipient == user or sender == user:
             yield msg_id, created_at, payload
 
 
-async def paginate(items: AsyncIterator[Item], cutoff: datetime, most: int | None,
-                   max_bytes: int | None) -> AsyncIterator[CatchUp]:
+async def paginate(items: AsyncGenerator[Item, None], cutoff: datetime, most: int | None,
+                   max_bytes: int | None) -> AsyncGenerator[CatchUp, None]:
     """``items`` in pages of at most ``most`` messages and ``max_bytes`` of
     payload (one message at least); the last page has ``more`` False.
 
@@ -72,7 +78,7 @@ async def paginate(items: AsyncIterator[Item], cutoff: datetime, most: int | Non
         await items.aclose()  # a reader that stops early leaves no store read suspended
 
 
-async def first_page(pages: AsyncIterator[CatchUp]) -> CatchUp:
+async def first_page(pages: AsyncGenerator[CatchUp, None]) -> CatchUp:
     """The first page of a catch-up; the rest is never read."""
     try:
         return await anext(pages)
@@ -87,7 +93,8 @@ class _Page:
 
     def __init__(self, most: int | None, max_bytes: int | None):
         self.most, self.max_bytes = most, max_bytes
-        self.recovered, self.frames, self.size = True, [], 0
+        self.recovered, self.size = True, 0
+        self.frames: list[tuple[int, bytes, None]] = []
 
     def full(self, adding: int) -> bool:
         """Whether a payload of ``adding`` bytes must start the next page."""

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 import httptools
 
@@ -78,12 +78,14 @@ class Handler(Protocol):
 class Connection(Subscriber, asyncio.Protocol):
     __slots__ = ("state", "handler", "transport", "http", "reader", "ping_sent", "next_ping",
                  "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires")
+    # Set by connection_made: a connection counted in ``ServerState.conns``
+    # may not have one yet, those in ``http_conns`` or among the WebSockets do.
+    transport: asyncio.Transport
 
     def __init__(self, state: ServerState, handler: Handler):
         Subscriber.__init__(self, "", 0)
         self.state = state
         self.handler = handler
-        self.transport: asyncio.Transport | None = None
         self.http: HttpPhase | None = HttpPhase()
         self.reader: Inbound | None = None  # exists only while a frame or a fragmented message is unfinished
         self.ping_sent = 0.0  # monotonic time of the unanswered ping, 0 if none
@@ -100,13 +102,13 @@ class Connection(Subscriber, asyncio.Protocol):
         state.conns.add(self)
 
     # --- asyncio.Protocol ---------------------------------------------------
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream socket's: it reads and writes
         self.state.http_conns.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self.http is not None:
-            self._http_data(data)
+            self._http_data(self.http, data)
         elif not self.closing:
             self._ws_data(data)
 
@@ -144,8 +146,7 @@ class Connection(Subscriber, asyncio.Protocol):
         return not self.closing
 
     # --- HTTP ---------------------------------------------------------------
-    def _http_data(self, data: bytes) -> None:
-        http = self.http
+    def _http_data(self, http: HttpPhase, data: bytes) -> None:
         http.head_bytes += len(data)
         if http.head_bytes > REQUEST_HEAD_MAX:
             self.respond(431, HEAD_TOO_LARGE, False)
@@ -160,12 +161,11 @@ class Connection(Subscriber, asyncio.Protocol):
             self.respond(refused.status, refused.body(), False)
             return
         if http.requests and http.task is None:
-            http.task = asyncio.get_running_loop().create_task(self._serve_http())
+            http.task = asyncio.get_running_loop().create_task(self._serve_http(http))
         if len(http.requests) >= PIPELINE_MAX:
             self.transport.pause_reading()
 
-    async def _serve_http(self) -> None:
-        http = self.http
+    async def _serve_http(self, http: HttpPhase) -> None:
         try:
             while http.requests and not self.closing:
                 request = http.requests.popleft()
@@ -216,7 +216,9 @@ class Connection(Subscriber, asyncio.Protocol):
 
     def upgrade(self, user: str, response: bytes) -> None:
         """Switches to WebSocket: the 101 goes out, the HTTP state is dropped."""
-        rest = self.http.rest
+        http = self.http
+        assert http is not None, "an upgrade is answered in the HTTP phase"
+        rest = http.rest
         self.http = None
         self.state.http_conns.discard(self)
         self.user = user
@@ -267,13 +269,12 @@ class Connection(Subscriber, asyncio.Protocol):
         if reader.idle:
             self.reader = None
         for event in events:
-            kind = type(event)
-            if kind is Ending:
+            if type(event) is Ending:
                 if event.metric is not None:
                     metrics.CLOSES.labels(event.metric).inc()
                 self.close(event.code, event.reason)  # a peer's close is answered with its own code
                 return
-            if kind is Control and event.opcode is Opcode.PONG and self.ping_sent:
+            if type(event) is Control and event.opcode is Opcode.PONG and self.ping_sent:
                 self.ping_sent = 0.0  # the answer to our ping
                 continue
             # data frames, pings, unasked pongs: nothing is expected, so they are rate-limited
@@ -281,10 +282,10 @@ class Connection(Subscriber, asyncio.Protocol):
                 metrics.CLOSES.labels("frame_rate").inc()
                 self.close(CloseCode.POLICY, "too many frames")
                 return
-            if kind is Control:
+            if type(event) is Control:
                 if event.opcode is Opcode.PING:
                     self.transport.write(pong_frame(event.data))
-            elif event is not FRAGMENT:
+            elif type(event) is Message and event is not FRAGMENT:
                 self.on_message(event)
 
     def _within_rate(self) -> bool:

@@ -155,6 +155,7 @@ class Inbound:
                 payload = bytes(buffer[at:at + self._left])
                 at += self._left
                 opcode, self._opcode = self._opcode, None
+                assert opcode is not None  # a control frame's header set it
                 if self._mask:
                     payload = apply_mask(payload, self._mask)
                 if opcode is Opcode.CLOSE:
@@ -236,8 +237,9 @@ class Inbound:
         done = not self._left
         message = self._message
         if message is None:
+            opcode = self._opcode
+            assert opcode is not None  # a data frame's header set it
             if done and self._fin:  # a whole message in one frame, all here: the common case
-                opcode = self._opcode
                 self._opcode = None
                 if opcode is Opcode.TEXT:
                     try:
@@ -246,7 +248,7 @@ class Inbound:
                         return Ending(CloseCode.INVALID_DATA, "text is not UTF-8", "invalid_utf8")
                 events.append(Message(opcode, chunk if self._keep else b""))
                 return None
-            message = self._message = _InFlight(self._opcode)
+            message = self._message = _InFlight(opcode)
         if message.decoder is not None:
             try:
                 message.decoder.decode(chunk, done and self._fin)

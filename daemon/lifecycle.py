@@ -94,7 +94,10 @@ async def drain(daemon: Daemon) -> None:
     deadline = time.monotonic() + daemon.settings.drain_seconds
     while daemon.polls and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    for conn in list(state.conns):
+    # Made connections only: one the acceptor has counted but whose transport
+    # is not made yet has nothing to close; a request it sends is answered
+    # with `Connection: close` (the state is draining).
+    for conn in list(state.http_conns):
         if conn.idle_since() is not None:
             conn.close_idle(abort_unread=False)  # idle keep-alive HTTP
     while state.conns and time.monotonic() < deadline:

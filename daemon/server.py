@@ -9,7 +9,7 @@ its ``ServerState`` and its handler (``daemon.routes.Router``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from chat.errors import ChatError
 from chat.settings import Settings
@@ -65,7 +65,7 @@ class Daemon:
                                accepting=accepting)
 
     async def subscribe(self, sub: Subscriber, since: int | None, most: int | None = None,
-                        max_bytes: int | None = None) -> tuple[AsyncIterator[CatchUp], int]:
+                        max_bytes: int | None = None) -> tuple[AsyncGenerator[CatchUp, None], int]:
         """Registers ``sub``; returns its catch-up, in pages of at most ``most``
         messages and ``max_bytes`` of payload, and the cursor.
 
@@ -96,5 +96,5 @@ class Daemon:
             metrics.WS_OPEN.dec()
 
 
-async def _one(page: CatchUp) -> AsyncIterator[CatchUp]:
+async def _one(page: CatchUp) -> AsyncGenerator[CatchUp, None]:
     yield page

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
@@ -40,7 +40,7 @@ async def cache_from_mysql(ranges: StreamRanges, cache: RecentCache, high: int, 
 
 
 async def stored_items(db: AsyncDatabase, user: str, since: int, upto: int, limit: int, retention_seconds: int,
-                       admit: Callable[[list[dict]], list[dict]]) -> AsyncIterator[Item]:
+                       admit: Callable[[list[dict]], list[dict]]) -> AsyncGenerator[Item, None]:
     """The user's messages from `messages`, ``limit`` per read, only those
     ``admit`` keeps (the writer's), and GAP where some of them may have been
     deleted before a read: the retention floor (the sweeper raises it before

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import pymongo
@@ -100,9 +100,9 @@ class Stream:
                 # failed one starts over, never leaving the daemon un-ready for good.
                 with pymongo.timeout(FILL_TIMEOUT_SECONDS):
                     last_ts = await self._tail.newest_ts()
-                    high = await self._read_committed()
-                    from_mysql = high is not None and await store_reads.cache_from_mysql(self._ranges, self.cache,
-                                                                                         high, PAGE)
+                    high = await self._read_committed()  # None without MySQL (no ranges)
+                    from_mysql = (high is not None and self._ranges is not None
+                                  and await store_reads.cache_from_mysql(self._ranges, self.cache, high, PAGE))
                     if high is None:
                         high = await mongo.newest_id(self._db)
                     if not from_mysql and self.cache.max_messages and high:
@@ -149,7 +149,7 @@ class Stream:
     async def _consume(self) -> None:
         while True:
             item, received = await self._inbox.get()
-            if type(item) is FillRequest:
+            if isinstance(item, FillRequest):
                 self._fill_requested = False
                 await self._fill_from_truth()
                 continue
@@ -194,7 +194,7 @@ class Stream:
 
     async def _read_oplog(self) -> None:
         async for event in self._tail.batches():
-            if type(event) is Restarted:
+            if isinstance(event, Restarted):
                 # Nothing to do: ids are gap-free, so whatever a re-opened or
                 # fallen-off tail missed shows up as a hole (or in the gap
                 # check) and is read back then, and only then.
@@ -259,12 +259,12 @@ class Stream:
         if self._fill_retry is not None:
             return  # a retry is already scheduled
         committed = await self._read_committed()
-        if committed is None:
+        if committed is None or self._ranges is None:  # no MySQL (then no head either), or it failed
             await self._fill_from_collection(None, through=False)
             return
         if dropped := self._seq.drop_above(committed):
             self._reject("past_committed_head", "oplog", dropped)
-        if not await self._fill_from_mysql(committed):
+        if not await self._fill_from_mysql(self._ranges, committed):
             await self._fill_from_collection(committed, through=False)
 
     async def _fill_from_collection(self, bound: int | None, through: bool) -> bool:
@@ -290,7 +290,7 @@ class Stream:
                     self._skip(upto)
                 elif hole and (upto is None or hole[1] <= upto):  # held documents above a range that is gone
                     self._skip(hole[1])
-                elif hole:
+                elif hole and upto is not None:  # not None: the branch above takes a hole when it is
                     # Without MySQL, past meta.head nothing is confirmed: let go of
                     # them; once meta.head passes them, the gap check reads them back.
                     self._seq.drop_above(upto)
@@ -304,7 +304,7 @@ class Stream:
             if len(docs) < PAGE and not through:
                 return True
 
-    async def _fill_from_mysql(self, upto: int) -> bool:
+    async def _fill_from_mysql(self, ranges: StreamRanges, upto: int) -> bool:
         """Releases every id up to ``upto`` (committed) from MySQL; ids its rows
         skip (deleted there) come from `messages` if it still has them, and are
         passed over if not, so that a fill always gets past them. Expired rows
@@ -312,7 +312,7 @@ class Stream:
         cutoff = mongo.expired_before(self._retention)
         while self.position < upto:
             try:
-                docs = await self._ranges.between(self.position, upto, PAGE)
+                docs = await ranges.between(self.position, upto, PAGE)
             except SQLAlchemyError as exc:
                 log.warning("event=fill_mysql_failed error=%s action=read_messages", exc.__class__.__name__)
                 return False
@@ -379,7 +379,7 @@ class Stream:
         return await catchup.first_page(self.pages(user, since, upto, most))
 
     def pages(self, user: str, since: int, upto: int, most: int | None = None,
-              max_bytes: int | None = None) -> AsyncIterator[CatchUp]:
+              max_bytes: int | None = None) -> AsyncGenerator[CatchUp, None]:
         """The user's messages (either side) with since < id <= upto, oldest
         first, in pages (``daemon.catchup.paginate`` says how). From the recent
         cache when it covers the range (a snapshot taken now), else from the

@@ -12,6 +12,7 @@ kilobytes (README, "Which WebSocket stack").
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from http import HTTPStatus
 
 from websockets.exceptions import PayloadTooBig, ProtocolError
@@ -67,7 +68,7 @@ class FrameReader:
         self._reader = StreamReader()
         self._max_size = max_size
         self._mask = mask  # client frames are masked; a client reading server frames passes False
-        self._parser = None
+        self._parser: Generator[None, None, Frame] | None = None
 
     def feed(self, data: bytes) -> list[Frame]:
         self._reader.feed_data(data)

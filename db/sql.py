@@ -21,6 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.mysql import DATETIME
 from sqlalchemy.engine import Engine, Row
+from sqlalchemy.pool import QueuePool
 
 from chat.messages import Message
 
@@ -96,3 +97,10 @@ def make_engine(url: str, timeout_seconds: float, pool_size: int = 4) -> Engine:
             "init_command": f"SET SESSION max_statement_time={timeout_seconds:g}",
         },
     )
+
+
+def pool_size_of(engine: Engine) -> int:
+    """The connections ``engine`` keeps open: ``make_engine``'s ``pool_size``
+    (a QueuePool's), else 1: one connection at a time is always safe."""
+    pool = engine.pool
+    return pool.size() if isinstance(pool, QueuePool) else 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from db.sql import messages, row_to_message
+from db.sql import messages, pool_size_of, row_to_message
 from db.threads import Threads
 
 
@@ -28,7 +28,7 @@ class StreamRanges:
 
     def __init__(self, engine: Engine):
         self._engine = engine
-        self._threads = Threads(engine.pool.size(), "ranges")
+        self._threads = Threads(pool_size_of(engine), "ranges")
 
     async def between(self, after: int, upto: int, limit: int) -> list[dict]:
         """Oldest first, at most ``limit``; raises SQLAlchemyError when MySQL fails."""

@@ -183,7 +183,8 @@ class MessageWriter(MySQLSteps):
         except asyncio.CancelledError:
             # A cancelled get leaves its request in the queue; but a cancel of
             # this task (a shutdown) that lands here must not be taken for it.
-            if getter.cancelled() and not asyncio.current_task().cancelling():
+            current = asyncio.current_task()
+            if getter.cancelled() and current is not None and not current.cancelling():
                 return []
             raise
         return await self._next_batch(first)

@@ -41,7 +41,7 @@ class MySQLSteps:
         got = 0
         if conn.execute(lock, {"n": NEXT_LOCK_NAME, "t": self._timeout}).scalar() == 1:
             try:
-                got = conn.execute(lock, {"n": LOCK_NAME, "t": max(0.0, deadline - time.monotonic())}).scalar()
+                got = conn.execute(lock, {"n": LOCK_NAME, "t": max(0.0, deadline - time.monotonic())}).scalar() or 0
             finally:
                 conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": NEXT_LOCK_NAME})
         conn.commit()

@@ -70,11 +70,11 @@ async def read_frame(reader: asyncio.StreamReader, limit: int) -> list | None:
     return payload
 
 
-def _is_str(value) -> bool:
+def _is_str(value: object) -> bool:
     return type(value) is str
 
 
-def _is_seq(value) -> bool:
+def _is_seq(value: object) -> bool:
     return type(value) is int and 0 <= value < 2**63
 
 

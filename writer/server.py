@@ -24,6 +24,7 @@ import logging
 from functools import partial
 from pathlib import Path
 
+from chat.messages import Message
 from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
@@ -43,7 +44,7 @@ from writer.protocol import BadFrame
 log = logging.getLogger("chat.writer.server")
 
 
-def outcome_of(future: asyncio.Future) -> tuple[str, object]:
+def outcome_of(future: asyncio.Future) -> tuple[str, Message | None]:
     """A settled ``MessageWriter.enqueue`` future as (outcome, message or None)."""
     if future.cancelled():
         return protocol.OUTCOME_UNKNOWN, None
@@ -135,6 +136,7 @@ async def run(settings: Settings) -> None:
 
     async def accept(reader: asyncio.StreamReader, stream: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        assert task is not None  # asyncio.start_unix_server runs each connection's callback as a task
         links[task] = stream
         try:
             await Link(writer, reader, stream, unanswered, frame_max).read_requests()
