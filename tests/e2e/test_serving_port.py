@@ -26,8 +26,9 @@ def test_processes_whose_metrics_port_is_taken_serve_without_it_and_say_so(dbs, 
             reply = httpx.post(f"{s.api_url}/v1/messages", json={"to": bob, "body": "hi"},
                                headers={"Authorization": f"Bearer {s.token(alice)}"})
             assert reply.status_code == 201
-            poll = httpx.get(s.poll_url, params={"token": s.token(bob), "since": "0", "timeout": 0})
-            assert poll.status_code == 200 and [m["id"] for m in poll.json()["messages"]][-1] == reply.json()["id"]
+            # waits for the message (a 201 is the MySQL commit; delivery follows)
+            poll = httpx.get(s.poll_url, params={"token": s.token(bob), "since": "0", "timeout": 10}, timeout=15)
+            assert poll.status_code == 200 and [m["id"] for m in poll.json()["messages"]] == [reply.json()["id"]]
             for name in ("api_0", "daemon_0"):
                 assert s.procs[name].poll() is None, f"{name} exited"
                 log = (s.logdir / f"{name}.log").read_text()
