@@ -22,13 +22,9 @@ from api import metrics
 from api.errors import ApiError
 from api.state import State
 from api.validation import parse_bearer, parse_message
+from chat.errors import ChatError
 from chat.parsing import is_decimal
-from chat.write_errors import (
-    ClientIdConflict,
-    WriteOutcomeUnknown,
-    WriterOverloaded,
-    WriteUnavailable,
-)
+from chat.write_errors import ClientIdConflict, WriterOverloaded, WriteUnavailable, answer_for
 
 log = logging.getLogger("chat.api")
 
@@ -37,7 +33,7 @@ JSON = (b"content-type", b"application/json")
 SERVER_ERROR = b'{"error":"server_error","message":"internal error; retry with the same client_msg_id"}'
 
 
-class Disconnected(Exception):
+class Disconnected(ChatError):
     """The client left before its request body was read."""
 
 
@@ -80,18 +76,10 @@ class PostMessage:
         draft = parse_message(raw, sender, st.settings.body_max_chars)
         try:
             msg, created = await st.writer.submit(draft)
-        except WriteOutcomeUnknown:
-            raise ApiError(503, "outcome_unknown", "the permanent store failed while committing; the message may "
-                           "have been stored: retry with the same client_msg_id",
-                           headers={"Retry-After": "1"}) from None
-        except (WriteUnavailable, WriterOverloaded) as exc:
-            kind = "overloaded" if isinstance(exc, WriterOverloaded) else exc.kind
-            raise ApiError(503, kind, "the permanent store is unavailable; nothing was stored, retry",
-                           headers={"Retry-After": "1"}) from None
-        except ClientIdConflict:
-            raise ApiError(409, "client_msg_id_conflict",
-                           "client_msg_id was already used by this sender for a different message",
-                           field="client_msg_id") from None
+        except (WriteUnavailable, WriterOverloaded, ClientIdConflict) as exc:
+            status, code, message, field = answer_for(exc)
+            headers = {"Retry-After": "1"} if status == 503 else None
+            raise ApiError(status, code, message, field=field, headers=headers) from None
         (metrics.MESSAGES_CREATED if created else metrics.MESSAGES_REPLAYED).inc()
         return (201 if created else 200), orjson.dumps(msg.to_public()), []
 

@@ -13,6 +13,8 @@ from typing import TypeGuard
 
 import jwt
 
+from chat.errors import ChatError
+
 USER_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 ALGORITHM = "HS256"
 # Clients send the same token on every request for its whole life, and a
@@ -22,7 +24,7 @@ ALGORITHM = "HS256"
 VERIFIED_CACHE_MAX = 16_384
 
 
-class AuthError(Exception):
+class AuthError(ChatError):
     """The token is missing, malformed, forged, expired or names no valid user."""
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import struct
 
+from chat.errors import ChatError
 
-class BadFrame(Exception):
+
+class BadFrame(ChatError):
     """Not a frame of the protocol: the connection it came on is closed."""
 
 

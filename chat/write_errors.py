@@ -33,3 +33,28 @@ class ClientIdConflict(ChatError):
     def __init__(self, original: Message):
         super().__init__("client_msg_id already used for a different message")
         self.original = original
+
+
+# The one table from a write's failure to the client's answer: (status, error
+# code, message, field). The code of a WriteUnavailable is its ``kind``
+# (`mysql_unavailable`, or `writer_unavailable` from the writer's client).
+# Subclasses first: the first class in an exception's MRO found here answers.
+ANSWERS: dict[type[ChatError], tuple[int, str | None, str, str | None]] = {
+    WriteOutcomeUnknown: (503, "outcome_unknown", "the permanent store failed while committing; the message may "
+                          "have been stored: retry with the same client_msg_id", None),
+    WriteUnavailable: (503, None, "the permanent store is unavailable; nothing was stored, retry", None),
+    WriterOverloaded: (503, "overloaded", "the permanent store is unavailable; nothing was stored, retry", None),
+    ClientIdConflict: (409, "client_msg_id_conflict",
+                       "client_msg_id was already used by this sender for a different message", "client_msg_id"),
+}
+
+
+def answer_for(exc: ChatError) -> tuple[int, str, str, str | None]:
+    """(status, error code, message, field) of a write's failure, from ``ANSWERS``."""
+    for cls in type(exc).__mro__:
+        if cls in ANSWERS:
+            status, code, message, field = ANSWERS[cls]
+            kind: str = getattr(exc, "kind", "mysql_unavailable")
+            return status, code or kind, message, field
+    raise LookupError(f"no answer for {type(exc).__name__}")
+
