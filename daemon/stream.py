@@ -32,6 +32,7 @@ from db import mongo
 from db.stream_ranges import StreamRanges
 from oplog.backoff import Backoff
 from oplog.events import Batch, OplogSource, Restarted
+from chat.stopping import reraise_if_cancelling
 
 log = logging.getLogger("chat.stream")
 
@@ -67,9 +68,8 @@ class Stream:
         self._queued = 0
         self._queue_max = TAIL_QUEUE_MAX
         self._fill_requested = False
-        # After a failed read of the truth, wait before the next: on FerretDB
-        # every such read scans all of `messages`, and one that timed out
-        # because FerretDB was busy would only make it busier if retried at once.
+        # After a failed read of the truth, wait before the next: on FerretDB each scans
+        # all of `messages`, and a retry at once would make a busy FerretDB busier.
         self._fill_backoff = Backoff(base=0.5, cap=10.0)
         self._fill_retry: asyncio.TimerHandle | None = None  # set while a retry waits
         self._advanced = asyncio.Event()  # set and replaced each time the position moves
@@ -110,14 +110,14 @@ class Stream:
                             self._db, max(0, high - self.cache.max_messages), high, self.cache.max_messages), "stored"))
                 break
             except PyMongoError as exc:
+                reraise_if_cancelling()
                 self.cache.clear()
                 delay = backoff.next()
                 log.warning("event=stream_start_retry error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
                 await asyncio.sleep(delay)
         self._tail.last_ts = last_ts
         self._seq = Sequencer(high=high)
-        # Read what is past the reads above now, so that a client resuming here right
-        # after a restart finds this daemon at least as far along as the one it came from.
+        # What is past those reads, now: a client resuming here finds this daemon as far along as its last one.
         await self._fill_from_truth()
         self.ready.set()
         log.info("event=stream_ready position=%d cached=%d", high, len(self.cache))
@@ -248,6 +248,7 @@ class Stream:
                     metrics.TAIL_LAG.set(max(self._lag, time.monotonic() - self._moved_at))
                 last_position = self.position
             except PyMongoError as exc:
+                reraise_if_cancelling()
                 log.warning("event=gap_check_failed error=%s", exc.__class__.__name__)
 
     async def _fill_from_truth(self) -> None:
@@ -279,6 +280,7 @@ class Stream:
                     upto = await mongo.head_hint(self._db) if bound is None else bound
                     docs = self._admit(await mongo.messages_between(self._db, self.position, upto, PAGE), "stored")
             except PyMongoError as exc:
+                reraise_if_cancelling()
                 delay = self._fill_backoff.next()
                 self._fill_retry = asyncio.get_running_loop().call_later(delay, self._retry_fill)
                 log.warning("event=fill_failed error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)

@@ -37,6 +37,7 @@ from pymongo.errors import PyMongoError
 from db import mongo
 from oplog.backoff import Backoff
 from oplog.events import Batch, OplogEvent, Restarted
+from chat.stopping import reraise_if_cancelling
 
 log = logging.getLogger("chat.oplog")
 
@@ -108,6 +109,7 @@ class OplogTail:
     async def batches(self) -> AsyncIterator[OplogEvent]:
         backoff = Backoff()
         while True:
+            reraise_if_cancelling()  # a cancel the driver took for its own error ends the tail here
             cursor_id = 0
             try:
                 cursor_id, first = await self._open()
@@ -119,6 +121,7 @@ class OplogTail:
                     yield self._seen(first)
                 opened = time.monotonic()
                 while cursor_id:
+                    reraise_if_cancelling()
                     more = {"getMore": cursor_id, "collection": "oplog.rs", "batchSize": self._batch}
                     if self.poll_seconds:
                         await asyncio.sleep(self.poll_seconds)
@@ -139,6 +142,7 @@ class OplogTail:
                     # does that): re-open soon, but never in a tight loop.
                     await asyncio.sleep(REOPEN_PAUSE)
             except PyMongoError as exc:
+                reraise_if_cancelling()
                 self._suspect = True
                 delay = backoff.next()
                 log.warning("event=oplog_error error=%s detail=%r retry_in_s=%.2f",
@@ -149,7 +153,10 @@ class OplogTail:
                     await self._kill(cursor_id)
 
     async def _kill(self, cursor_id: int) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the
+        # result of a call that finished as the cancel came, and the cancel is lost.
         try:
-            await asyncio.wait_for(self._local.command({"killCursors": "oplog.rs", "cursors": [cursor_id]}), 1)
+            async with asyncio.timeout(1):
+                await self._local.command({"killCursors": "oplog.rs", "cursors": [cursor_id]})
         except (PyMongoError, TimeoutError):
-            pass
+            reraise_if_cancelling()

@@ -26,6 +26,7 @@ from oplog.backoff import Backoff
 from oplog.events import Batch, OplogEvent, Restarted
 from oplog.tail import newest_ts
 from relay.protocol import FRAME_MAX, BadFrame, frame, read_frame
+from chat.stopping import reraise_if_cancelling
 
 log = logging.getLogger("chat.relay")
 
@@ -66,6 +67,7 @@ class RelayTail:
                         yield Restarted()
                 log.warning("event=relay_closed action=reconnect")
             except (OSError, BadFrame) as exc:  # ConnectionError is an OSError
+                reraise_if_cancelling()
                 log.warning("event=relay_unreachable error=%s detail=%s", exc.__class__.__name__, exc)
             finally:
                 if writer is not None:

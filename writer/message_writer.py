@@ -92,6 +92,7 @@ from writer.core import (
 from writer.mirror import Mirror
 from writer.mysql_steps import MySQLSteps
 from writer.outbox_watch import OutboxWatch
+from chat.stopping import reraise_if_cancelling
 
 log = logging.getLogger("chat.writer")
 
@@ -158,6 +159,7 @@ class MessageWriter(MySQLSteps):
                     log.exception("event=writer_session_failed")
                     exc = WriteUnavailable(str(exc))
                 fail(self._in_hand, exc)  # the batch in hand when it failed, not the turn's first
+                reraise_if_cancelling()  # a cancel a driver reported as its own error: a shutdown
 
     async def _next_batch(self, first: Pending | None) -> list[Pending]:
         if first is None:

@@ -334,3 +334,40 @@ async def test_a_stream_whose_oplog_reader_dies_ends_instead_of_waiting_forever(
     finally:
         await client.drop_database(db.name)
         await client.close()
+
+
+async def test_a_tail_cancelled_at_any_moment_ends(dbs):
+    # A shutdown cancels the tail. PyMongo can turn a cancel that lands
+    # mid-operation into its own error, which the tail retries: measured, 5 of
+    # 150 cancels at random moments were lost, and the tail ran on for good
+    # (a relay or a daemon then never finished its shutdown). Now each ends.
+    import random
+
+    client = mongo.make_client(dbs.ferretdb.url, 5)
+    namespace = f"cancel{uuid.uuid4().hex[:6]}.messages"
+    db_name, coll_name = namespace.split(".")
+    stop = asyncio.Event()
+
+    async def insert_on() -> None:  # entries keep coming, so cancels land in every step of the tail
+        i = 0
+        while not stop.is_set():
+            await client[db_name][coll_name].insert_one({"_id": i})
+            i += 1
+            await asyncio.sleep(0.005)
+
+    async def consume(tail: OplogTail) -> None:
+        async for _event in tail.batches():
+            pass
+
+    inserting = asyncio.create_task(insert_on())
+    try:
+        for _ in range(80):
+            task = asyncio.create_task(consume(OplogTail(client, namespace, ferretdb_poll_seconds=0.02)))
+            await asyncio.sleep(random.uniform(0.03, 0.2))
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=3)
+            assert done, "a cancelled tail went on"
+    finally:
+        stop.set()
+        await inserting
+        await client.close()
