@@ -69,6 +69,45 @@ def hole_fill_table(data: dict) -> list[str]:
     return lines + [""]
 
 
+def tiers_table(name: str, data: dict) -> list[str]:
+    """Medians per revision of `python -m loadtest.compare_tiers`: the write path and the daemon tier."""
+    revisions = list(data["runs"]["ab"])
+    lines = [f"### `{name}`: {' against '.join(revisions)}, the write path and the daemon tier", "",
+             f"_{_when(data)} {data['rounds']} alternating rounds per revision. ab: `ab -k -c 100` on POST for "
+             f"{data['ab_seconds']:g} s, as deployed. replay: {data['replay_messages']:,} recorded oplog entries "
+             f"as fast as they go into one daemon holding {data['replay_clients']:,} clients._", "",
+             "| revision | POST/s | p50 ms | p99 ms | errors | replay msg/s | daemon CPU µs/msg | lost | dup |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for rev in revisions:
+        ab, rp = data["medians"]["ab"][rev], data["medians"]["replay"][rev]
+        lines.append(f"| {rev} | {ab['rps']:,.0f} | {ab['p50_ms']:g} | {ab['p99_ms']:g} | {ab['errors']:g} | "
+                     f"{rp['messages_per_s']:,.0f} | {rp['daemon_cpu_us_per_message']:g} | {rp['lost']:g} | "
+                     f"{rp['duplicates']:g} |")
+    return lines + [""]
+
+
+def restart_tables(results: Path) -> list[str]:
+    """A fresh daemon's start-up (loadtest.startup); a host's clients back after a restart
+    (loadtest.restart_reconnect)."""
+    lines = ["## Restarts (`python -m loadtest.startup`, `python -m loadtest.restart_reconnect`)", ""]
+    startup, reconnect = results / "startup-latest.json", results / "restart-reconnect-latest.json"
+    if startup.exists():
+        data = json.loads(startup.read_text())
+        lines += [f"_{_when(data)} Commit {data['machine']['commit']}. {data['what']}, "
+                  f"{data['messages']:,} messages stored._", "", "| start | ready after, s | idle RSS, MB |",
+                  "|---|---|---|"]
+        lines += [f"| {i + 1} | {run['ready_seconds']:g} | {run['idle_rss_mb']:g} |"
+                  for i, run in enumerate(data["runs"])]
+        lines.append("")
+    if reconnect.exists():
+        data = json.loads(reconnect.read_text())
+        lines += [f"_{_when(data)} Commit {data['machine']['commit']}. {data['what']}, {data['messages']:,} "
+                  "messages stored, two daemons._", "", "| clients | connected in, s | back after the restart, s |",
+                  "|---|---|---|", f"| {data['reconnected']:,} of {data['clients']:,} | {data['connect_seconds']:g} | "
+                  f"{data['all_back_seconds']} |", ""]
+    return lines
+
+
 def comparison_tables(results: Path) -> list[str]:
     """Every A/B result kept in the results folder, oldest first."""
     lines = ["## A/B comparisons (`python -m loadtest.compare`, `python -m loadtest.hole_fill`)", ""]
@@ -78,5 +117,5 @@ def comparison_tables(results: Path) -> list[str]:
     compares = [(path.name, json.loads(path.read_text())) for path in results.glob("compare-*.json")]
     compares.sort(key=lambda item: item[0])
     for name, data in compares:
-        lines += compare_table(name, data)
-    return lines
+        lines += tiers_table(name, data) if name.startswith("compare-tiers-") else compare_table(name, data)
+    return lines + restart_tables(results)
