@@ -22,7 +22,7 @@ from api import metrics
 from api.errors import ApiError
 from api.state import State
 from api.validation import parse_bearer, parse_message
-from chat.errors import ChatError
+from chat.errors import ChatError, error_body
 from chat.parsing import is_decimal
 from chat.write_errors import ClientIdConflict, WriterOverloaded, WriteUnavailable, answer_for
 
@@ -30,7 +30,7 @@ log = logging.getLogger("chat.api")
 
 PATH = "/v1/messages"
 JSON = (b"content-type", b"application/json")
-SERVER_ERROR = b'{"error":"server_error","message":"internal error; retry with the same client_msg_id"}'
+SERVER_ERROR = error_body("server_error", "internal error; retry with the same client_msg_id")
 
 
 class Disconnected(ChatError):

@@ -10,16 +10,17 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-import orjson
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from chat.errors import error_body
 
 
 def _error_response(status: bytes, code: str, message: str) -> bytes:
     """A whole answer in the API's error shape, for the protocol to write
     before it closes (no ASGI app is involved yet)."""
-    body = orjson.dumps({"error": code, "message": message})
+    body = error_body(code, message)
     return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n%s" % (status, len(body), body))
 
