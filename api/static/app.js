@@ -74,6 +74,18 @@ async function devLogin(event) {
   await start(answer.token);
 }
 
+// A token from dev login is renewed the same way when it expires; the client then
+// resumes with since, losing nothing.
+async function renewDevToken(user) {
+  const reply = await api("/v1/dev/token", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ user }),
+  });
+  if (!reply.ok) throw new Error(`dev login answered ${reply.status}`);
+  token = (await reply.json()).token;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  return token;
+}
+
 async function tokenLogin(event) {
   event.preventDefault();
   await start($("token").value.trim());
@@ -99,11 +111,16 @@ async function start(jwt) {
   showConversations((await reply.json()).conversations);
 
   const transport = new URLSearchParams(location.search).get("transport") || "auto";
-  client = new ChatClient({ wsUrl: config.ws_url, pollUrl: config.poll_url, token, user: me, transport });
+  const renewToken = config.dev_login ? () => renewDevToken(me) : null;
+  client = new ChatClient({ wsUrl: config.ws_url, pollUrl: config.poll_url, token, user: me, transport, renewToken });
   client.addEventListener("status", (e) => showStatus(e.detail));
   client.addEventListener("message", (e) => received(e.detail));
   client.addEventListener("outbox", (e) => outboxChanged(e.detail));
   client.addEventListener("reset", () => reload());
+  client.addEventListener("token-expired", () => { // a pasted token: only its owner can get a new one
+    client.stop(); // unsent messages stay stored, and go once the next login starts
+    showLogin("the token expired: log in again");
+  });
   window.chatApp.client = client;
   client.start();
 }

@@ -17,6 +17,8 @@
 //   all) use the long-poll endpoint, and try the WebSocket again now and then.
 // - `offline` closes the socket and stops retrying until `online` (or a long timer);
 //   `online` reconnects at once with `since` and flushes the outbox.
+// - A token that expires (close 4001, or a poll answered 401) is renewed with the
+//   app's `renewToken()`, and the client resumes at once with `since`.
 // - A message not yet stored is also kept in `storage` (localStorage), one key per
 //   message, until the API has stored it or refused it: `start()` sends what a
 //   reload or a closed tab left behind, with its client_msg_id, so it is stored
@@ -46,19 +48,21 @@ export class SeenIds {
   }
 }
 
+const TOKEN_EXPIRED = 4001; // the daemon's close when a socket's token passes its exp
+
 export class ChatClient extends EventTarget {
   constructor({
     apiUrl = "", wsUrl, pollUrl, token, user, since = null, transport = "auto",
     wsFailuresBeforePoll = 4, wsRetryFromPollMs = 30000, helloTimeoutMs = 10000,
     backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = null,
     WebSocketImpl = globalThis.WebSocket, fetchImpl = globalThis.fetch?.bind(globalThis),
-    eventSource = globalThis.window, storage = globalThis.localStorage ?? null,
+    eventSource = globalThis.window, storage = globalThis.localStorage ?? null, renewToken = null,
   }) {
     super();
     Object.assign(this, {
       apiUrl, wsUrl, pollUrl, token, user, since, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
       backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, WebSocketImpl, fetchImpl, eventSource,
-      storage,
+      storage, renewToken, // async () => a fresh token from the app's identity provider
     });
     this.storagePrefix = `chat.outbox.${user}.`;
     this.forced = transport === "poll" ? "poll" : null;
@@ -219,13 +223,34 @@ export class ChatClient extends EventTarget {
         this.acceptMessage(frame);
       }
     };
-    ws.onclose = () => {
+    ws.onclose = (event) => {
       clearTimeout(helloTimer);
       if (gen !== this.generation) return; // we closed it on purpose
       this.ws = null;
-      if (!hello) this.wsFailed(gen);
+      if (event?.code === TOKEN_EXPIRED) this.renew(gen);
+      else if (!hello) this.wsFailed(gen);
       else this.retryLater(); // 1012, 4008, 1011, a dropped network: resume with since
     };
+  }
+
+  // The token expired (the daemon closed with 4001, or a poll was answered 401):
+  // ask the app for a new one and resume at once with since, losing nothing.
+  // Without renewToken the page hears "token-expired" and the client retries as usual.
+  async renew(gen) {
+    if (!this.renewToken) {
+      this.dispatchEvent(new CustomEvent("token-expired"));
+      this.retryLater();
+      return;
+    }
+    try {
+      this.token = await this.renewToken();
+    } catch {
+      if (gen === this.generation) this.retryLater();
+      return;
+    }
+    if (gen !== this.generation || !this.running || this.offline) return;
+    this.attempt = 0;
+    this.connect();
   }
 
   wsFailed(gen) {
@@ -249,6 +274,10 @@ export class ChatClient extends EventTarget {
     const url = this.withSince(this.pollUrl, wait);
     try {
       const reply = await this.fetchImpl(url, { signal: abort.signal, cache: "no-store" });
+      if (reply.status === 401) {
+        if (gen === this.generation) this.renew(gen);
+        return;
+      }
       if (!reply.ok) throw new Error(`poll answered ${reply.status}`);
       const page = await reply.json();
       if (gen !== this.generation) return;

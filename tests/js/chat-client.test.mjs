@@ -222,3 +222,53 @@ test("logging out discards the unsent outbox, here and in storage", async () => 
   await assert.rejects(entry.done, /client stopped/);
   assert.deepEqual([...storage.map.keys()], ["chat.outbox.alice.x1"]); // only another user's is left
 });
+
+test("an expired token (close 4001) is renewed and the client resumes at once with since", async () => {
+  let asked = 0;
+  const { client, got } = makeClient({ renewToken: async () => `fresh${++asked}` });
+  client.start();
+  const first = FakeSocket.all[0];
+  first.hello("10");
+  first.frame(msg("11"));
+  first.closed = true;
+  first.onclose({ code: 4001 });
+  await tick();
+  assert.equal(asked, 1);
+  const second = FakeSocket.all[1];
+  assert.equal(new URL(second.url).searchParams.get("token"), "fresh1");
+  assert.equal(since(second.url), "11");
+  second.hello("11", true);
+  second.frame(msg("12"));
+  assert.deepEqual(got, ["11", "12"]);
+  client.stop();
+});
+
+test("without renewToken an expired token is said to the page, and the client retries", async () => {
+  const { client } = makeClient();
+  let expired = 0;
+  client.addEventListener("token-expired", () => expired++);
+  client.start();
+  FakeSocket.all[0].hello("10");
+  FakeSocket.all[0].closed = true;
+  FakeSocket.all[0].onclose({ code: 4001 });
+  await tick();
+  assert.equal(expired, 1);
+  assert.equal(FakeSocket.all.length, 2); // retried, with the token it has
+  client.stop();
+});
+
+test("a poll answered 401 renews the token and polls again with since", async () => {
+  const urls = [];
+  const fetchImpl = async (url) => {
+    urls.push(url);
+    if (urls.length === 1) return { ok: false, status: 401, json: async () => ({}) };
+    return new Promise(() => {}); // the next poll waits
+  };
+  const { client } = makeClient({ transport: "poll", fetchImpl, since: "7", renewToken: async () => "fresh" });
+  client.start();
+  await tick();
+  assert.equal(urls.length, 2);
+  assert.equal(new URL(urls[1]).searchParams.get("token"), "fresh");
+  assert.equal(since(urls[1]), "7");
+  client.stop();
+});
