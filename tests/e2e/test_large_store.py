@@ -90,6 +90,32 @@ async def test_the_outbox_drains_in_bounded_steps_however_large_the_fast_store(o
     await client.close()
 
 
+async def test_an_outbox_larger_than_a_page_is_copied_page_by_page_each_message_once(own_dbs, monkeypatch):
+    from writer import mysql_steps
+
+    monkeypatch.setattr(mysql_steps, "REPAIR_PAGE", 10)  # 35 rows: 4 pages
+    await _fill(own_dbs, 1, 100, now_ms())
+    sender = f"s-{uuid.uuid4().hex[:8]}"
+    outbox = [Message(100 + i, sender, "r", f"outbox {i}", now_ms()) for i in range(1, 36)]
+    _outbox_rows(own_dbs, outbox)
+    client = mongo.make_client(own_dbs.ferretdb.url, 30)
+    db = client.chat
+    await db[mongo.MESSAGES].insert_many([m.to_doc() for m in outbox[5:18]])  # part of it there already
+    seen: list[int] = []
+    async with running_writer(own_dbs, observe_outbox=lambda n, age: seen.append(n)) as (_writer, engine, _db):
+        deadline = time.monotonic() + 30
+        while True:
+            with engine.connect() as conn:
+                if conn.execute(text("SELECT mirrored_upto FROM stream_state")).scalar() == 135:
+                    break
+            assert time.monotonic() < deadline, "the outbox did not drain"
+            await asyncio.sleep(0.1)
+    ids = sorted([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender}, {"_id": 1})])
+    assert ids == [m.id for m in outbox]
+    assert seen[:4] == [35, 25, 15, 5] and seen[-1] == 0  # one report per page, then empty
+    await client.close()
+
+
 async def test_a_sweep_of_100k_expired_messages_deletes_them_all_in_pieces(own_dbs):
     expired_at = datetime.now(UTC) - timedelta(days=2)
     await _fill(own_dbs, 1, 100_000, expired_at)
