@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     )
     oplog_size_bytes: int = Field(64 * 1024 * 1024, description="`size` of that capped oplog.")
 
+    partitions: int = Field(
+        1, ge=1, le=64, description="Partitions of users (each its own sequence, writer lock, tables and stream) "
+        "that `db.init` lays out when the store has no slot map yet; after that the map in MySQL rules.",
+    )
+
     # --- write API ------------------------------------------------------------
     api_host: str = Field("127.0.0.1", description="Write API listen address.")
     api_port: int = Field(8000, description="Write API port, shared by all API processes (SO_REUSEPORT).")
@@ -109,6 +114,9 @@ class Settings(BaseSettings):
     poll_max_timeout_seconds: float = Field(30.0, gt=0, le=30, description="Longest /v1/poll wait.")
     gap_check_seconds: float = Field(
         1.0, gt=0, description="Period of the query that finds messages the oplog never showed."
+    )
+    daemon_partitions: str = Field(
+        "", description="Partitions this daemon serves, e.g. `0,2` (empty: all). A client of another gets 421.",
     )
     oplog_relay_socket: str = Field(
         "", description="Unix socket of the host's oplog relay (`python -m relay`). Empty: each daemon tails the "

@@ -66,6 +66,18 @@ stream_state = Table(
 )
 
 
+# One row (id 1): the slot map of chat.partitions, as SlotMap.encode() writes it.
+# Written by `db.init` once (CHAT_PARTITIONS) and by moves of slots; every
+# writer and daemon reads it when it starts (db/partition_map.py).
+partition_map = Table(
+    "partition_map",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("slot_map", Text, nullable=False),
+    mysql_engine="InnoDB",
+)
+
+
 def row_to_message(row: Row) -> Message:
     """A row of `messages` as the Message it stores (created_at is kept in UTC, without a zone)."""
     created = row.created_at.replace(tzinfo=UTC)
