@@ -65,7 +65,7 @@ def snapshot(pids: list[int]) -> dict[int, tuple[str, float]]:
 def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
     """CPU seconds per role between two snapshots. A process that started in
     between counts from 0; one that ended counts up to its last snapshot."""
-    used = {role: 0.0 for role in ROLES}
+    used = dict.fromkeys(ROLES, 0.0)
     for pid, (role, seconds) in after.items():
         start = before.get(pid)
         used[role] += seconds - (start[1] if start and start[0] == role else 0.0)
