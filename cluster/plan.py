@@ -105,7 +105,7 @@ def make_plan(hosts: int = 3, subnet: str = "10.213.0.0/24", daemons_per_host: i
         net = ipaddress.ip_network(subnet)
     except ValueError as exc:
         raise PlanError(f"subnet {subnet!r}: {exc}") from None
-    private = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("172.16.0.0/12"))
+    private = (ipaddress.IPv4Network("10.0.0.0/8"), ipaddress.IPv4Network("172.16.0.0/12"))
     if not isinstance(net, ipaddress.IPv4Network) or not any(net.subnet_of(p) for p in private):
         raise PlanError(f"subnet {subnet} must be IPv4 inside 10.0.0.0/8 or 172.16.0.0/12")
     if net.num_addresses < 16 + hosts:
