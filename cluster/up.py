@@ -80,8 +80,6 @@ class Cluster:
                 proc.wait(10)
         for ns in self.plan.namespaces:
             netns.kill_all_in(ns)
-        for proc in list(self.procs.values()):
-            proc.wait(5)
         netns.teardown()
         log.info("event=cluster_down")
 
@@ -216,8 +214,14 @@ class Cluster:
     def kill_host(self, namespace: str) -> int:
         """kill -9 of every process of the host (supervisord and all it runs)."""
         killed = netns.kill_all_in(namespace)
-        self.procs.pop(f"supervisord-{namespace}", None)
+        self._reap(f"supervisord-{namespace}")
         return killed
+
+    def _reap(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
 
     def restart_host(self, namespace: str, wait: float = 60) -> None:
         self.kill_host(namespace)
@@ -226,10 +230,10 @@ class Cluster:
 
     def stop_hosts(self) -> None:
         """Every host and the edge, killed (their state is the databases'): between bench runs."""
-        for name in [n for n in self.procs if n.startswith("supervisord-") or n == "nginx"]:
-            self.procs.pop(name)
         for ns in [h.namespace for h in self.plan.hosts] + [self.plan.edge.namespace]:
             netns.kill_all_in(ns)
+        for name in [n for n in self.procs if n.startswith("supervisord-") or n == "nginx"]:
+            self._reap(name)
 
     def host_pids(self) -> list[int]:
         return [pid for ns in self.plan.namespaces for pid in netns.pids_in(ns)]
