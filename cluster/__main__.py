@@ -24,6 +24,7 @@ def up(hosts: int = typer.Option(3, help="application hosts (3 or more)"),
     from cluster.up import Cluster, stop_on_sigterm
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness probe otherwise
     netns.require_root()
     try:
         plan = make_plan(hosts, subnet, daemons)
