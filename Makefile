@@ -1,5 +1,5 @@
 # The commands a newcomer types. Each installs what it needs first.
-.PHONY: run test test-fast lint conformance bench bench-full status bootstrap
+.PHONY: run test test-fast lint conformance bench bench-full status bootstrap cluster cluster-down bench-cluster
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -31,3 +31,17 @@ bench-full: bootstrap
 
 status:
 	.venv/bin/supervisorctl status
+
+# The system as 3 hosts + databases + nginx in network namespaces, as root (docs/cluster.md); Ctrl-C removes it.
+cluster: bootstrap
+	scripts/cluster/install-toxiproxy.sh
+	.venv/bin/python -m cluster up
+
+# Removes what a crashed `make cluster` or `make bench-cluster` left (namespaces, veths, processes); idempotent.
+cluster-down:
+	.venv/bin/python -m cluster down
+
+# The cluster under load, P = 1, 2, 4 and the global lock, then three faults (under 10 min, as root).
+bench-cluster: bootstrap
+	scripts/cluster/install-toxiproxy.sh
+	.venv/bin/python -m loadtest.cluster_bench

@@ -85,10 +85,11 @@ class LeanClient(asyncio.Protocol):
 
 
 async def connect(host: str, port: int, token: str, inbox: Inbox, on_frame: Callable[[dict, float], None],
-                  source: str | None = None, timeout: float = 30) -> LeanClient:
-    """Opens /v1/ws and waits for the hello; raises ConnectionError with the status if refused."""
+                  source: str | None = None, timeout: float = 30, query: str = "") -> LeanClient:
+    """Opens /v1/ws and waits for the hello; raises ConnectionError with the status if refused.
+    ``query``: more parameters for the handshake's query string (``partition=2``)."""
     loop = asyncio.get_running_loop()
-    query = f"token={token}" + (f"&since={inbox.since}" if inbox.since else "")
+    query = f"token={token}" + (f"&since={inbox.since}" if inbox.since else "") + (f"&{query}" if query else "")
     _, client = await loop.create_connection(lambda: LeanClient(inbox, on_frame), host, port,
                                              local_addr=(source, 0) if source else None)
     client.transport.write((f"GET /v1/ws?{query} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"

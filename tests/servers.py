@@ -123,7 +123,7 @@ def ferretdb_command(data: Path, port: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def running(server) -> Iterator:
+def running(server: MariaDB | FerretDB) -> Iterator:
     server.start()
     try:
         yield server

@@ -1,0 +1,70 @@
+"""Which partition a user is in, and which daemons serve which partitions.
+
+``partition_of`` mirrors the partitioned data path's default slot map (a
+stable hash into 1024 slots, slot s to partition s * P // 1024); it stays one
+small function so that ``chat.partitions.partition_of`` can replace it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+SLOTS = 1024
+
+
+def partition_of(user: str, partitions: int) -> int:
+    slot = zlib.crc32(user.encode()) % SLOTS
+    return slot * partitions // SLOTS
+
+
+@dataclass(frozen=True)
+class Daemon:
+    host: str  # namespace
+    address: str
+    index: int  # on its host: listens on 8100 + index
+    port: int
+    partitions: tuple[int, ...]  # served; every partition when the data path is not partitioned
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}/daemon_{self.index}"
+
+
+def daemon_partitions(index: int, daemons_per_host: int, partitions: int) -> tuple[int, ...]:
+    """Daemon ``index`` of every host serves the partitions k with k = index (mod min(P, daemons per host)).
+
+    Every host holds every partition (each on at least one of its daemons), so
+    a host killed leaves each partition served by the others; each daemon
+    decodes 1 / min(P, D) of the stream."""
+    if partitions < 1 or daemons_per_host < 1:
+        raise ValueError("partitions and daemons per host must be at least 1")
+    if not 0 <= index < daemons_per_host:
+        raise ValueError(f"daemon index {index} outside 0..{daemons_per_host - 1}")
+    groups = min(partitions, daemons_per_host)
+    return tuple(k for k in range(partitions) if k % groups == index % groups)
+
+
+def assign(hosts: list[tuple[str, str]], daemons_per_host: int, partitions: int, port_base: int) -> list[Daemon]:
+    """``hosts``: (namespace, address) each. Fails if a partition would be served on fewer than two hosts."""
+    daemons = [Daemon(ns, addr, d, port_base + d, daemon_partitions(d, daemons_per_host, partitions))
+               for ns, addr in hosts for d in range(daemons_per_host)]
+    for k in range(partitions):
+        serving_hosts = {d.host for d in daemons if k in d.partitions}
+        if len(serving_hosts) < 2:
+            raise ValueError(f"partition {k} is served on {len(serving_hosts)} host(s): at least 2 are needed")
+    return daemons
+
+
+def serving(daemons: list[Daemon], partition: int) -> list[Daemon]:
+    return [d for d in daemons if partition in d.partitions]
+
+
+def writer_lock_names(partition: int) -> tuple[str, str]:
+    """The MySQL named locks of a partition's writer: (the lock, the queue to it).
+
+    Partition 0 keeps the unpartitioned names (writer/mysql_steps.py), so a
+    stall of partition 0 also stalls today's single writer."""
+    if partition == 0:
+        return "chat.writer", "chat.writer.next"
+    return f"chat.writer.p{partition}", f"chat.writer.p{partition}.next"

@@ -1,0 +1,100 @@
+"""The cluster bench's figures from its raw records, without I/O: lost and
+duplicated per device, accepted POSTs/s in a window, answer times, the
+daemons' decoded shares, CPU per message."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loadtest.cluster_traffic import Attempt, Device, Sent
+
+
+@dataclass
+class Delivery:
+    expected: int  # (message, device) pairs that must arrive
+    lost: int
+    duplicated: int
+    lost_devices: int  # devices that missed at least one message
+
+
+def check_delivery(sent: list[Sent], devices: list[Device], received: list[list[int]],
+                   repeats: list[int]) -> Delivery:
+    """Each stored message must reach every device of its sender and of its
+    recipient exactly once. ``received[i]``: ids device i took, in order (its
+    Inbox already dropped repeats, counted in ``repeats[i]``)."""
+    want: dict[str, set[int]] = {}
+    for s in sent:
+        if s.msg_id is not None:
+            want.setdefault(s.sender, set()).add(s.msg_id)
+            want.setdefault(s.recipient, set()).add(s.msg_id)
+    expected = lost = dup = lost_devices = 0
+    for device, ids, again in zip(devices, received, repeats, strict=True):
+        wanted = want.get(device.user, set())
+        got = set(ids)
+        missing = len(wanted - got)
+        expected += len(wanted)
+        lost += missing
+        lost_devices += missing > 0
+        dup += again + len(ids) - len(got)
+    return Delivery(expected, lost, dup, lost_devices)
+
+
+def accepted_attempt(s: Sent) -> Attempt | None:
+    return s.attempts[-1] if s.msg_id is not None and s.attempts else None
+
+
+def accepted_per_s(sent: list[Sent], start: float, end: float,
+                   keep: Callable[[Sent, Attempt], bool] = lambda s, a: True) -> float:
+    """Messages stored whose accepted answer came in [start, end), per second."""
+    if end <= start:
+        raise ValueError("empty window")
+    n = 0
+    for s in sent:
+        a = accepted_attempt(s)
+        if a is not None and start <= a.at + a.seconds < end and keep(s, a):
+            n += 1
+    return round(n / (end - start), 1)
+
+
+def percentile(values: list[float], q: float, scale: float = 1000.0) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))] * scale, 2)
+
+
+def answers(sent: list[Sent], start: float, end: float, keep: Callable[[Attempt], bool]) -> list[Attempt]:
+    """Attempts sent in [start, end) that ``keep`` picks (a host's 503s, say)."""
+    return [a for s in sent for a in s.attempts if start <= a.at < end and keep(a)]
+
+
+def host_of(upstream: str, addresses: dict[str, str]) -> str:
+    """The namespace of an API from nginx's upstream address (``10.213.0.11:8000``); "" if unknown."""
+    return addresses.get(upstream.rsplit(":", 1)[0], "")
+
+
+def decoded_shares(daemon_entries: dict[str, float], relay_entries: dict[str, float],
+                   host_of_daemon: dict[str, str]) -> dict[str, float | None]:
+    """Each daemon's oplog entries decoded over the run, as a share of the entries its host's relay
+    passed on (1.0: it decoded the whole stream). None where the relay passed nothing."""
+    out: dict[str, float | None] = {}
+    for name, n in daemon_entries.items():
+        total = relay_entries.get(host_of_daemon[name], 0.0)
+        out[name] = round(n / total, 3) if total > 0 else None
+    return out
+
+
+def cpu_us_per_msg(cpu_seconds: dict[str, float], messages: int) -> dict[str, float | None]:
+    return {role: (round(s * 1e6 / messages, 1) if messages else None) for role, s in cpu_seconds.items()}
+
+
+def prometheus_value(text: str, name: str) -> float:
+    """The sum of a counter's samples (every label set) in a /metrics page; 0 if absent."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            if head == name or head.startswith(name + "{"):
+                total += float(value)
+    return total

@@ -1,0 +1,52 @@
+"""The cluster bench's figures from raw records (loadtest/cluster_figures.py), without I/O."""
+
+from __future__ import annotations
+
+from loadtest import cluster_figures as fig
+from loadtest.cluster_traffic import Attempt, Device, Sent
+
+
+def _sent(sender: str, recipient: str, msg_id: int | None, at: float, status: int = 201,
+          upstream: str = "10.0.0.11:8000") -> Sent:
+    return Sent(sender, recipient, at, msg_id, [Attempt(at, status, 0.01, upstream)])
+
+
+def test_every_device_of_both_users_must_get_each_message_once():
+    devices = [Device("a", 0, None), Device("a", 1, None), Device("b", 0, None), Device("c", 0, None)]
+    sent = [_sent("a", "b", 1, 0.0), _sent("c", "a", 2, 0.1), _sent("b", "c", None, 0.2, status=503)]
+    received = [[1, 2], [1], [1, 1], [2]]  # a's 2nd device misses 2; b got 1 twice past its inbox
+    repeats = [0, 0, 0, 3]  # c's inbox dropped three repeats
+    d = fig.check_delivery(sent, devices, received, repeats)
+    assert (d.expected, d.lost, d.duplicated, d.lost_devices) == (6, 1, 4, 1)
+    perfect = fig.check_delivery(sent, devices, [[1, 2], [1, 2], [1], [2]], [0, 0, 0, 0])
+    assert (perfect.lost, perfect.duplicated) == (0, 0)
+
+
+def test_accepted_rate_in_a_window_and_by_host():
+    sent = [_sent("a", "b", i, 10.0 + i * 0.1, upstream=f"10.0.0.1{1 + i % 3}:8000") for i in range(30)]
+    sent.append(_sent("a", "b", None, 11.0, status=503))
+    assert fig.accepted_per_s(sent, 10.0, 13.0) == 10.0
+    addresses = {"10.0.0.11": "chat-h1", "10.0.0.12": "chat-h2", "10.0.0.13": "chat-h3"}
+    assert fig.accepted_per_s(sent, 10.0, 13.0, lambda s, a: fig.host_of(a.upstream, addresses) != "chat-h1") == 6.7
+    refused = fig.answers(sent, 10.0, 13.0, lambda a: a.status == 503)
+    assert [a.at for a in refused] == [11.0]
+
+
+def test_percentile_and_cpu_per_message():
+    assert fig.percentile([], 0.5) is None
+    assert fig.percentile([0.001 * i for i in range(1, 101)], 0.5) == 51.0
+    assert fig.cpu_us_per_msg({"api": 0.5, "mysql": 0.0}, 1000) == {"api": 500.0, "mysql": 0.0}
+    assert fig.cpu_us_per_msg({"api": 0.5}, 0) == {"api": None}
+
+
+def test_prometheus_counter_and_decoded_shares():
+    page = ("# HELP chat_daemon_oplog_entries_total Oplog entries read\n"
+            "# TYPE chat_daemon_oplog_entries_total counter\n"
+            "chat_daemon_oplog_entries_total 1234.0\n"
+            "chat_daemon_oplog_entries_created 1.7e9\n")
+    assert fig.prometheus_value(page, "chat_daemon_oplog_entries_total") == 1234.0
+    assert fig.prometheus_value(page, "chat_relay_entries_total") == 0.0
+    shares = fig.decoded_shares({"chat-h1/daemon_0": 500, "chat-h1/daemon_1": 250, "chat-h2/daemon_0": 10},
+                                {"chat-h1": 1000}, {"chat-h1/daemon_0": "chat-h1", "chat-h1/daemon_1": "chat-h1",
+                                                    "chat-h2/daemon_0": "chat-h2"})
+    assert shares == {"chat-h1/daemon_0": 0.5, "chat-h1/daemon_1": 0.25, "chat-h2/daemon_0": None}
