@@ -1,4 +1,4 @@
-"""The global message stream of one daemon: oplog -> sequencer -> hub.
+"""The message stream of one partition in one daemon: oplog -> sequencer -> hub.
 
 Owns the stream position (the highest id released), the recent-message
 cache (daemon/recent_cache.py) that serves catch-up (daemon/catchup.py), and
@@ -6,6 +6,12 @@ the reads of the truth: what MySQL has committed past the position, by
 primary key (db/stream_ranges.py), else, whenever MySQL cannot say, the
 `messages` collection. The fast store is not trusted blindly: only documents
 in the writer's shape and within the committed head are released.
+
+A partition's stream reads its own table, collection and meta documents
+(``chat.partitions``; partition 0's are the single stream's) and hands its
+messages to its own hub, which holds the connections of that partition's
+users only: a message reaches each user from the stream of the user's
+partition, once (docs/decisions/partitioned-delivery.md).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import pymongo
@@ -21,7 +27,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 from sqlalchemy.exc import SQLAlchemyError
 
-from chat.messages import encode_doc, inserted_docs, is_message_doc
+from chat.messages import Encoded, encode_doc, inserted_docs, is_message_doc
 from daemon import catchup, metrics, store_reads
 from daemon.catchup import CatchUp
 from daemon.hub import Hub
@@ -54,8 +60,18 @@ class FillRequest:
 class Stream(TruthFills):
     def __init__(self, db: AsyncDatabase, tail: OplogSource, hub: Hub, *, retention_seconds: int,
                  cache_max: int, gap_check_seconds: float, cache_max_bytes: int = 64 << 20,
-                 ranges: StreamRanges | None = None):
+                 ranges: StreamRanges | None = None, partition: int = 0,
+                 encode: Callable[[dict], Encoded] = encode_doc, primary: bool = True):
+        """``encode``: a document as it is cached and sent (``daemon.partitioning.frame_encoder``);
+        ``primary``: this stream's position and lag are the daemon's unlabelled gauges."""
         self._db = db
+        self.partition = partition
+        self._encode = encode
+        self._primary = primary
+        label = str(partition)
+        self._decoded = metrics.OPLOG_DECODED.labels(label)
+        self._position_gauge = metrics.PARTITION_POSITION.labels(label)
+        self._lag_gauge = metrics.PARTITION_TAIL_LAG.labels(label)
         self._ranges = ranges  # holes below a shown id, read from MySQL
         self._tail = tail
         self._hub = hub
@@ -75,7 +91,7 @@ class Stream(TruthFills):
         self._fill_retry: asyncio.TimerHandle | None = None  # set while a retry waits
         self._advanced = asyncio.Event()  # set and replaced each time the position moves
         self._lag, self._moved_at = 0.0, time.monotonic()  # for the tail-lag gauge
-        self._stored_ids = store_reads.StoredIds(db)
+        self._stored_ids = store_reads.StoredIds(db, partition)
         # The highest id MySQL has committed, as last read, and as read at the
         # gap check before: what was committed a whole period ago and is still
         # not released is read from MySQL (the fast store lags, or the tail stopped).
@@ -102,12 +118,14 @@ class Stream(TruthFills):
                     last_ts = await self._tail.newest_ts()
                     high = await self._read_committed()  # None without MySQL (no ranges)
                     from_mysql = (high is not None and self._ranges is not None
-                                  and await store_reads.cache_from_mysql(self._ranges, self.cache, high, PAGE))
+                                  and await store_reads.cache_from_mysql(self._ranges, self.cache, high, PAGE,
+                                                                         self._encode))
                     if high is None:
-                        high = await mongo.newest_id(self._db)
+                        high = await mongo.newest_id(self._db, self.partition)
                     if not from_mysql and self.cache.max_messages and high:
+                        most = self.cache.max_messages
                         self.cache.extend(self._admit(await mongo.messages_between(
-                            self._db, max(0, high - self.cache.max_messages), high, self.cache.max_messages), "stored"))
+                            self._db, max(0, high - most), high, most, self.partition), "stored"), self._encode)
                 break
             except PyMongoError as exc:
                 reraise_if_cancelling()
@@ -164,6 +182,7 @@ class Stream(TruthFills):
         entries = batch.entries
         docs = [d for entry in entries for d in inserted_docs(entry, self._tail.namespace)]
         metrics.OPLOG_ENTRIES.inc(len(entries))
+        self._decoded.inc(len(entries))
         if docs:
             self._release(self._seq.offer(self._admit(docs, "oplog")), received)
 
@@ -237,15 +256,15 @@ class Stream(TruthFills):
             if committed is not None:
                 if self._committed_before > self.position:
                     self._request_fill()
-                    metrics.TAIL_LAG.set(max(self._lag, time.monotonic() - self._moved_at))
+                    self._set_lag(max(self._lag, time.monotonic() - self._moved_at))
                 self._committed_before = committed
             try:
-                newest = await mongo.newest_id(self._db)
+                newest = await mongo.newest_id(self._db, self.partition)
                 if newest > self.position and self.position == last_position:
                     self._request_fill()
                     # Stuck with messages waiting: the lag keeps growing even
                     # though nothing is released to measure it by.
-                    metrics.TAIL_LAG.set(max(self._lag, time.monotonic() - self._moved_at))
+                    self._set_lag(max(self._lag, time.monotonic() - self._moved_at))
                 last_position = self.position
             except PyMongoError as exc:
                 reraise_if_cancelling()
@@ -256,7 +275,7 @@ class Stream(TruthFills):
             return
         pushes = 0
         for doc in docs:
-            encoded = encode_doc(doc)
+            encoded = self._encode(doc)
             self.cache.append(encoded)
             msg_id, sender, recipient, _, payload = encoded
             delivered = self._hub.dispatch(msg_id, sender, recipient, payload, text_frame)
@@ -265,11 +284,18 @@ class Stream(TruthFills):
                 # dispatch wrote to every socket before returning: this is oplog -> socket
                 metrics.OPLOG_TO_SOCKET.observe(time.perf_counter() - received)
         metrics.PUSHES.inc(pushes)
-        metrics.POSITION.set(self.position)
+        self._position_gauge.set(self.position)
+        if self._primary:
+            metrics.POSITION.set(self.position)
         self._lag = max(0.0, time.time() - docs[-1]["created_at"].timestamp())
         self._moved_at = time.monotonic()
-        metrics.TAIL_LAG.set(self._lag)
+        self._set_lag(self._lag)
         self._notify()
+
+    def _set_lag(self, lag: float) -> None:
+        self._lag_gauge.set(lag)
+        if self._primary:
+            metrics.TAIL_LAG.set(lag)
 
     def _notify(self) -> None:
         advanced, self._advanced = self._advanced, asyncio.Event()
@@ -311,5 +337,6 @@ class Stream(TruthFills):
             # One past the page: the first page, all a long-poll needs, is one
             # read of the store (a full scan on FerretDB) and still knows there is more.
             items = store_reads.stored_items(self._db, user, since, upto, PAGE if most is None else min(PAGE, most + 1),
-                                             self._retention, lambda docs: self._admit(docs, "stored"))
+                                             self._retention, lambda docs: self._admit(docs, "stored"),
+                                             self.partition, self._encode)
         return catchup.paginate(items, mongo.expired_before(self._retention), most, max_bytes)

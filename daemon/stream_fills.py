@@ -35,6 +35,7 @@ class TruthFills:
     """Declared here, set by ``Stream``: what the fills read and move."""
 
     _db: AsyncDatabase
+    partition: int
     _ranges: StreamRanges | None
     _retention: int
     _seq: Sequencer
@@ -90,8 +91,9 @@ class TruthFills:
             try:
                 page, limit = self._limits()
                 with pymongo.timeout(limit):
-                    upto = await mongo.head_hint(self._db) if bound is None else bound
-                    docs = self._admit(await mongo.messages_between(self._db, self.position, upto, page), "stored")
+                    upto = await mongo.head_hint(self._db, self.partition) if bound is None else bound
+                    stored = await mongo.messages_between(self._db, self.position, upto, page, self.partition)
+                    docs = self._admit(stored, "stored")
             except PyMongoError as exc:
                 reraise_if_cancelling()
                 delay = self._fill_backoff.next()
