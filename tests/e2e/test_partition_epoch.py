@@ -43,7 +43,10 @@ def two_partitions(tmp_path):
 async def test_a_new_epoch_closes_with_1012_exits_0_and_only_moved_users_lose_their_cursor(two_partitions):
     dbs, store = two_partitions
     with running_system(dbs, daemons=1, apis=0, CHAT_GAP_CHECK_SECONDS="0.3") as system:
-        mover, stayer, friend = user_in(0, "mover"), user_in(0, "stayer"), user_in(0, "friend")
+        mover = user_in(0, "mover")
+        stayer, friend = user_in(0, "stayer"), user_in(0, "friend")
+        while slot_of(mover) in (slot_of(stayer), slot_of(friend)):  # they must stay where they are
+            stayer, friend = user_in(0, "stayer"), user_in(0, "friend")
         store.send(friend, mover, "to mover")
         store.send(friend, stayer, "to stayer")
         await until_released(system, "2")
