@@ -2,11 +2,13 @@
 one JSON shape of an error answer, and the WebSocket close codes.
 
 An error answer, on the write API and on the daemons alike, is
-``{"error": code, "message": text, "field": name?}`` (README, "Errors").
+``{"error": code, "message": text, "field": name?}`` (README, "Errors"),
+with the few fields a code documents (``partition`` with ``wrong_partition``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum
 
 import orjson
@@ -20,20 +22,23 @@ class Refused(ChatError):
     """A request refused with an HTTP status and the JSON error body."""
 
     def __init__(self, status: int, code: str, message: str, field: str | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, extra: Mapping[str, object] | None = None):
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
         self.headers = headers or {}
+        self.extra = extra
 
     def body(self) -> bytes:
-        return error_body(self.code, self.message, self.field)
+        return error_body(self.code, self.message, self.field, self.extra)
 
 
-def error_body(code: str, message: str, field: str | None = None) -> bytes:
-    """The JSON error body: the one place it is built."""
-    body = {"error": code, "message": message}
+def error_body(code: str, message: str, field: str | None = None, extra: Mapping[str, object] | None = None) -> bytes:
+    """The JSON error body: the one place it is built. ``extra``: the fields its code documents."""
+    body: dict[str, object] = {"error": code, "message": message}
     if field is not None:
         body["field"] = field
+    if extra:
+        body.update(extra)
     return orjson.dumps(body)
 
 

@@ -5,6 +5,13 @@ and its WebSocket frame, built once for every socket). ``dispatch`` offers it
 to every connection of the recipient and of the sender (their other
 devices). A connection that is still catching up holds live frames back
 until its catch-up frames have gone out in front of them.
+
+A daemon has one hub per partition it serves (``Hubs``), each holding the
+connections of that partition's users only, and each fed by that
+partition's stream: a message is delivered to a user from the stream of the
+user's partition, with no check per message (the sender's copy and the
+recipient's copy of a message between two partitions are two messages, one
+in each stream).
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ class Subscriber:
     implements ``send`` (write now, without waiting) and ``overflow`` (close
     with 4008)."""
 
-    __slots__ = ("user", "last_id", "pending", "pending_bytes", "overflowed")
+    __slots__ = ("user", "partition", "last_id", "pending", "pending_bytes", "overflowed")
 
-    def __init__(self, user: str, since: int):
+    def __init__(self, user: str, since: int, partition: int = 0):
         self.user = user
+        self.partition = partition  # the user's, computed once: the hub it is registered in
         self.last_id = since  # never send an id <= last_id: the per-connection dedup
         self.pending: list[Item] | None = []  # a list while catching up, None once live
         self.pending_bytes = 0
@@ -110,3 +118,23 @@ class Hub:
         for sub in targets:
             sub.offer(msg_id, payload, frame, limit)
         return len(targets)
+
+
+class Hubs:
+    """A daemon's hubs, one per partition it serves: a subscriber is
+    registered in the hub of its user's partition (``Subscriber.partition``)."""
+
+    def __init__(self, by_partition: dict[int, Hub]):
+        self.by_partition = by_partition
+
+    def register(self, sub: Subscriber) -> None:
+        self.by_partition[sub.partition].register(sub)
+
+    def unregister(self, sub: Subscriber) -> None:
+        hub = self.by_partition.get(sub.partition)
+        if hub is not None:
+            hub.unregister(sub)
+
+    @property
+    def count(self) -> int:
+        return sum(hub.count for hub in self.by_partition.values())

@@ -5,7 +5,9 @@ then bounded steps), until SIGTERM. ``python -m daemon`` runs ``run``.
 Each WebSocket is pinged every ``CHAT_PING_INTERVAL_SECONDS``, aborted when
 its pong is ``CHAT_PING_TIMEOUT_SECONDS`` late, and closed with 4001 once
 its token expires. On SIGTERM, every WebSocket is closed with 1012 and
-waiting polls are answered at once.
+waiting polls are answered at once; so they are when the slot map's epoch
+changes (``daemon.partition_streams``), and the daemon exits with status 0
+to be started again on the new map.
 """
 
 from __future__ import annotations
@@ -21,19 +23,13 @@ from chat.metrics_port import serve_metrics
 from chat.serve import LISTEN_BACKLOG, reuseport_socket
 from chat.settings import Settings
 from chat.stopping import bounded, exit_by, stop_on_signals
-from daemon import metrics
+from daemon import metrics, partition_streams
 from daemon.acceptor import Acceptor, connection_ceiling
 from daemon.connection import Connection
-from daemon.hub import Hub
 from daemon.routes import Router
 from daemon.server import Daemon
-from daemon.stream import Stream
 from db import mongo
-from db.sql import make_engine
-from db.stream_ranges import StreamRanges
 from oplog.events import OplogSource
-from oplog.tail import OplogTail
-from relay.client import RelayTail
 
 log = logging.getLogger("chat.daemon")
 
@@ -109,23 +105,22 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     ``tail`` replaces the oplog tail (the replay benchmark feeds recorded entries)."""
     loop = asyncio.get_running_loop()
     client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
-    db = client[settings.mongo_db]
-    hub = Hub(settings.send_buffer_max_bytes)
-    if tail is None and settings.oplog_relay_socket:
-        tail = RelayTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", settings.oplog_relay_socket)
-    elif tail is None:
-        tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds,
-                         ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
-    ranges = None
-    if settings.fill_holes_from_mysql:  # the engine connects on first use: MySQL need not be up to start
-        ranges = StreamRanges(make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
-                                          pool_size=1))
-    stream = Stream(db, tail, hub, retention_seconds=settings.retention_seconds,
-                    cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds,
-                    cache_max_bytes=settings.recent_cache_max_bytes, ranges=ranges)
-    daemon = Daemon(settings, hub, stream)
     stop = stop_on_signals()
-    tasks = [loop.create_task(stream.run(), name="stream"), loop.create_task(heartbeats(daemon), name="heartbeats")]
+    # The slot map first (from MySQL, waited for): which streams to run, and whom to serve.
+    building = loop.create_task(partition_streams.build(settings, client, tail))
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait([building, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not building.done():  # SIGTERM before the map could be read: nothing was served
+        building.cancel()
+        await asyncio.gather(building, return_exceptions=True)
+        await bounded("mongo_close", client.close(), SHUTDOWN_STEP_SECONDS, log)
+        log.info("event=daemon_stopped before=slot_map")
+        return
+    parts = building.result()
+    daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, slot_map=parts.slot_map)
+    tasks: list[asyncio.Task] = [*(loop.create_task(run, name="stream") for run in parts.loops),
+             loop.create_task(heartbeats(daemon), name="heartbeats")]
     failed: list[BaseException] = []
 
     def must_not_end(task: asyncio.Task) -> None:
@@ -139,6 +134,19 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
 
     for task in tasks:
         task.add_done_callback(must_not_end)
+    if parts.engine is not None:
+        # A new epoch ends the daemon as SIGTERM does, with status 0: it is to run again on the new map.
+        watch = loop.create_task(partition_streams.epoch_changed(parts.engine, parts.slot_map.epoch,
+                                                                 settings.gap_check_seconds), name="epoch")
+
+        def new_epoch(task: asyncio.Task) -> None:
+            if not task.cancelled() and not stop.is_set():
+                if task.exception() is not None:
+                    must_not_end(task)
+                stop.set()
+
+        watch.add_done_callback(new_epoch)
+        tasks.append(watch)  # cancelled and awaited with the rest
     # Past the cap, a connection is refused once it sends a request (503, as
     # it should be told); past the ceiling above it, at once, so that silent
     # sockets stop short of the open-files limit.
@@ -158,7 +166,7 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     log.info("event=daemon_started port=%d pid=%d", settings.daemon_port, os.getpid())
     try:
         await stop.wait()
-        log.info("event=daemon_draining connections=%d", hub.count)
+        log.info("event=daemon_draining connections=%d", daemon.hub.count)
         exit_by(settings.drain_seconds + SHUTDOWN_GRACE_SECONDS, lambda: 1 if failed else 0, log)
         acceptor.close()
         await drain(daemon)
@@ -170,8 +178,7 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
             task.cancel()
         await bounded("tasks", asyncio.gather(*tasks, return_exceptions=True), SHUTDOWN_STEP_SECONDS, log)
         await bounded("mongo_close", client.close(), SHUTDOWN_STEP_SECONDS, log)
-        if ranges is not None:
-            ranges.close()
+        parts.close()
         log.info("event=daemon_stopped")
     if failed:
         raise SystemExit(1)

@@ -17,9 +17,18 @@ WS_OPEN, POLLS_WAITING = CONNECTIONS.labels("ws"), CONNECTIONS.labels("poll")
 PUSHES = Counter("chat_daemon_pushes_total",
                  "Messages handed to connections: written to a WebSocket at once, or to a poll answer")
 OPLOG_ENTRIES = Counter("chat_daemon_oplog_entries_total", "Oplog entries read")
+# Only the served partitions' entries reach a daemon (the relay, or its own
+# tail, filters the rest out), so each daemon decodes its share of the oplog.
+OPLOG_DECODED = Counter("chat_daemon_oplog_entries_decoded_total",
+                        "Oplog entries this daemon decoded, by the partition they belong to", ["partition"])
+PARTITION_POSITION = Gauge("chat_daemon_partition_position", "Highest message id released, by partition",
+                           ["partition"])
+PARTITION_TAIL_LAG = Gauge("chat_daemon_partition_tail_lag_seconds",
+                           "Now minus created_at of the newest message released, by partition", ["partition"])
 OPLOG_TO_SOCKET = LoopHistogram(
     "chat_daemon_oplog_to_socket_seconds", "Oplog entry received -> frame written to the socket",
     buckets=(.00025, .0005, .001, .002, .003, .004, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+# These two follow the daemon's first served partition (the single stream's, with one).
 TAIL_LAG = Gauge("chat_daemon_tail_lag_seconds", "Now minus created_at of the newest message released")
 POSITION = Gauge("chat_daemon_stream_position", "Highest message id released")
 CATCHUP_QUERIES = Counter("chat_daemon_catchups_total", "Catch-ups and hole fills by source", ["source"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from chat.messages import Encoded, encode_doc
 
@@ -45,9 +45,9 @@ class RecentCache:
         self._entries.clear()
         self._bytes = 0
 
-    def extend(self, docs: list[dict]) -> None:
+    def extend(self, docs: list[dict], encode: Callable[[dict], Encoded] = encode_doc) -> None:
         for doc in docs:
-            self.append(encode_doc(doc))
+            self.append(encode(doc))
 
     def append(self, entry: Encoded) -> None:
         entries = self._entries

@@ -4,7 +4,8 @@ are given (``daemon.connection.Handler``).
 
 They move data between sockets and the core (``daemon.hub``,
 ``daemon.stream``) and hold no delivery rules of their own. A poll is
-refused as a WebSocket is (``daemon.admission``); a daemon that has not
+refused as a WebSocket is (``daemon.admission``), a client of a partition
+this daemon does not serve with 421 and its partition; a daemon that has not
 reached its ``since`` within 2 s answers 503.
 """
 
@@ -22,7 +23,6 @@ from chat.errors import Refused, error_body
 from daemon import metrics, websocket
 from daemon.admission import (
     cors_headers,
-    parse_since,
     poll_limit,
     poll_timeout,
     split_target,
@@ -71,18 +71,19 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
         token = auth.bearer(request.headers.get("authorization")) or query.get("token")
         # The WebSocket's checks, origin included. A poll is short: its token need only be valid now.
         user, _expires = daemon.admit(token, request.headers.get("origin"))
+        partition = daemon.partition_of(user, query.get("partition"))
         default = min(POLL_DEFAULT_TIMEOUT, settings.poll_max_timeout_seconds)
         timeout = poll_timeout(query.get("timeout", f"{default:g}"), settings.poll_max_timeout_seconds)
         limit = poll_limit(query.get("limit"), settings.poll_max_messages)
     except Refused as refusal:
         conn.respond(refusal.status, refusal.body(), keep, headers | refusal.headers)
         return
-    waiter = PollWaiter(user, 0)
+    waiter = PollWaiter(user, 0, partition)
     daemon.polls.add(waiter)
     metrics.POLLS_WAITING.inc()
     try:
         try:
-            pages, cursor = await daemon.subscribe(waiter, parse_since(query.get("since")), limit,
+            pages, cursor = await daemon.subscribe(waiter, daemon.resume_point(query.get("since"), user), limit,
                                                    settings.send_buffer_max_bytes)
             catch = await first_page(pages)
         except Behind:
@@ -116,14 +117,19 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
     else:
         last = max(cursor, waiter.last_id)
     body = (b'{"messages":[' + b",".join(payload for _i, payload in items) + b'],"cursor":"'
-            + str(last).encode() + b'","recovered":' + (b"true" if catch.recovered else b"false") + b"}")
+            + daemon.cursor(partition, last).encode() + b'","recovered":'
+            + (b"true" if catch.recovered else b"false") + b"}")
     conn.respond(200, body, keep, headers)
 
 
 async def healthz(daemon: Daemon, conn: Connection, request: Request, query: dict[str, str]) -> None:
     stream = daemon.stream
-    body = orjson.dumps({"status": "ok" if stream.ready.is_set() else "starting", "pid": os.getpid(),
-                         "position": str(stream.position), "connections": daemon.hub.count})
+    status: dict[str, object] = {"status": "ok" if daemon.ready else "starting", "pid": os.getpid(),
+              "position": str(stream.position if stream is not None else 0), "connections": daemon.hub.count}
+    if len(daemon.streams) > 1 or daemon.slot_map.partitions > 1:
+        # "position" is the first served partition's; these are every served one's, as cursors
+        status["partitions"] = {str(k): daemon.cursor(k, s.position) for k, s in sorted(daemon.streams.items())}
+    body = orjson.dumps(status)
     conn.respond(200, body, request.keep_alive)
 
 

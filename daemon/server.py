@@ -4,6 +4,11 @@ the hub and the stream, and the one way a client is subscribed to them.
 The routes (``daemon.routes``, ``daemon.websocket``) and the lifecycle
 (``daemon.lifecycle``) work on a ``Daemon``; connections never see it, only
 its ``ServerState`` and its handler (``daemon.routes.Router``).
+
+A daemon serves some partitions of the slot map (all of them by default):
+one stream and one hub each. A client of another partition is refused with
+421 and its partition (``daemon.partitioning``); a client's cursor is a
+position in its own partition's stream.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 from chat.errors import ChatError
+from chat.partitions import SlotMap
 from chat.settings import Settings
 from daemon import admission, metrics
 from daemon.catchup import CatchUp
 from daemon.connection import Connection, ServerState
-from daemon.hub import Hub, Subscriber
+from daemon.hub import Hub, Hubs, Subscriber
+from daemon.partitioning import cursor_text, resume_since, wrong_partition
 from daemon.stream import Stream
 
 FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
@@ -32,8 +39,8 @@ class PollWaiter(Subscriber):
 
     __slots__ = ("items", "wake")
 
-    def __init__(self, user: str, since: int):
-        super().__init__(user, since)
+    def __init__(self, user: str, since: int, partition: int = 0):
+        super().__init__(user, since, partition)
         self.items: list[tuple[int, bytes]] = []
         self.wake = asyncio.Event()
 
@@ -46,11 +53,18 @@ class PollWaiter(Subscriber):
 
 
 class Daemon:
-    def __init__(self, settings: Settings, hub: Hub, stream: Stream):
+    def __init__(self, settings: Settings, hub: Hub | Hubs, stream: Stream | None, *,
+                 streams: dict[int, Stream] | None = None, slot_map: SlotMap | None = None):
+        """``hub`` and ``stream``: the single stream's, or, with ``streams`` (by
+        partition), the hubs of those partitions and the first one's stream."""
         self.settings = settings
         self.state = ServerState(settings)  # what its connections share: the cap, the drain, the idle sweep
-        self.hub = hub
-        self.stream = stream
+        self.hub = hub if isinstance(hub, Hubs) else Hubs({0: hub})
+        self.streams: dict[int, Stream] = streams if streams is not None else (
+            {} if stream is None else {0: stream})
+        self.stream = stream  # the first served partition's: /healthz's position
+        self.slot_map = slot_map or SlotMap.even(1)
+        self.served = frozenset(self.hub.by_partition)
         self.sockets: set[Connection] = set()  # the WebSockets among the connections, for heartbeats
         self.polls: set[PollWaiter] = set()
 
@@ -60,9 +74,32 @@ class Daemon:
 
     def admit(self, token: str | None, origin: str | None) -> tuple[str, float]:
         """The user and the token's ``exp``, or ``chat.errors.Refused`` (``daemon.admission.admit``)."""
-        accepting = not self.state.draining and self.stream.ready.is_set()
+        accepting = not self.state.draining and self.ready
         return admission.admit(self.settings, token, origin, open_connections=len(self.state.conns),
                                accepting=accepting)
+
+    @property
+    def ready(self) -> bool:
+        return all(stream.ready.is_set() for stream in self.streams.values())
+
+    def partition_of(self, user: str, asked: str | None) -> int:
+        """The user's partition, if this daemon serves it (and ``asked``, the
+        request's ``partition`` parameter, is absent or names it); else
+        ``chat.errors.Refused`` 421 with the user's partition."""
+        partition = self.slot_map.partition_of(user)
+        refused = wrong_partition(partition, self.served, asked)
+        if refused is not None:
+            metrics.REJECTS.labels("wrong_partition").inc()
+            raise refused
+        return partition
+
+    def resume_point(self, raw_since: str | None, user: str) -> int | None:
+        """Where ``since`` resumes in the user's partition; None: ``recovered: false``."""
+        return resume_since(raw_since, user, self.slot_map)
+
+    def cursor(self, partition: int, position: int) -> str:
+        """A cursor at ``position`` of ``partition``: a bare id for the single stream at epoch 0."""
+        return cursor_text(partition, self.slot_map.epoch, position)
 
     async def subscribe(self, sub: Subscriber, since: int | None, most: int | None = None,
                         max_bytes: int | None = None) -> tuple[AsyncGenerator[CatchUp, None], int]:
@@ -72,13 +109,14 @@ class Daemon:
         The stream position is read and the subscriber registered with no
         await in between: catch-up covers (since, position], live frames the rest.
         """
-        position = self.stream.position
+        stream = self.streams[sub.partition]
+        position = stream.position
         sub.last_id = since if since is not None else position
         self.hub.register(sub)
         if since is None:
             return _one(CatchUp(False, [])), position
-        if since > position and not await self.stream.wait_for(since, FUTURE_SINCE_WAIT):
-            if await self.stream.is_stored(since):
+        if since > position and not await stream.wait_for(since, FUTURE_SINCE_WAIT):
+            if await stream.is_stored(since):
                 # The client saw more than this daemon has (it came from one
                 # further along). Not "recovered: false", which would send it to
                 # reload history: it retries, here or elsewhere, with this since.
@@ -86,7 +124,7 @@ class Daemon:
                 raise Behind()
             sub.last_id = position  # no message has that id: serve from here
             return _one(CatchUp(False, [])), position
-        return self.stream.pages(sub.user, since, position, most, max_bytes), max(position, since)
+        return stream.pages(sub.user, since, position, most, max_bytes), max(position, since)
 
     def forget(self, conn: Connection) -> None:
         """A WebSocket is gone (closed either way); idempotent."""

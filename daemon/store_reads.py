@@ -11,7 +11,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 from sqlalchemy.exc import SQLAlchemyError
 
-from chat.messages import encode_doc
+from chat.messages import Encoded, encode_doc
 from daemon.catchup import GAP, Item
 from daemon.recent_cache import RecentCache
 from db import mongo
@@ -20,7 +20,8 @@ from db.stream_ranges import StreamRanges
 log = logging.getLogger("chat.stream")
 
 
-async def cache_from_mysql(ranges: StreamRanges, cache: RecentCache, high: int, page: int) -> bool:
+async def cache_from_mysql(ranges: StreamRanges, cache: RecentCache, high: int, page: int,
+                           encode: Callable[[dict], Encoded] = encode_doc) -> bool:
     """Fills ``cache`` with the messages up to ``high`` from MySQL by primary
     key, a page at a time, each encoded as it comes (no peak of decoded rows);
     False if MySQL failed, and the cache is then left empty."""
@@ -30,7 +31,7 @@ async def cache_from_mysql(ranges: StreamRanges, cache: RecentCache, high: int, 
             docs = await ranges.between(after, high, page)
             if not docs:
                 break
-            cache.extend(docs)
+            cache.extend(docs, encode)
             after = docs[-1]["_id"]
     except SQLAlchemyError as exc:
         log.warning("event=cache_from_mysql_failed error=%s action=read_messages", exc.__class__.__name__)
@@ -40,20 +41,21 @@ async def cache_from_mysql(ranges: StreamRanges, cache: RecentCache, high: int, 
 
 
 async def stored_items(db: AsyncDatabase, user: str, since: int, upto: int, limit: int, retention_seconds: int,
-                       admit: Callable[[list[dict]], list[dict]]) -> AsyncGenerator[Item, None]:
+                       admit: Callable[[list[dict]], list[dict]], partition: int = 0,
+                       encode: Callable[[dict], Encoded] = encode_doc) -> AsyncGenerator[Item, None]:
     """The user's messages from `messages`, ``limit`` per read, only those
     ``admit`` keeps (the writer's), and GAP where some of them may have been
     deleted before a read: the retention floor (the sweeper raises it before
     it deletes) or the TTL edge passed the read position."""
     after, newest = since, None
     while True:
-        found = await mongo.messages_for(db, user, after, upto, limit)
+        found = await mongo.messages_for(db, user, after, upto, limit, partition)
         # Read after the query, for the floor to cover what it deleted.
-        if await mongo.retention_floor(db) > after or (
+        if await mongo.retention_floor(db, partition) > after or (
                 newest is not None and newest < mongo.expired_before(retention_seconds)):
             yield GAP
         for doc in admit(found):
-            msg_id, _, _, newest, payload = encode_doc(doc)
+            msg_id, _, _, newest, payload = encode(doc)
             yield msg_id, newest, payload
         if len(found) < limit:
             return
@@ -72,15 +74,16 @@ class StoredIds:
     the client to reload history). One lookup at a time: on FerretDB each
     scans `messages`, and a crowd of made-up ids must not multiply that."""
 
-    def __init__(self, db: AsyncDatabase):
+    def __init__(self, db: AsyncDatabase, partition: int = 0):
         self._db = db
+        self._partition = partition
         self._lookups = asyncio.Lock()
         self._known = 0  # the highest id found in `messages`: ids are gap-free, all below exist too
 
     async def contains(self, msg_id: int, known: int, committed: Callable[[], Awaitable[int | None]]) -> bool:
         """``known``: an id known to exist; ``committed``: reads MySQL's head (None: cannot say)."""
         try:
-            if msg_id <= max(self._known, known, await mongo.newest_id(self._db)):
+            if msg_id <= max(self._known, known, await mongo.newest_id(self._db, self._partition)):
                 return True
             async with self._lookups:
                 if msg_id <= self._known:  # found while this one waited
@@ -88,7 +91,7 @@ class StoredIds:
                 head = await committed()
                 if head is not None:
                     return msg_id <= head
-                if not await mongo.is_stored(self._db, msg_id):
+                if not await mongo.is_stored(self._db, msg_id, self._partition):
                     return False
                 self._known = max(self._known, msg_id)
                 return True

@@ -1,4 +1,4 @@
-"""The global message stream of one daemon: oplog -> sequencer -> hub.
+"""The message stream of one partition in one daemon: oplog -> sequencer -> hub.
 
 Owns the stream position (the highest id released), the recent-message
 cache (daemon/recent_cache.py) that serves catch-up (daemon/catchup.py), and
@@ -6,6 +6,12 @@ the reads of the truth: what MySQL has committed past the position, by
 primary key (db/stream_ranges.py), else, whenever MySQL cannot say, the
 `messages` collection. The fast store is not trusted blindly: only documents
 in the writer's shape and within the committed head are released.
+
+A partition's stream reads its own table, collection and meta documents
+(``chat.partitions``; partition 0's are the single stream's) and hands its
+messages to its own hub, which holds the connections of that partition's
+users only: a message reaches each user from the stream of the user's
+partition, once (docs/decisions/partitioned-delivery.md).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import pymongo
@@ -21,12 +27,13 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 from sqlalchemy.exc import SQLAlchemyError
 
-from chat.messages import encode_doc, inserted_docs, is_message_doc
+from chat.messages import Encoded, encode_doc, inserted_docs, is_message_doc
 from daemon import catchup, metrics, store_reads
 from daemon.catchup import CatchUp
 from daemon.hub import Hub
 from daemon.recent_cache import RecentCache
 from daemon.sequencer import Sequencer
+from daemon.stream_fills import TruthFills
 from daemon.wire import text_frame
 from db import mongo
 from db.stream_ranges import StreamRanges
@@ -50,11 +57,21 @@ class FillRequest:
     """In the consumer's queue, among the oplog batches: "read the truth now"."""
 
 
-class Stream:
+class Stream(TruthFills):
     def __init__(self, db: AsyncDatabase, tail: OplogSource, hub: Hub, *, retention_seconds: int,
                  cache_max: int, gap_check_seconds: float, cache_max_bytes: int = 64 << 20,
-                 ranges: StreamRanges | None = None):
+                 ranges: StreamRanges | None = None, partition: int = 0,
+                 encode: Callable[[dict], Encoded] = encode_doc, primary: bool = True):
+        """``encode``: a document as it is cached and sent (``daemon.partitioning.frame_encoder``);
+        ``primary``: this stream's position and lag are the daemon's unlabelled gauges."""
         self._db = db
+        self.partition = partition
+        self._encode = encode
+        self._primary = primary
+        label = str(partition)
+        self._decoded = metrics.OPLOG_DECODED.labels(label)
+        self._position_gauge = metrics.PARTITION_POSITION.labels(label)
+        self._lag_gauge = metrics.PARTITION_TAIL_LAG.labels(label)
         self._ranges = ranges  # holes below a shown id, read from MySQL
         self._tail = tail
         self._hub = hub
@@ -74,16 +91,15 @@ class Stream:
         self._fill_retry: asyncio.TimerHandle | None = None  # set while a retry waits
         self._advanced = asyncio.Event()  # set and replaced each time the position moves
         self._lag, self._moved_at = 0.0, time.monotonic()  # for the tail-lag gauge
-        self._stored_ids = store_reads.StoredIds(db)
+        self._stored_ids = store_reads.StoredIds(db, partition)
         # The highest id MySQL has committed, as last read, and as read at the
         # gap check before: what was committed a whole period ago and is still
         # not released is read from MySQL (the fast store lags, or the tail stopped).
         self._committed, self._committed_before = 0, 0
         self.ready = asyncio.Event()
 
-    @property
-    def position(self) -> int:
-        return self._seq.high
+    def _limits(self) -> tuple[int, float]:
+        return PAGE, FILL_TIMEOUT_SECONDS  # read at each call: tests make them small
 
     # --- start-up -------------------------------------------------------
     async def start(self) -> None:
@@ -102,12 +118,14 @@ class Stream:
                     last_ts = await self._tail.newest_ts()
                     high = await self._read_committed()  # None without MySQL (no ranges)
                     from_mysql = (high is not None and self._ranges is not None
-                                  and await store_reads.cache_from_mysql(self._ranges, self.cache, high, PAGE))
+                                  and await store_reads.cache_from_mysql(self._ranges, self.cache, high, PAGE,
+                                                                         self._encode))
                     if high is None:
-                        high = await mongo.newest_id(self._db)
+                        high = await mongo.newest_id(self._db, self.partition)
                     if not from_mysql and self.cache.max_messages and high:
+                        most = self.cache.max_messages
                         self.cache.extend(self._admit(await mongo.messages_between(
-                            self._db, max(0, high - self.cache.max_messages), high, self.cache.max_messages), "stored"))
+                            self._db, max(0, high - most), high, most, self.partition), "stored"), self._encode)
                 break
             except PyMongoError as exc:
                 reraise_if_cancelling()
@@ -164,6 +182,7 @@ class Stream:
         entries = batch.entries
         docs = [d for entry in entries for d in inserted_docs(entry, self._tail.namespace)]
         metrics.OPLOG_ENTRIES.inc(len(entries))
+        self._decoded.inc(len(entries))
         if docs:
             self._release(self._seq.offer(self._admit(docs, "oplog")), received)
 
@@ -237,111 +256,26 @@ class Stream:
             if committed is not None:
                 if self._committed_before > self.position:
                     self._request_fill()
-                    metrics.TAIL_LAG.set(max(self._lag, time.monotonic() - self._moved_at))
+                    self._set_lag(max(self._lag, time.monotonic() - self._moved_at))
                 self._committed_before = committed
             try:
-                newest = await mongo.newest_id(self._db)
+                newest = await mongo.newest_id(self._db, self.partition)
                 if newest > self.position and self.position == last_position:
                     self._request_fill()
                     # Stuck with messages waiting: the lag keeps growing even
                     # though nothing is released to measure it by.
-                    metrics.TAIL_LAG.set(max(self._lag, time.monotonic() - self._moved_at))
+                    self._set_lag(max(self._lag, time.monotonic() - self._moved_at))
                 last_position = self.position
             except PyMongoError as exc:
                 reraise_if_cancelling()
                 log.warning("event=gap_check_failed error=%s", exc.__class__.__name__)
-
-    async def _fill_from_truth(self) -> None:
-        """Releases what is committed after the position: from MySQL by primary
-        key up to its committed head, else (MySQL failing) from `messages`, in
-        pages. Held documents past the committed head were not written by the
-        writer: they are dropped, never released, and the position never
-        moves past that head."""
-        if self._fill_retry is not None:
-            return  # a retry is already scheduled
-        committed = await self._read_committed()
-        if committed is None or self._ranges is None:  # no MySQL (then no head either), or it failed
-            await self._fill_from_collection(None, through=False)
-            return
-        if dropped := self._seq.drop_above(committed):
-            self._reject("past_committed_head", "oplog", dropped)
-        if not await self._fill_from_mysql(self._ranges, committed):
-            await self._fill_from_collection(committed, through=False)
-
-    async def _fill_from_collection(self, bound: int | None, through: bool) -> bool:
-        """Releases what `messages` holds after the position, up to ``bound``
-        (the committed head; None: meta.head, which only the writer writes).
-        ``through``: ids up to ``bound`` that it lacks are gone for good (MySQL
-        lacks them too), and the position moves past them. False: the read
-        failed, and a retry is scheduled."""
-        while True:
-            try:
-                with pymongo.timeout(FILL_TIMEOUT_SECONDS):
-                    upto = await mongo.head_hint(self._db) if bound is None else bound
-                    docs = self._admit(await mongo.messages_between(self._db, self.position, upto, PAGE), "stored")
-            except PyMongoError as exc:
-                reraise_if_cancelling()
-                delay = self._fill_backoff.next()
-                self._fill_retry = asyncio.get_running_loop().call_later(delay, self._retry_fill)
-                log.warning("event=fill_failed error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
-                return False
-            self._fill_backoff.reset()
-            if not docs:
-                hole = self._seq.hole
-                if through and upto is not None and self.position < upto:
-                    self._skip(upto)
-                elif hole and (upto is None or hole[1] <= upto):  # held documents above a range that is gone
-                    self._skip(hole[1])
-                elif hole and upto is not None:  # not None: the branch above takes a hole when it is
-                    # Without MySQL, past meta.head nothing is confirmed: let go of
-                    # them; once meta.head passes them, the gap check reads them back.
-                    self._seq.drop_above(upto)
-                return True
-            first = int(docs[0]["_id"])
-            if first > self.position + 1:
-                self._skip(first - 1)
-            metrics.CATCHUP_QUERIES.labels("stream").inc()
-            log.info("event=stream_fill after=%d got=%d", self.position, len(docs))
-            self._release(self._seq.offer(docs), time.perf_counter())
-            if len(docs) < PAGE and not through:
-                return True
-
-    async def _fill_from_mysql(self, ranges: StreamRanges, upto: int) -> bool:
-        """Releases every id up to ``upto`` (committed) from MySQL; ids its rows
-        skip (deleted there) come from `messages` if it still has them, and are
-        passed over if not, so that a fill always gets past them. Expired rows
-        are skipped, as the sweeper removes them. False: MySQL failed."""
-        cutoff = mongo.expired_before(self._retention)
-        while self.position < upto:
-            try:
-                docs = await ranges.between(self.position, upto, PAGE)
-            except SQLAlchemyError as exc:
-                log.warning("event=fill_mysql_failed error=%s action=read_messages", exc.__class__.__name__)
-                return False
-            if not docs:
-                return False
-            if docs[0]["_id"] != self.position + 1:
-                if not await self._fill_from_collection(docs[0]["_id"] - 1, through=True):
-                    return True  # the collection failed: its retry is scheduled
-            expired = next((i for i, d in enumerate(docs) if d["created_at"] >= cutoff), len(docs))
-            if expired:
-                self._skip(docs[expired - 1]["_id"])
-            metrics.CATCHUP_QUERIES.labels("stream_mysql").inc()
-            log.info("event=stream_fill source=mysql after=%d got=%d", self.position, len(docs) - expired)
-            self._release(self._seq.offer_truth(docs[expired:]), time.perf_counter())
-        return True
-
-    def _skip(self, upto: int) -> None:
-        log.error("event=stream_skip after=%d upto=%d reason=expired_or_deleted", self.position, upto)
-        self.cache.clear()  # it must stay contiguous
-        self._release(self._seq.skip_to(upto), time.perf_counter())
 
     def _release(self, docs: list[dict], received: float) -> None:
         if not docs:
             return
         pushes = 0
         for doc in docs:
-            encoded = encode_doc(doc)
+            encoded = self._encode(doc)
             self.cache.append(encoded)
             msg_id, sender, recipient, _, payload = encoded
             delivered = self._hub.dispatch(msg_id, sender, recipient, payload, text_frame)
@@ -350,11 +284,18 @@ class Stream:
                 # dispatch wrote to every socket before returning: this is oplog -> socket
                 metrics.OPLOG_TO_SOCKET.observe(time.perf_counter() - received)
         metrics.PUSHES.inc(pushes)
-        metrics.POSITION.set(self.position)
+        self._position_gauge.set(self.position)
+        if self._primary:
+            metrics.POSITION.set(self.position)
         self._lag = max(0.0, time.time() - docs[-1]["created_at"].timestamp())
         self._moved_at = time.monotonic()
-        metrics.TAIL_LAG.set(self._lag)
+        self._set_lag(self._lag)
         self._notify()
+
+    def _set_lag(self, lag: float) -> None:
+        self._lag_gauge.set(lag)
+        if self._primary:
+            metrics.TAIL_LAG.set(lag)
 
     def _notify(self) -> None:
         advanced, self._advanced = self._advanced, asyncio.Event()
@@ -396,5 +337,6 @@ class Stream:
             # One past the page: the first page, all a long-poll needs, is one
             # read of the store (a full scan on FerretDB) and still knows there is more.
             items = store_reads.stored_items(self._db, user, since, upto, PAGE if most is None else min(PAGE, most + 1),
-                                             self._retention, lambda docs: self._admit(docs, "stored"))
+                                             self._retention, lambda docs: self._admit(docs, "stored"),
+                                             self.partition, self._encode)
         return catchup.paginate(items, mongo.expired_before(self._retention), most, max_bytes)

@@ -1,8 +1,9 @@
 """``/v1/ws``: the handshake, the admission, the hello, the catch-up a page
 at a time, then live frames.
 
-A daemon that has not reached the client's ``since`` within 2 s closes with
-1013; a catch-up that meets expired messages closes with 1013 too (the
+A client of a partition this daemon does not serve gets 421 and its
+partition, before any upgrade. A daemon that has not reached the client's
+``since`` within 2 s closes with 1013; a catch-up that meets expired messages closes with 1013 too (the
 client resumes and is told ``recovered: false``); a WebSocket whose token
 expires is closed with 4001 by the heartbeat (``daemon.lifecycle``).
 """
@@ -17,7 +18,7 @@ import orjson
 from chat import auth
 from chat.errors import CloseCode, Refused, error_body
 from daemon import handshake, metrics
-from daemon.admission import parse_since, split_target
+from daemon.admission import split_target
 from daemon.connection import Connection
 from daemon.http_phase import Request
 from daemon.server import Behind, Daemon
@@ -43,18 +44,20 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
     try:
         token = query.get("token") or auth.bearer(request.headers.get("authorization"))
         user, expires = daemon.admit(token, request.headers.get("origin"))
+        partition = daemon.partition_of(user, query.get("partition"))
     except Refused as refusal:
         conn.respond(refusal.status, refusal.body(), False, refusal.headers)
         return False
     if conn.closing:
         return True
+    conn.partition = partition  # before it is registered: its hub is its partition's
     conn.upgrade(user, response)
     # One number per socket; the heartbeat closes it with 4001 once it is past.
     conn.expires = time.monotonic() + (expires - time.time())
     daemon.sockets.add(conn)
     metrics.WS_OPEN.inc()
     try:
-        await serve_socket(daemon, conn, user, parse_since(query.get("since")))
+        await serve_socket(daemon, conn, user, daemon.resume_point(query.get("since"), user))
     except Behind:
         metrics.REJECTS.labels("behind").inc()
         conn.close(CloseCode.TRY_AGAIN, "this daemon is behind your since: retry")
@@ -78,8 +81,8 @@ async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int |
         page = await anext(pages)
         if conn.closing:
             return
-        conn.send_text(orjson.dumps({"type": "hello", "recovered": page.recovered, "cursor": str(cursor),
-                                     "user": user}))
+        conn.send_text(orjson.dumps({"type": "hello", "recovered": page.recovered,
+                                     "cursor": daemon.cursor(conn.partition, cursor), "user": user}))
         while page.more:
             conn.send_page(page.frames)
             if not await conn.drained():

@@ -14,12 +14,25 @@ from pymongo import ASCENDING, AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, CollectionInvalid, OperationFailure
 
+from chat.partitions import collection_name, suffix
+
 log = logging.getLogger("chat.mongo")
 
 MESSAGES = "messages"
 META = "meta"
 # meta documents: {_id: "retention", floor: <highest id removed by retention>}
 #                 {_id: "head", id: <highest id known to be in `messages`>}
+# Partition k > 0 has its own, under the same suffix as its collection
+# ("head_p1", "retention_p1" for `messages_p1`). The reads below take the
+# partition last and positionally (default 0: the single stream's names).
+
+
+def head_key(partition: int = 0) -> str:
+    return "head" + suffix(partition)
+
+
+def retention_key(partition: int = 0) -> str:
+    return "retention" + suffix(partition)
 
 
 def make_client(url: str, timeout_seconds: float) -> AsyncMongoClient:
@@ -93,53 +106,55 @@ def expired_before(retention_seconds: int, now: datetime | None = None) -> datet
     return (now or datetime.now(UTC)) - timedelta(seconds=retention_seconds)
 
 
-async def newest_id(db: AsyncDatabase) -> int:
+async def newest_id(db: AsyncDatabase, partition: int = 0) -> int:
     """The highest message id stored. Cheap everywhere: the writer records it
     in meta.head, a lookup by string _id in a collection of two documents (FerretDB
     answers it in SQLite without decoding them; it has no usable index even
     there); the sorted query over `messages` is only the fallback for a store
     without it."""
-    head = await head_hint(db)
+    head = await head_hint(db, partition)
     if head is not None:
         return head
     # Numbers only: a string _id (not the writer's) sorts above every number.
-    doc = await db[MESSAGES].find_one({"_id": {"$gt": 0}}, {"_id": 1}, sort=[("_id", -1)])
+    doc = await db[collection_name(partition)].find_one({"_id": {"$gt": 0}}, {"_id": 1}, sort=[("_id", -1)])
     return int(doc["_id"]) if doc and isinstance(doc["_id"], int) else 0
 
 
-async def head_hint(db: AsyncDatabase) -> int | None:
+async def head_hint(db: AsyncDatabase, partition: int = 0) -> int | None:
     """meta.head: the highest id the writer knows to be in `messages`, or None.
     Written only by the writer, about once a second."""
-    head = await db[META].find_one({"_id": "head"})
+    head = await db[META].find_one({"_id": head_key(partition)})
     return int(head["id"]) if head and isinstance(head.get("id"), int) else None
 
 
-async def is_stored(db: AsyncDatabase, msg_id: int) -> bool:
+async def is_stored(db: AsyncDatabase, msg_id: int, partition: int = 0) -> bool:
     """Whether message ``msg_id`` is in `messages`: a lookup by _id, from the
     index on MongoDB; FerretDB scans the collection for it."""
-    return await db[MESSAGES].find_one({"_id": msg_id}, {"_id": 1}) is not None
+    return await db[collection_name(partition)].find_one({"_id": msg_id}, {"_id": 1}) is not None
 
 
 async def advance_head(db: AsyncDatabase, upto: int) -> None:
     await db[META].update_one({"_id": "head"}, {"$max": {"id": upto}}, upsert=True)
 
 
-async def messages_between(db: AsyncDatabase, after: int, upto: int | None, limit: int) -> list[dict]:
-    """All messages with after < id <= upto, oldest first (global stream)."""
+async def messages_between(db: AsyncDatabase, after: int, upto: int | None, limit: int,
+                           partition: int = 0) -> list[dict]:
+    """All messages with after < id <= upto, oldest first (the partition's stream)."""
     cond: dict = {"$gt": after}
     if upto is not None:
         cond["$lte"] = upto
-    cursor = db[MESSAGES].find({"_id": cond}, sort=[("_id", 1)], limit=limit)
+    cursor = db[collection_name(partition)].find({"_id": cond}, sort=[("_id", 1)], limit=limit)
     return await cursor.to_list(length=limit)
 
 
-async def messages_for(db: AsyncDatabase, user: str, after: int, upto: int, limit: int) -> list[dict]:
+async def messages_for(db: AsyncDatabase, user: str, after: int, upto: int, limit: int,
+                       partition: int = 0) -> list[dict]:
     """A user's messages (either side) with after < id <= upto, oldest first."""
     query = {"$or": [{"to": user}, {"from": user}], "_id": {"$gt": after, "$lte": upto}}
-    cursor = db[MESSAGES].find(query, sort=[("_id", 1)], limit=limit)
+    cursor = db[collection_name(partition)].find(query, sort=[("_id", 1)], limit=limit)
     return await cursor.to_list(length=limit)
 
 
-async def retention_floor(db: AsyncDatabase) -> int:
-    doc = await db[META].find_one({"_id": "retention"})
+async def retention_floor(db: AsyncDatabase, partition: int = 0) -> int:
+    doc = await db[META].find_one({"_id": retention_key(partition)})
     return int(doc["floor"]) if doc else 0

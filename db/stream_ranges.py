@@ -19,15 +19,18 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from db.sql import messages, pool_size_of, row_to_message
+from db.partition_map import tables_of
+from db.sql import pool_size_of, row_to_message
 from db.threads import Threads
 
 
 class StreamRanges:
     """Reads ``after < id <= upto`` as the documents Mongo holds for them."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, partition: int = 0):
         self._engine = engine
+        self.partition = partition
+        self._messages = tables_of(partition).messages  # the partition's table: `messages` for 0
         self._threads = Threads(pool_size_of(engine), "ranges")
 
     async def between(self, after: int, upto: int, limit: int) -> list[dict]:
@@ -43,9 +46,10 @@ class StreamRanges:
 
     def _head(self) -> int:
         with self._engine.connect() as conn:
-            return int(conn.execute(select(func.coalesce(func.max(messages.c.id), 0))).scalar_one())
+            return int(conn.execute(select(func.coalesce(func.max(self._messages.c.id), 0))).scalar_one())
 
     def _read(self, after: int, upto: int, limit: int) -> list[dict]:
+        messages = self._messages
         query = (select(messages).where(messages.c.id > after, messages.c.id <= upto)
                  .order_by(messages.c.id).limit(limit))
         with self._engine.connect() as conn:

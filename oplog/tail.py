@@ -2,7 +2,9 @@
 
 What it does, after Meteor's oplog tailer:
 - a tailable awaitData cursor from the last ``ts`` seen, narrowed to the
-  messages namespace (and ``admin.$cmd`` for MongoDB transactions);
+  namespaces asked for (a daemon's: its partitions' collections) and
+  ``admin.$cmd`` for MongoDB transactions, with ``ns: {$in: [...]}``, which
+  FerretDB 1.24 answers too;
 - on any error, re-open from that ``ts`` after a capped, jittered backoff;
 - a watchdog re-opens a cursor that has been silent for too long;
 - after an error, a watchdog restart or a fall-off it tells its consumer
@@ -53,11 +55,15 @@ async def newest_ts(client: AsyncMongoClient) -> Timestamp | None:
 class OplogTail:
     """An ``oplog.events.OplogSource`` on the database's own oplog."""
 
-    def __init__(self, client: AsyncMongoClient, namespace: str, *, await_ms: int = 500,
+    def __init__(self, client: AsyncMongoClient, *namespaces: str, await_ms: int = 500,
                  silence_seconds: float = 30.0, batch_size: int = 1000, ferretdb_poll_seconds: float = 0.02):
+        """``namespaces``: one or more ("db.collection"); the first is ``namespace``."""
+        if not namespaces:
+            raise ValueError("an oplog tail needs a namespace")
         self._client = client
         self._local = client["local"]
-        self.namespace = namespace
+        self.namespace = namespaces[0]
+        self.namespaces = namespaces
         self._await_ms = await_ms
         self._silence = silence_seconds
         self._batch = batch_size
@@ -89,7 +95,7 @@ class OplogTail:
         # fails unless the cursor has returned a record it can find again.
         reply = await self._local.command({
             "find": "oplog.rs",
-            "filter": {"ts": {"$gte": self.last_ts}, "ns": {"$in": [self.namespace, "admin.$cmd"]}},
+            "filter": {"ts": {"$gte": self.last_ts}, "ns": {"$in": [*self.namespaces, "admin.$cmd"]}},
             "tailable": True, "awaitData": not poll, "batchSize": 1,
         })
         cursor = reply["cursor"]

@@ -34,9 +34,12 @@ RECONNECT_CAP = 1.0
 
 
 class RelayTail:
-    def __init__(self, client: AsyncMongoClient, namespace: str, socket_path: str):
+    def __init__(self, client: AsyncMongoClient, namespace: str | tuple[str, ...], socket_path: str):
+        """``namespace``: one, or the several a daemon's partitions have (the first is ``namespace``);
+        the relay sends the entries of those only."""
         self._client = client
-        self.namespace = namespace
+        self.namespaces = (namespace,) if isinstance(namespace, str) else tuple(namespace)
+        self.namespace = self.namespaces[0]
         self._path = socket_path
         self.last_ts: Timestamp | None = None  # the last entry received: where a reconnect resumes
 
@@ -50,7 +53,7 @@ class RelayTail:
             writer = None
             try:
                 reader, writer = await asyncio.open_unix_connection(self._path)
-                writer.write(frame({"since": self.last_ts}))
+                writer.write(frame({"since": self.last_ts, "ns": list(self.namespaces)}))
                 hello = await read_frame(reader, FRAME_MAX, codec)
                 if hello is None:
                     raise ConnectionError("the relay closed before its hello")
@@ -61,7 +64,9 @@ class RelayTail:
                 while (message := await read_frame(reader, FRAME_MAX, codec)) is not None:
                     batch = message.get("b")
                     if batch:
-                        self.last_ts = batch[-1]["ts"]
+                        # A batch of several namespaces comes as a frame each: resume after the newest.
+                        last = batch[-1]["ts"]
+                        self.last_ts = last if self.last_ts is None or last > self.last_ts else self.last_ts
                         yield Batch(batch)
                     elif message.get("restarted"):
                         yield Restarted()

@@ -4,11 +4,15 @@ A frame is one BSON document: BSON starts with its own length (int32, little
 endian), so it needs no header of ours, and oplog entries keep their types
 (Timestamp ``ts``, datetimes) with no conversion either way.
 
-daemon -> relay, once:  ``{"since": Timestamp | None}``, the ``ts`` of the
-                        last entry the daemon has
+daemon -> relay, once:  ``{"since": Timestamp | None, "ns": [str, ...]}``:
+                        the ``ts`` of the last entry the daemon has, and
+                        the namespaces (its partitions' collections) it
+                        wants; without ``ns``, every namespace the relay tails
 relay -> daemon:        ``{"resumed": bool}``: true, every entry after
                         ``since`` follows; false, some may be missing
-                        ``{"b": [entry, ...]}``: one oplog batch, in order
+                        ``{"b": [entry, ...]}``: the entries of one oplog
+                        batch in one namespace, in order (a batch of
+                        several namespaces is one such frame each)
                         ``{"restarted": true}``: the relay's own tail re-opened
                         and may have missed entries
 

@@ -8,9 +8,12 @@ limit). At 10k clients and 1,000 msg/s through FerretDB, delivery p50 was
 runs). A real MongoDB answers a tail cheaply, but N tails per
 host are still N cursors on the primary for the same entries.
 
-The relay tails once (oplog/tail.py, the daemon's own tailer) and writes each batch
-to every daemon connected to its Unix socket (``CHAT_OPLOG_RELAY_SOCKET``),
-encoded once. It keeps the last ``RING_ENTRIES`` entries, so a daemon that
+The relay tails once (oplog/tail.py, the daemon's own tailer), the
+collections of every partition there can be, and writes to each daemon
+connected to its Unix socket (``CHAT_OPLOG_RELAY_SOCKET``) the entries of
+the partitions it asked for in its hello, and no others: a daemon decodes
+only its share of the oplog. Each batch is split by namespace and each part
+encoded once, whatever the number of daemons. It keeps the last ``RING_ENTRIES`` entries, so a daemon that
 reconnects (a relay or daemon restart, a slow daemon dropped) with the ``ts``
 of the last entry it has resumes without a read of the truth, if the ring
 still covers it. A daemon that reads too slowly (more than
@@ -35,7 +38,9 @@ from chat.settings import Settings
 from chat.stopping import stop_on_signals
 from chat.unix_socket import bind_owner_only
 from db import mongo
+from chat.partitions import MAX_PARTITIONS
 from oplog.events import OplogSource, Restarted
+from oplog.namespaces import partition_namespaces, split_by_namespace
 from oplog.tail import OplogTail
 from relay.protocol import HELLO_MAX, BadFrame, frame, read_frame
 
@@ -56,33 +61,39 @@ class Relay:
                  buffer_max: int = SUBSCRIBER_BUFFER_MAX, hello_seconds: float = HELLO_SECONDS):
         self._tail = tail
         self._codec = codec
-        # (ts of the batch's last entry, its frame): oldest first
-        self._ring: deque[tuple[Timestamp, bytes, int]] = deque()
+        # (ts of the batch's last entry, its frame per namespace, its entries): oldest first
+        self._ring: deque[tuple[Timestamp, dict[str, bytes], int]] = deque()
         self._ring_entries, self._ring_max = 0, ring_entries
         # The ring holds every entry after this ts (None: nothing is covered yet).
         self._covered_from: Timestamp | None = None
         self._buffer_max = buffer_max
         self._hello_seconds = hello_seconds
-        self._subscribers: set[asyncio.StreamWriter] = set()
+        # each daemon, and the namespaces it wants (None: all of them)
+        self._subscribers: dict[asyncio.StreamWriter, frozenset[str] | None] = {}
 
     async def run(self) -> None:
         """The tail, for the life of the process. Its first open is a restart
         too: from there on, the ring covers what the tail shows."""
+        namespaces: frozenset[str] | None = None  # what the tail reads, once it reads
         async for event in self._tail.batches():
             if isinstance(event, Restarted):
                 # Entries before this point may be missing: a daemon resuming
                 # from before it must be told so.
                 self._covered_from = self._tail.last_ts
-                self._publish(frame({"restarted": True}))
+                restarted = frame({"restarted": True})
+                for subscriber in list(self._subscribers):
+                    self._send(subscriber, restarted)
                 continue
             batch = event.entries
-            data = frame({"b": batch})
+            if namespaces is None:
+                namespaces = frozenset(getattr(self._tail, "namespaces", None) or (self._tail.namespace,))
+            frames = {ns: frame({"b": part}) for ns, part in split_by_namespace(batch, namespaces).items()}
             ENTRIES.inc(len(batch))
-            self._remember(batch[-1]["ts"], data, len(batch))
-            self._publish(data)
+            self._remember(batch[-1]["ts"], frames, len(batch))
+            self._publish(frames)
 
-    def _remember(self, last_ts: Timestamp, data: bytes, entries: int) -> None:
-        self._ring.append((last_ts, data, entries))
+    def _remember(self, last_ts: Timestamp, frames: dict[str, bytes], entries: int) -> None:
+        self._ring.append((last_ts, frames, entries))
         self._ring_entries += entries
         while self._ring_entries > self._ring_max and len(self._ring) > 1:
             dropped_ts, _, n = self._ring.popleft()
@@ -90,9 +101,10 @@ class Relay:
             if self._covered_from is None or dropped_ts > self._covered_from:
                 self._covered_from = dropped_ts
 
-    def _publish(self, data: bytes) -> None:
-        for subscriber in list(self._subscribers):
-            self._send(subscriber, data)
+    def _publish(self, frames: dict[str, bytes]) -> None:
+        for subscriber, wanted in list(self._subscribers.items()):
+            if data := for_subscriber(frames, wanted):
+                self._send(subscriber, data)
 
     def _send(self, subscriber: asyncio.StreamWriter, data: bytes) -> None:
         if subscriber.transport.get_write_buffer_size() > self._buffer_max:
@@ -106,16 +118,20 @@ class Relay:
 
     def _drop(self, subscriber: asyncio.StreamWriter) -> None:
         if subscriber in self._subscribers:
-            self._subscribers.discard(subscriber)
+            del self._subscribers[subscriber]
             SUBSCRIBERS.set(len(self._subscribers))
 
-    def _since(self, since: Timestamp | None) -> list[bytes] | None:
-        """The frames after ``since``, or None if the ring does not cover it.
-        No ``since``: the daemon found the oplog empty, so every entry is after it."""
+    def _since(self, since: Timestamp | None, wanted: frozenset[str] | None) -> list[bytes] | None:
+        """The frames after ``since`` of the ``wanted`` namespaces, or None if
+        the ring does not cover it. No ``since``: the daemon found the oplog
+        empty, so every entry is after it. The batch that ends at ``since`` is
+        sent again: a daemon may have had only some of its namespaces' frames
+        (the repeats are dropped by its sequencer)."""
         since = since or Timestamp(0, 0)
         if self._covered_from is None or since < self._covered_from:
             return None
-        return [data for last_ts, data, _ in self._ring if last_ts > since]
+        return [data for last_ts, frames, _ in self._ring if last_ts >= since
+                if (data := for_subscriber(frames, wanted))]
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One daemon: its hello, what the ring has after its position, then every batch until either side closes."""
@@ -123,16 +139,19 @@ class Relay:
             hello = await asyncio.wait_for(read_frame(reader, HELLO_MAX, self._codec), self._hello_seconds)
             if hello is None:
                 return  # connected and left (a check that the relay listens)
-            since = hello.get("since")
+            since, wanted = hello.get("since"), hello.get("ns")
             if not isinstance(since, Timestamp | None):
                 raise BadFrame("since is not a Timestamp")
-            backlog = self._since(since)
+            if wanted is not None and not (isinstance(wanted, list) and all(isinstance(n, str) for n in wanted)):
+                raise BadFrame("ns is not a list of namespaces")
+            wants = None if wanted is None else frozenset(wanted)
+            backlog = self._since(since, wants)
             RESUMES.labels(str(backlog is not None).lower()).inc()
             # No await from here to the subscription: nothing published in between is missed.
             writer.write(frame({"resumed": backlog is not None}))
             for data in backlog or []:
                 writer.write(data)
-            self._subscribers.add(writer)
+            self._subscribers[writer] = wants
             SUBSCRIBERS.set(len(self._subscribers))
             log.info("event=relay_subscribed resumed=%s backlog_batches=%d", backlog is not None, len(backlog or []))
             if await reader.read(1):  # returns when the daemon goes: it sends nothing after its hello
@@ -152,7 +171,10 @@ class Relay:
 async def run(settings: Settings) -> None:
     path = Path(settings.oplog_relay_socket)
     client: AsyncMongoClient = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
-    tail = OplogTail(client, f"{settings.mongo_db}.{mongo.MESSAGES}", silence_seconds=settings.tail_silence_seconds,
+    # Every partition there can be: the relay needs no slot map, and a map
+    # that grows needs no relay restart.
+    tail = OplogTail(client, *partition_namespaces(settings.mongo_db, list(range(MAX_PARTITIONS))),
+                     silence_seconds=settings.tail_silence_seconds,
                      ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
     relay = Relay(tail, client.codec_options)
     stop = stop_on_signals()
@@ -173,3 +195,10 @@ async def run(settings: Settings) -> None:
         log.info("event=relay_stopped")
     if not tailing.cancelled():  # the process exits non-zero with it, and supervisord starts a fresh one
         raise RuntimeError("relay: the tail failed") from tailing.exception()
+
+
+def for_subscriber(frames: dict[str, bytes], wanted: frozenset[str] | None) -> bytes:
+    """What a daemon that wants ``wanted`` (None: all) gets of one batch's frames."""
+    if wanted is None:
+        return b"".join(frames.values())
+    return b"".join(data for ns, data in frames.items() if ns in wanted)

@@ -578,6 +578,13 @@ def test_nginx_site_matches_the_code():
     assert "map $http_upgrade $connection_upgrade" in conf
     assert "include chat.conf;" in (NGINX / "nginx.conf").read_text()
     daemons, api = block(conf, "upstream chat_daemons"), block(conf, "upstream chat_api")
+    # ?partition=k picks partition k's daemons; without it, chat_daemons
+    routes = block(conf, "map $arg_partition $chat_daemons")
+    assert directive(routes, "default") == "chat_daemons"
+    for k, upstream in re.findall(r"^\s*(\d+)\s+(\S+);", routes, re.M):
+        assert upstream == f"chat_daemons_p{k}"
+        assert all(s.endswith(f":{default('daemon_port')}")
+                   for s in re.findall(r"server\s+(\S+)", block(conf, f"upstream {upstream}")))
     assert "least_conn;" in daemons and "keepalive" in api
     assert all(s.endswith(f":{default('daemon_port')}") for s in re.findall(r"server\s+(\S+)", daemons))
     assert all(s.endswith(f":{default('api_port')}") for s in re.findall(r"server\s+(\S+)", api))
@@ -588,14 +595,14 @@ def test_nginx_site_matches_the_code():
     assert int(size.rstrip("k")) * 1024 == default("request_max_bytes")
 
     ws = block(tls, "location = /v1/ws")
-    assert "proxy_pass http://chat_daemons;" in ws
+    assert "proxy_pass http://$chat_daemons;" in ws
     assert directive(ws, "proxy_set_header Upgrade") == "$http_upgrade"
     assert directive(ws, "proxy_set_header Connection") == "$connection_upgrade"
     assert seconds(directive(ws, "proxy_read_timeout")) > (
         default("ping_interval_seconds") + default("ping_timeout_seconds"))
 
     poll = block(tls, "location = /v1/poll")
-    assert "proxy_pass http://chat_daemons;" in poll
+    assert "proxy_pass http://$chat_daemons;" in poll
     assert directive(poll, "proxy_buffering") == "off"
     assert seconds(directive(poll, "proxy_read_timeout")) > default("poll_max_timeout_seconds")
 

@@ -1,0 +1,158 @@
+"""A daemon's partitions, at its edge: the slot map it reads when it starts,
+one stream and one hub per partition it serves, the one oplog source they
+share, and the watch on the map's epoch.
+
+The map is read once, from MySQL (``db.partition_map``); before ``db.init``
+wrote one, and without MySQL (``CHAT_FILL_HOLES_FROM_MYSQL=false``), it is
+``SlotMap.even(CHAT_PARTITIONS)``. Slots move only while the writers are
+stopped (``chatctl partitions``), and every move raises the epoch: a daemon
+that sees a new epoch closes its clients with 1012 and exits with status 0,
+and supervisord starts it again on the new map. Its clients reconnect, and
+those whose slot moved are told ``recovered: false``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from pymongo import AsyncMongoClient
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from chat.partitions import SlotMap, parse_served
+from chat.settings import Settings
+from daemon.hub import Hub, Hubs
+from daemon.partitioning import frame_encoder
+from daemon.stream import Stream
+from db.partition_map import read_slot_map
+from db.sql import make_engine
+from db.stream_ranges import StreamRanges
+from db.threads import Threads
+from oplog.backoff import Backoff
+from oplog.events import OplogSource
+from oplog.fanout import Fanout
+from oplog.namespaces import partition_namespaces
+from oplog.tail import OplogTail
+from relay.client import RelayTail
+
+log = logging.getLogger("chat.daemon")
+
+
+@dataclass
+class Partitions:
+    """What a daemon serves: the map, its partitions' streams and hubs, and what runs them."""
+
+    slot_map: SlotMap
+    streams: dict[int, Stream]
+    hubs: Hubs
+    engine: Engine | None  # MySQL: the streams' reads of the truth, the epoch watch
+    loops: list[Coroutine[Any, Any, None]] = field(default_factory=list)  # each runs for the daemon's life
+    ranges: list[StreamRanges] = field(default_factory=list)
+
+    @property
+    def first(self) -> Stream:
+        return self.streams[min(self.streams)]
+
+    def close(self) -> None:
+        for ranges in self.ranges:
+            ranges.close()
+        if self.engine is not None:
+            self.engine.dispose()
+
+
+def _read_map(engine: Engine) -> SlotMap | None:
+    with engine.connect() as conn:
+        return read_slot_map(conn)
+
+
+async def load_slot_map(settings: Settings, engine: Engine | None, threads: Threads) -> SlotMap:
+    """The map from MySQL, waiting for it to answer (a daemon that guessed
+    would serve users another daemon serves); ``even(CHAT_PARTITIONS)``
+    before one is written, or without MySQL."""
+    if engine is None:
+        return SlotMap.even(settings.partitions)
+    backoff = Backoff(base=0.5, cap=5.0)
+    while True:
+        try:
+            found = await threads.run(_read_map, engine)
+            return found if found is not None else SlotMap.even(settings.partitions)
+        except SQLAlchemyError as exc:
+            delay = backoff.next()
+            log.warning("event=slot_map_unreadable error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
+            await asyncio.sleep(delay)
+
+
+async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource | None = None) -> Partitions:
+    """Reads the map and makes the streams of the served partitions
+    (``CHAT_DAEMON_PARTITIONS``). ``tail``: the replay benchmark's recorded
+    entries, for a daemon of one partition."""
+    engine = None
+    if settings.fill_holes_from_mysql:  # the engine connects on first use
+        engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=1)
+    threads = Threads(1, "slot-map")
+    try:
+        slot_map = await load_slot_map(settings, engine, threads)
+    finally:
+        threads.close()
+    served = sorted(parse_served(settings.daemon_partitions, slot_map.partitions))
+    if engine is not None and len(served) > 1:  # a connection per partition's reads of the truth
+        engine.dispose()
+        engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
+                             pool_size=len(served))
+    if tail is not None and len(served) != 1:
+        raise ValueError("a recorded oplog feeds a daemon of one partition")
+    namespaces = partition_namespaces(settings.mongo_db, served)
+    loops: list[Coroutine[Any, Any, None]] = []
+    sources: dict[int, OplogSource]
+    if tail is not None:
+        sources = {served[0]: tail}
+    else:
+        shared: OplogTail | RelayTail
+        if settings.oplog_relay_socket:
+            shared = RelayTail(client, tuple(namespaces), settings.oplog_relay_socket)
+        else:
+            shared = OplogTail(client, *namespaces, silence_seconds=settings.tail_silence_seconds,
+                               ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
+        if len(served) == 1:
+            sources = {served[0]: shared}
+        else:
+            fanout = Fanout(shared, namespaces)
+            sources = {k: fanout.views[ns] for k, ns in zip(served, namespaces, strict=True)}
+            loops.append(fanout.run())
+    db = client[settings.mongo_db]
+    hubs = {k: Hub(settings.send_buffer_max_bytes) for k in served}
+    ranges = {k: StreamRanges(engine, k) for k in served} if engine is not None else {}
+    streams = {k: Stream(db, sources[k], hubs[k], retention_seconds=settings.retention_seconds,
+                         cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds,
+                         cache_max_bytes=settings.recent_cache_max_bytes, ranges=ranges.get(k), partition=k,
+                         encode=frame_encoder(k, slot_map), primary=k == served[0])
+               for k in served}
+    log.info("event=partitions_served served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
+             slot_map.partitions, slot_map.epoch, bool(settings.oplog_relay_socket))
+    return Partitions(slot_map, streams, Hubs(hubs), engine, [*loops, *(s.run() for s in streams.values())],
+                      list(ranges.values()))
+
+
+async def epoch_changed(engine: Engine, epoch: int, period: float) -> int:
+    """Returns the map's new epoch once MySQL holds one other than ``epoch``:
+    one look-up of the map's row each ``period`` (the gap check's). A read
+    that fails is passed over: the next one decides."""
+    threads = Threads(1, "epoch")
+    try:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                found = await threads.run(_read_map, engine)
+            except SQLAlchemyError as exc:
+                log.warning("event=epoch_check_failed error=%s", exc.__class__.__name__)
+                continue
+            if found is not None and found.epoch != epoch:
+                log.warning("event=slot_map_moved epoch=%d new_epoch=%d action=close_1012_and_exit", epoch,
+                            found.epoch)
+                return found.epoch
+    finally:
+        threads.close()

@@ -1,0 +1,92 @@
+"""One oplog source shared by the streams of several partitions in one daemon.
+
+A daemon that serves several partitions reads the oplog once (its own tail,
+narrowed to its partitions' namespaces, or the relay's frames for them), not
+once per partition: on FerretDB every tail re-reads the whole oplog. The
+fanout splits each batch by namespace (``oplog.namespaces``) and hands each
+partition's stream a source of its own (``FanoutView``, an
+``oplog.events.OplogSource``), so a stream cannot tell it from a tail.
+
+The shared source opens once every stream has started (each sets its view's
+``last_ts`` to the oplog's newest entry when it reads its position), from
+the oldest of those points: nothing a stream's start-up did not read is
+skipped. A restart of the shared source is every stream's restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from bson import Timestamp
+
+from oplog.events import Batch, OplogEvent, Restarted
+from oplog.namespaces import split_by_namespace
+
+
+class SharedSource(Protocol):
+    """An oplog source of several namespaces (``OplogTail``, ``RelayTail``)."""
+
+    namespaces: tuple[str, ...]
+    last_ts: Timestamp | None
+
+    async def newest_ts(self) -> Timestamp | None: ...
+
+    def batches(self) -> AsyncIterator[OplogEvent]: ...
+
+
+class FanoutView:
+    """One namespace's share of a ``Fanout``: what its stream tails."""
+
+    def __init__(self, fanout: Fanout, namespace: str):
+        self._fanout = fanout
+        self.namespace = namespace
+        self.last_ts: Timestamp | None = None  # the stream's start sets it: where the shared source opens
+        self.queue: asyncio.Queue[OplogEvent] = asyncio.Queue()  # the stream's reader drains it at once
+        self.subscribed = False
+
+    async def newest_ts(self) -> Timestamp | None:
+        return await self._fanout.source.newest_ts()
+
+    async def batches(self) -> AsyncIterator[OplogEvent]:
+        self.subscribed = True
+        self._fanout.view_subscribed()
+        while True:
+            event = await self.queue.get()
+            if isinstance(event, Batch):
+                self.last_ts = event.entries[-1]["ts"]
+            yield event
+
+
+class Fanout:
+    def __init__(self, source: SharedSource, namespaces: Sequence[str]):
+        self.source = source
+        self.views = {ns: FanoutView(self, ns) for ns in namespaces}
+        self._all_subscribed = asyncio.Event()
+
+    def view_subscribed(self) -> None:
+        if all(view.subscribed for view in self.views.values()):
+            self._all_subscribed.set()
+
+    async def run(self) -> None:
+        """Reads the shared source for the life of the daemon; raises what stops it."""
+        await self._all_subscribed.wait()
+        self.source.last_ts = start_point([view.last_ts for view in self.views.values()])
+        views = self.views
+        async for event in self.source.batches():
+            if isinstance(event, Restarted):
+                for view in views.values():
+                    view.queue.put_nowait(event)
+                continue
+            for ns, entries in split_by_namespace(event.entries, views).items():
+                views[ns].queue.put_nowait(Batch(entries))
+        raise RuntimeError("the shared oplog source ended")
+
+
+def start_point(points: list[Timestamp | None]) -> Timestamp:
+    """The oldest of the streams' start points; a stream that found the oplog
+    empty (None) wants every entry, from the beginning."""
+    if not points or any(p is None for p in points):
+        return Timestamp(0, 0)
+    return min(p for p in points if p is not None)

@@ -1,0 +1,171 @@
+"""Delivery with two partitions, on real MariaDB/FerretDB and daemon processes.
+
+Messages are stored where the partitioned writer stores them
+(tests/e2e/partitioned.py): a message in its sender's partition, its copy in
+the recipient's. Daemons serve one partition each (``CHAT_DAEMON_PARTITIONS``)
+or both: a client at a daemon that does not serve its partition gets 421 and
+the partition; a message between two partitions reaches every device of
+both users exactly once; each daemon decodes only its partitions' oplog
+entries, through the relay; a partition with no messages holds up nobody.
+"""
+
+import asyncio
+import contextlib
+import uuid
+
+import httpx
+import orjson
+import pytest
+import websockets
+from websockets.exceptions import InvalidStatus
+
+from chat.partitions import SlotMap
+from tests.e2e.helpers import connect, nothing_more, receive
+from tests.e2e.partitioned import PartitionedStore
+from tests.system import System, databases, running_system
+
+TWO = SlotMap.even(2)
+
+
+def user_in(partition: int, name: str, slot_map: SlotMap = TWO) -> str:
+    """A fresh user id whose slot is in ``partition``."""
+    while slot_map.partition_of(user := f"{name}-{uuid.uuid4().hex[:8]}") != partition:
+        pass
+    return user
+
+
+@pytest.fixture(scope="module")
+def two_partitions(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("partitions")) as dbs:
+        store = PartitionedStore(dbs, TWO)
+        store.lay_out()
+        try:
+            yield dbs, store
+        finally:
+            store.close()
+
+
+@contextlib.contextmanager
+def daemon_serving(dbs, served: str, **env):
+    """One daemon process on a port of its own, serving ``served`` ("" = all)."""
+    with running_system(dbs, daemons=1, apis=0, CHAT_DAEMON_PARTITIONS=served, **env) as system:
+        yield system
+
+
+@pytest.fixture(scope="module")
+def split(two_partitions):
+    """A relay and two daemons behind it, one per partition; and one daemon serving both, tailing on its own."""
+    dbs, _ = two_partitions
+    with running_system(dbs, daemons=0, apis=0, relay=True) as relay:
+        socket = relay.env["CHAT_OPLOG_RELAY_SOCKET"]
+        with daemon_serving(dbs, "0", CHAT_OPLOG_RELAY_SOCKET=socket) as d0, \
+                daemon_serving(dbs, "1", CHAT_OPLOG_RELAY_SOCKET=socket) as d1, daemon_serving(dbs, "") as both:
+            yield d0, d1, both
+
+
+async def refusal_of_ws(system: System, user: str, query: str = "") -> tuple[int, dict]:
+    with pytest.raises(InvalidStatus) as info:
+        await websockets.connect(f"{system.ws_url}/v1/ws?token={system.token(user)}{query}")
+    return info.value.response.status_code, orjson.loads(info.value.response.body)
+
+
+async def poll(system: System, user: str, query: str = "") -> httpx.Response:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return await client.get(f"{system.poll_url}?timeout=0&token={system.token(user)}{query}")
+
+
+async def test_a_client_at_a_daemon_of_another_partition_gets_421_with_its_partition(split):
+    d0, d1, both = split
+    zoe = user_in(1, "zoe")
+    status, body = await refusal_of_ws(d0, zoe)
+    assert (status, body["error"], body["partition"]) == (421, "wrong_partition", 1)
+    answer = await poll(d0, zoe)
+    assert (answer.status_code, answer.json()["error"], answer.json()["partition"]) == (421, "wrong_partition", 1)
+    # The proxy's parameter, when it names another partition than the user's, is refused with the right one.
+    status, body = await refusal_of_ws(d1, zoe, "&partition=0")
+    assert (status, body["partition"]) == (421, 1)
+    assert (await poll(both, zoe, "&partition=0")).json()["partition"] == 1
+    # Served: at its partition's daemon, with or without the parameter, and at the daemon of both.
+    for system, query in ((d1, ""), (d1, "&partition=1"), (both, "")):
+        ws, hello = await connect(system, zoe, None)
+        assert hello["cursor"].startswith("1.0.")  # partition 1 at epoch 0
+        await ws.close()
+        assert (await poll(system, zoe, query)).status_code == 200
+
+
+async def test_a_message_between_two_partitions_reaches_every_device_of_both_once(split, two_partitions):
+    d0, d1, both = split
+    _, store = two_partitions
+    ann, ben = user_in(0, "ann"), user_in(1, "ben")
+    for where in ("one partition per daemon", "one daemon for both"):
+        ann_at, ben_at = (d0, d1) if where == "one partition per daemon" else (both, both)
+        anns = [(await connect(ann_at, ann))[0] for _ in range(2)]
+        bens = [(await connect(ben_at, ben))[0] for _ in range(2)]
+        stored = store.send(ann, ben, f"hi ({where})")
+        assert stored.home == 0 and stored.copy == 1
+        for ws in anns:
+            [frame] = await receive(ws, 1)
+            assert (frame["id"], frame["body"], frame["cursor"]) == (str(stored.home_id), f"hi ({where})",
+                                                                     str(stored.home_id))
+        for ws in bens:
+            [frame] = await receive(ws, 1)
+            assert (frame["id"], frame["from"], frame["cursor"]) == (str(stored.copy_id), ann, f"1.0.{stored.copy_id}")
+        for ws in anns + bens:
+            assert await nothing_more(ws, 0.5)
+            await ws.close()
+
+
+async def test_each_daemon_decodes_only_its_partitions_entries_through_the_relay(split, two_partitions):
+    d0, d1, _ = split
+    _, store = two_partitions
+    cy, dee = user_in(1, "cy"), user_in(1, "dee")
+    ws, _hello = await connect(d1, dee)
+    before = [decoded(d) for d in (d0, d1)]
+    for n in range(20):
+        store.send(cy, dee, f"m{n}")  # partition 1 only
+    assert [f["body"] for f in await receive(ws, 20)] == [f"m{n}" for n in range(20)]
+    await ws.close()
+    await asyncio.sleep(0.5)  # what the relay sends comes in order: d0 would have had its share by now
+    after = [decoded(d) for d in (d0, d1)]
+    assert after[0] == before[0]  # partition 0's daemon decoded none of them
+    assert after[1]["1"] - before[1].get("1", 0) >= 20 and "0" not in after[1]
+
+
+def decoded(system: System) -> dict[str, float]:
+    """``chat_daemon_oplog_entries_decoded_total`` by partition, from the daemon's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{system.daemon_port}/metrics", timeout=5).text
+    found = {}
+    for line in text.splitlines():
+        if line.startswith('chat_daemon_oplog_entries_decoded_total{partition="'):
+            label, value = line.split('"')[1], float(line.rsplit(" ", 1)[1])
+            found[label] = value
+    return found
+
+
+@pytest.fixture
+def fresh_two_partitions(tmp_path):
+    with databases(tmp_path) as dbs:
+        store = PartitionedStore(dbs, TWO)
+        store.lay_out()
+        try:
+            yield dbs, store
+        finally:
+            store.close()
+
+
+async def test_a_partition_with_no_messages_holds_up_no_delivery_of_the_other(fresh_two_partitions):
+    # Partition 1 has never had a message (no document, no collection in Mongo):
+    # the daemon serving both starts, and delivers partition 0's at once.
+    dbs, store = fresh_two_partitions
+    with daemon_serving(dbs, "") as both:
+        eve, fay = user_in(0, "eve"), user_in(0, "fay")
+        ws, hello = await connect(both, fay)
+        assert hello["cursor"] == "0"
+        for n in range(5):
+            stored = store.send(eve, fay, f"m{n}")
+        frames = await receive(ws, 5, timeout=5)
+        assert [f["body"] for f in frames] == [f"m{n}" for n in range(5)]
+        assert frames[-1]["cursor"] == str(stored.home_id)
+        health = httpx.get(f"http://127.0.0.1:{both.daemon_port}/healthz", timeout=5).json()
+        assert health["partitions"] == {"0": "5", "1": "1.0.0"}
+        await ws.close()
