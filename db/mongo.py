@@ -1,7 +1,8 @@
 """The fast store (MongoDB, FerretDB locally): schema and the few queries we run.
 
-``messages`` holds each message for the retention period, keyed by its global
-id. ``local.oplog.rs`` is what the daemons tail.
+``messages`` holds each message of partition 0 for the retention period,
+keyed by its id; partition k > 0 has ``messages_p{k}`` of the same shape
+(chat.partitions). ``local.oplog.rs`` is what the daemons tail.
 """
 
 from __future__ import annotations
@@ -11,15 +12,27 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from pymongo import ASCENDING, AsyncMongoClient
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, CollectionInvalid, OperationFailure
+
+from chat.partitions import collection_name, suffix
 
 log = logging.getLogger("chat.mongo")
 
 MESSAGES = "messages"
 META = "meta"
-# meta documents: {_id: "retention", floor: <highest id removed by retention>}
-#                 {_id: "head", id: <highest id known to be in `messages`>}
+# meta documents, one of each per partition (suffix "" for 0, "_p{k}" for k):
+#   {_id: "retention{suffix}", floor: <highest id removed by retention>}
+#   {_id: "head{suffix}", id: <highest id known to be in `messages{suffix}`>}
+
+
+def head_key(partition: int = 0) -> str:
+    return "head" + suffix(partition)
+
+
+def floor_key(partition: int = 0) -> str:
+    return "retention" + suffix(partition)
 
 
 def make_client(url: str, timeout_seconds: float) -> AsyncMongoClient:
@@ -42,8 +55,8 @@ async def server(client: AsyncMongoClient) -> tuple[bool, str]:
 
 
 async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_seconds: int,
-                        oplog_max_docs: int, oplog_size_bytes: int) -> dict:
-    """Creates what the system needs; safe to run again. Returns what it found."""
+                        oplog_max_docs: int, oplog_size_bytes: int, partitions: int = 1) -> dict:
+    """Creates what the system needs, a collection per partition; safe to run again. Returns what it found."""
     found = {"oplog": "exists", "ttl_index": False, "ferretdb": False}
     local = client["local"]
     if "oplog.rs" not in await local.list_collection_names():
@@ -53,12 +66,19 @@ async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_second
         await local.create_collection("oplog.rs", capped=True, size=oplog_size_bytes, max=oplog_max_docs)
         found["oplog"] = "created"
     db = client[db_name]
+    ferretdb, _name = await server(client)
+    for partition in range(partitions):
+        await _ensure_messages(db[collection_name(partition)], ferretdb, retention_seconds)
+    found["ferretdb"] = ferretdb
+    found["ttl_index"] = not ferretdb
+    return found
+
+
+async def _ensure_messages(messages: AsyncCollection, ferretdb: bool, retention_seconds: int) -> None:
     try:
-        await db.create_collection(MESSAGES)
+        await messages.database.create_collection(messages.name)
     except CollectionInvalid:
         pass
-    messages = db[MESSAGES]
-    ferretdb, _name = await server(client)
     if ferretdb:
         # FerretDB 1.24 (SQLite) plans every query of ours as a full scan, even
         # by _id (explain: "SCAN messages_..."), so an index there is only work
@@ -68,14 +88,11 @@ async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_second
         for name in ("to_id", "from_id", "created_at"):  # an older schema made them
             with contextlib.suppress(OperationFailure):
                 await messages.drop_index(name)
-        found["ferretdb"] = True
-        return found
+        return
     # Catch-up reads "messages to or from U after id S": one index per side.
     await messages.create_index([("to", ASCENDING), ("_id", ASCENDING)], name="to_id")
     await messages.create_index([("from", ASCENDING), ("_id", ASCENDING)], name="from_id")
     await messages.create_index("created_at", name="created_at_ttl", expireAfterSeconds=retention_seconds)
-    found["ttl_index"] = True
-    return found
 
 
 DUPLICATE_KEY = 11000
@@ -93,53 +110,55 @@ def expired_before(retention_seconds: int, now: datetime | None = None) -> datet
     return (now or datetime.now(UTC)) - timedelta(seconds=retention_seconds)
 
 
-async def newest_id(db: AsyncDatabase) -> int:
+async def newest_id(db: AsyncDatabase, partition: int = 0) -> int:
     """The highest message id stored. Cheap everywhere: the writer records it
     in meta.head, a lookup by string _id in a collection of two documents (FerretDB
     answers it in SQLite without decoding them; it has no usable index even
     there); the sorted query over `messages` is only the fallback for a store
     without it."""
-    head = await head_hint(db)
+    head = await head_hint(db, partition)
     if head is not None:
         return head
     # Numbers only: a string _id (not the writer's) sorts above every number.
-    doc = await db[MESSAGES].find_one({"_id": {"$gt": 0}}, {"_id": 1}, sort=[("_id", -1)])
+    doc = await db[collection_name(partition)].find_one({"_id": {"$gt": 0}}, {"_id": 1}, sort=[("_id", -1)])
     return int(doc["_id"]) if doc and isinstance(doc["_id"], int) else 0
 
 
-async def head_hint(db: AsyncDatabase) -> int | None:
-    """meta.head: the highest id the writer knows to be in `messages`, or None.
-    Written only by the writer, about once a second."""
-    head = await db[META].find_one({"_id": "head"})
+async def head_hint(db: AsyncDatabase, partition: int = 0) -> int | None:
+    """meta.head: the highest id the writer knows to be in the partition's `messages`, or None.
+    Written only by the partition's writer, about once a second."""
+    head = await db[META].find_one({"_id": head_key(partition)})
     return int(head["id"]) if head and isinstance(head.get("id"), int) else None
 
 
-async def is_stored(db: AsyncDatabase, msg_id: int) -> bool:
+async def is_stored(db: AsyncDatabase, msg_id: int, partition: int = 0) -> bool:
     """Whether message ``msg_id`` is in `messages`: a lookup by _id, from the
     index on MongoDB; FerretDB scans the collection for it."""
-    return await db[MESSAGES].find_one({"_id": msg_id}, {"_id": 1}) is not None
+    return await db[collection_name(partition)].find_one({"_id": msg_id}, {"_id": 1}) is not None
 
 
-async def advance_head(db: AsyncDatabase, upto: int) -> None:
-    await db[META].update_one({"_id": "head"}, {"$max": {"id": upto}}, upsert=True)
+async def advance_head(db: AsyncDatabase, upto: int, partition: int = 0) -> None:
+    await db[META].update_one({"_id": head_key(partition)}, {"$max": {"id": upto}}, upsert=True)
 
 
-async def messages_between(db: AsyncDatabase, after: int, upto: int | None, limit: int) -> list[dict]:
+async def messages_between(db: AsyncDatabase, after: int, upto: int | None, limit: int,
+                           partition: int = 0) -> list[dict]:
     """All messages with after < id <= upto, oldest first (global stream)."""
     cond: dict = {"$gt": after}
     if upto is not None:
         cond["$lte"] = upto
-    cursor = db[MESSAGES].find({"_id": cond}, sort=[("_id", 1)], limit=limit)
+    cursor = db[collection_name(partition)].find({"_id": cond}, sort=[("_id", 1)], limit=limit)
     return await cursor.to_list(length=limit)
 
 
-async def messages_for(db: AsyncDatabase, user: str, after: int, upto: int, limit: int) -> list[dict]:
+async def messages_for(db: AsyncDatabase, user: str, after: int, upto: int, limit: int,
+                       partition: int = 0) -> list[dict]:
     """A user's messages (either side) with after < id <= upto, oldest first."""
     query = {"$or": [{"to": user}, {"from": user}], "_id": {"$gt": after, "$lte": upto}}
-    cursor = db[MESSAGES].find(query, sort=[("_id", 1)], limit=limit)
+    cursor = db[collection_name(partition)].find(query, sort=[("_id", 1)], limit=limit)
     return await cursor.to_list(length=limit)
 
 
-async def retention_floor(db: AsyncDatabase) -> int:
-    doc = await db[META].find_one({"_id": "retention"})
+async def retention_floor(db: AsyncDatabase, partition: int = 0) -> int:
+    doc = await db[META].find_one({"_id": floor_key(partition)})
     return int(doc["floor"]) if doc else 0
