@@ -229,3 +229,15 @@ async def test_one_partition_s_outbox_is_repaired_into_its_own_collection(mongo_
         assert await soon(lambda: mirrored_upto() >= ids[-1], timeout=10)
     finally:
         engine.dispose()
+
+
+async def test_an_api_process_that_writes_for_itself_writes_partitioned_too(four):
+    # No writer process (CHAT_WRITER_SOCKET empty): the API process runs a writer
+    # per partition itself, beside the writer process of the other test system.
+    with running_system(four, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND="0") as alone:
+        fred, gina = user_in(3, "fred"), user_in(0, "gina")
+        reply = await post(alone, fred, gina, "from a self-writing API")
+        assert reply.status_code == 201
+        assert [r.id for r in rows(four, 3, "sender = :s", s=fred)] == [int(reply.json()["id"])]
+        copies = await soon(lambda: rows(four, 0, "sender = :s", s=fred))
+        assert [(r.origin_part, r.origin_id) for r in copies] == [(3, int(reply.json()["id"]))]
