@@ -1,4 +1,4 @@
-"""A range of the global message stream, read from MySQL, the permanent store.
+"""A range of one partition's message stream, read from MySQL, the permanent store.
 
 A daemon whose oplog tail skipped ids (it fell off the oplog, or FerretDB
 stored a document without its oplog entry) holds what came after them and
@@ -19,15 +19,17 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from db.sql import messages, pool_size_of, row_to_message
+from db.partition_map import tables_of
+from db.sql import pool_size_of, row_to_message
 from db.threads import Threads
 
 
 class StreamRanges:
-    """Reads ``after < id <= upto`` as the documents Mongo holds for them."""
+    """Reads ``after < id <= upto`` of ``partition``'s table as the documents its collection holds for them."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, partition: int = 0):
         self._engine = engine
+        self._messages = tables_of(partition).messages
         self._threads = Threads(pool_size_of(engine), "ranges")
 
     async def between(self, after: int, upto: int, limit: int) -> list[dict]:
@@ -43,9 +45,10 @@ class StreamRanges:
 
     def _head(self) -> int:
         with self._engine.connect() as conn:
-            return int(conn.execute(select(func.coalesce(func.max(messages.c.id), 0))).scalar_one())
+            return int(conn.execute(select(func.coalesce(func.max(self._messages.c.id), 0))).scalar_one())
 
     def _read(self, after: int, upto: int, limit: int) -> list[dict]:
+        messages = self._messages
         query = (select(messages).where(messages.c.id > after, messages.c.id <= upto)
                  .order_by(messages.c.id).limit(limit))
         with self._engine.connect() as conn:
