@@ -1,6 +1,8 @@
 """Group commit of new messages into MySQL, then MongoDB, in one global order.
 
-Every API process funnels its requests into one ``MessageWriter``. Requests
+Every API process funnels its requests into one ``MessageWriter`` per
+partition (writer/partitioned.py; everything below holds per partition, on
+its own lock, tables and collection: partition 0's are named here). Requests
 queued within a few milliseconds form a batch. Batches are written in
 *sessions* under the MySQL named lock ``chat.writer``, which all API
 processes share:
