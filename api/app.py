@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -31,13 +32,15 @@ from api.state import State
 from api.validation import parse_bearer, parse_dev_login, parse_history_query
 from chat import auth
 from chat.metrics_port import serve_metrics
+from chat.partitions import SlotMap, suffix
 from chat.settings import Settings
 from db import mongo
+from db.partition_map import load_slot_map, tables_of
 from db.retention import run_sweeper
-from db.sql import MAX_OVERFLOW, conversation_key, make_engine, messages, pool_size_of, row_to_message
+from db.sql import MAX_OVERFLOW, conversation_key, make_engine, pool_size_of, row_to_message
 from db.threads import Threads
 from writer.client import RemoteWriter
-from writer.message_writer import MessageWriter
+from writer.partitioned import PartitionedWriter, build, engine_pool_size
 
 log = logging.getLogger("chat.api")
 STATIC = Path(__file__).with_name("static")
@@ -46,16 +49,23 @@ DEV_TOKEN_TTL_SECONDS = 12 * 3600
 
 # One row per peer: the newest message of each conversation the user is in.
 # Each branch is a loose index scan of (sender, recipient, id) or (recipient, sender, id).
-CONVERSATIONS_SQL = text("""
-    SELECT m.* FROM messages m JOIN (
+CONVERSATIONS_SQL = """
+    SELECT m.* FROM {messages} m JOIN (
         SELECT peer, MAX(id) AS id FROM (
-            SELECT recipient AS peer, MAX(id) AS id FROM messages WHERE sender = :user GROUP BY recipient
+            SELECT recipient AS peer, MAX(id) AS id FROM {messages} WHERE sender = :user GROUP BY recipient
             UNION ALL
-            SELECT sender AS peer, MAX(id) AS id FROM messages WHERE recipient = :user GROUP BY sender
+            SELECT sender AS peer, MAX(id) AS id FROM {messages} WHERE recipient = :user GROUP BY sender
         ) AS ends GROUP BY peer ORDER BY id DESC LIMIT :limit
     ) AS newest ON m.id = newest.id
     ORDER BY m.id DESC
-""")
+"""
+
+
+@functools.cache
+def conversations_sql(partition: int) -> Executable:
+    """The conversation list's query on the partition's table (a user's partition holds
+    every message the user sent or received: chat.partitions)."""
+    return text(CONVERSATIONS_SQL.format(messages="messages" + suffix(partition)))
 
 
 def json_response(data: object, status: int = 200, headers: dict | None = None) -> Response:
@@ -91,6 +101,7 @@ async def get_history(request: Request) -> Response:
     st = _state(request)
     user = authenticate(request, st.settings)
     peer, before, limit = parse_history_query(request.query_params)
+    messages = tables_of(st.slot_map.partition_of(user)).messages
     query = (select(messages).where(messages.c.conversation == conversation_key(user, peer))
              .order_by(messages.c.id.desc()).limit(limit + 1))
     if before is not None:
@@ -106,7 +117,8 @@ async def get_conversations(request: Request) -> Response:
     st = _state(request)
     user = authenticate(request, st.settings)
 
-    rows = await _read(st, CONVERSATIONS_SQL, {"user": user, "limit": CONVERSATIONS_MAX})
+    rows = await _read(st, conversations_sql(st.slot_map.partition_of(user)),
+                       {"user": user, "limit": CONVERSATIONS_MAX})
     conversations = []
     for row in rows:
         msg = row_to_message(row).to_public()
@@ -231,24 +243,19 @@ def read_threads(engine: Engine) -> Threads:
     return Threads(pool_size_of(engine) + MAX_OVERFLOW, "reads")
 
 
-def _writer(settings: Settings, db: AsyncDatabase) -> tuple[MessageWriter | RemoteWriter, Engine | None]:
-    """The host's writer process if there is one (writer/), else a writer of this process's own."""
+def _writer(settings: Settings, db: AsyncDatabase,
+            slot_map: SlotMap) -> tuple[PartitionedWriter | RemoteWriter, Engine | None]:
+    """The host's writer process if there is one (writer/), else writers of this process's own, one per
+    partition (writer/partitioned.py), as the writer process runs them."""
     if settings.writer_socket:
         # Its reply deadline is a last resort for a writer that hangs: the
         # writer's own MySQL and Mongo timeouts answer first.
         return RemoteWriter(settings.writer_socket, wait_seconds=settings.writer_wait_seconds,
                             reply_seconds=3 * settings.db_timeout_seconds + settings.writer_wait_seconds), None
-    # Imported here, not at the top: registering the writer's metrics makes
-    # this process export them, and only a process that writes for itself has any.
-    from writer import metrics as writer_metrics
-
-    # The writer's own connections: the reads cannot take them all from it.
-    engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=2)
-    return MessageWriter(engine, db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
-                         queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
-                         retention_seconds=settings.retention_seconds, observe_batch=writer_metrics.observe_batch,
-                         observe_mongo_lag=writer_metrics.MONGO_LAG.observe,
-                         observe_outbox=writer_metrics.observe_outbox), engine
+    # The writers' own connections: the reads cannot take them all from them.
+    engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
+                         pool_size=engine_pool_size(slot_map))
+    return build(settings, engine, db, slot_map), engine
 
 
 def create_app(settings: Settings) -> ASGIApp:
@@ -257,14 +264,17 @@ def create_app(settings: Settings) -> ASGIApp:
         engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
         client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
         db = client[settings.mongo_db]
-        writer, writer_engine = _writer(settings, db)
+        # The map of its start: a slot move restarts the API processes (docs/operations.md).
+        slot_map = load_slot_map(engine)
+        writer, writer_engine = _writer(settings, db, slot_map)
         reads = read_threads(engine)
         app.state.chat = State(settings, engine, client, writer,
-                               RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst), reads)
+                               RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst), reads,
+                               slot_map)
         tasks = [asyncio.create_task(run_sweeper(
-                     db, engine, reads, settings.retention_seconds, settings.sweep_interval_seconds),
-                     name="sweeper")]
-        if isinstance(writer, MessageWriter):
+                     db, engine, reads, settings.retention_seconds, settings.sweep_interval_seconds,
+                     slot_map.partitions), name="sweeper")]
+        if isinstance(writer, PartitionedWriter):
             tasks.append(asyncio.create_task(writer.run(), name="writer"))
         # What start-up made (modules, the app, the pools) lives as long as the
         # process: out of the cyclic GC's sight, so that its full passes walk
@@ -280,7 +290,7 @@ def create_app(settings: Settings) -> ASGIApp:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
-            if isinstance(writer, MessageWriter):
+            if isinstance(writer, PartitionedWriter):
                 writer.close()
             else:
                 await writer.close()

@@ -9,10 +9,11 @@ from pymongo import AsyncMongoClient
 from sqlalchemy.engine import Engine
 
 from api.ratelimit import RateLimiter
+from chat.partitions import SlotMap
 from chat.settings import Settings
 from db.threads import Threads
 from writer.client import RemoteWriter
-from writer.message_writer import MessageWriter
+from writer.partitioned import PartitionedWriter
 
 
 @dataclass
@@ -20,6 +21,7 @@ class State:
     settings: Settings
     engine: Engine
     mongo_client: AsyncMongoClient
-    writer: MessageWriter | RemoteWriter
+    writer: PartitionedWriter | RemoteWriter
     limiter: RateLimiter
     reads: Threads  # the blocking MySQL reads; never asyncio's default executor (db.threads)
+    slot_map: SlotMap  # read at start: which partition's table holds a user's history

@@ -18,15 +18,18 @@ import orjson
 # builds one per oplog entry. Nothing mutates a Message.
 @dataclass(slots=True)
 class Message:
-    id: int  # global, gap-free, assigned in commit order (see writer/message_writer.py)
+    id: int  # gap-free in its partition, assigned in commit order (see writer/message_writer.py)
     sender: str
     recipient: str
     body: str
     created_at: datetime  # UTC, millisecond precision (what BSON keeps)
     client_msg_id: str | None = None
+    # A copy in the recipient's partition names its original (chat.partitions); None on originals.
+    origin_part: int | None = None
+    origin_id: int | None = None
 
     def to_doc(self) -> dict:
-        return {
+        doc = {
             "_id": self.id,
             "from": self.sender,
             "to": self.recipient,
@@ -34,6 +37,9 @@ class Message:
             "created_at": self.created_at,
             "client_msg_id": self.client_msg_id,
         }
+        if self.origin_part is not None:
+            doc["origin_part"], doc["origin_id"] = self.origin_part, self.origin_id
+        return doc
 
     def to_public(self) -> dict:
         return public(self.id, self.sender, self.recipient, self.body, self.created_at, self.client_msg_id)

@@ -3,6 +3,8 @@
     chatctl token alice --ttl 1h
     chatctl send --as alice bob "hello"
     chatctl listen --as bob [--since ID]
+    chatctl partitions show
+    chatctl partitions grow 8    (writers stopped: docs/operations.md)
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from chat.auth_config import require_safe_auth
 from chat.settings import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+partitions_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                             help="The slot map of the partitions, in MySQL (docs/operations.md).")
+app.add_typer(partitions_app, name="partitions")
 
 _DURATION = re.compile(r"(\d+)([smhd]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -83,6 +88,34 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
         sys.stdout.flush()
 
     asyncio.run(run_listen(base, tok, since, show, count or None))
+
+
+@partitions_app.command("show")
+def partitions_show() -> None:
+    """Print the map's epoch, its partitions, and each one's slots."""
+    from chatctl import partitions
+    from db.partition_map import NoSlotMap
+
+    try:
+        typer.echo(partitions.show(Settings()))
+    except NoSlotMap as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+
+
+@partitions_app.command("grow")
+def partitions_grow(count: int = typer.Argument(..., help="The number of partitions to grow to")) -> None:
+    """Grow to COUNT partitions: new tables and collections, then the map (only the slots that change
+    partition move; their users' cursors give recovered: false). Stop the writers first; restart every
+    process after."""
+    from chatctl import partitions
+    from db.partition_map import NoSlotMap
+
+    try:
+        typer.echo(partitions.grow(Settings(), count))
+    except (partitions.Refused, NoSlotMap) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Creates both schemas, waiting for the servers first: ``python -m db.init``.
 
-MySQL through Alembic migrations; MongoDB through ``db.mongo.ensure_schema``.
-Safe to run again: it is what ``make run`` and the test fixtures call.
+MySQL through Alembic migrations, then the slot map (``CHAT_PARTITIONS``
+partitions if MySQL has none yet; after that the map in MySQL rules) and the
+tables of every partition; MongoDB through ``db.mongo.ensure_schema``, a
+collection per partition. Safe to run again: it is what ``make run`` and the
+test fixtures call.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from chat.logs import setup_logging
+from chat.partitions import SlotMap
 from chat.settings import Settings
 from db import mongo
+from db.partition_map import lay_out
 
 log = logging.getLogger("chat.init")
 ALEMBIC_INI = Path(__file__).with_name("alembic.ini")
@@ -48,12 +53,20 @@ def migrate(url: str) -> None:
     command.upgrade(cfg, "head")
 
 
-async def init_mongo(settings: Settings, deadline: float) -> dict:
+def lay_out_partitions(url: str, partitions: int) -> SlotMap:
+    engine = create_engine(url)
+    try:
+        return lay_out(engine, partitions)
+    finally:
+        engine.dispose()
+
+
+async def init_mongo(settings: Settings, deadline: float, partitions: int = 1) -> dict:
     while True:
         client = mongo.make_client(settings.mongo_url.get_secret_value(), 2.0)
         try:
             return await mongo.ensure_schema(client, settings.mongo_db, settings.retention_seconds,
-                                             settings.oplog_max_docs, settings.oplog_size_bytes)
+                                             settings.oplog_max_docs, settings.oplog_size_bytes, partitions)
         except Exception as exc:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"MongoDB did not answer: {exc}") from exc
@@ -67,9 +80,11 @@ def init_all(settings: Settings, wait_seconds: float = 60) -> dict:
     url = settings.mysql_url.get_secret_value()
     wait_for_mysql(url, deadline)
     migrate(url)
-    found = asyncio.run(init_mongo(settings, deadline))
-    log.info("event=schema_ready mysql=migrated oplog=%s ttl_index=%s ferretdb=%s", found["oplog"], found["ttl_index"],
-             found["ferretdb"])
+    slot_map = lay_out_partitions(url, settings.partitions)
+    found = asyncio.run(init_mongo(settings, deadline, slot_map.partitions))
+    found["partitions"] = slot_map.partitions
+    log.info("event=schema_ready mysql=migrated partitions=%d epoch=%d oplog=%s ttl_index=%s ferretdb=%s",
+             slot_map.partitions, slot_map.epoch, found["oplog"], found["ttl_index"], found["ferretdb"])
     return found
 
 

@@ -1,7 +1,8 @@
 """The fast store (MongoDB, FerretDB locally): schema and the few queries we run.
 
-``messages`` holds each message for the retention period, keyed by its global
-id. ``local.oplog.rs`` is what the daemons tail.
+``messages`` holds each message of partition 0 for the retention period,
+keyed by its id; partition k > 0 has ``messages_p{k}`` of the same shape
+(chat.partitions). ``local.oplog.rs`` is what the daemons tail.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from pymongo import ASCENDING, AsyncMongoClient
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, CollectionInvalid, OperationFailure
 
@@ -55,8 +57,8 @@ async def server(client: AsyncMongoClient) -> tuple[bool, str]:
 
 
 async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_seconds: int,
-                        oplog_max_docs: int, oplog_size_bytes: int) -> dict:
-    """Creates what the system needs; safe to run again. Returns what it found."""
+                        oplog_max_docs: int, oplog_size_bytes: int, partitions: int = 1) -> dict:
+    """Creates what the system needs, a collection per partition; safe to run again. Returns what it found."""
     found = {"oplog": "exists", "ttl_index": False, "ferretdb": False}
     local = client["local"]
     if "oplog.rs" not in await local.list_collection_names():
@@ -66,12 +68,19 @@ async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_second
         await local.create_collection("oplog.rs", capped=True, size=oplog_size_bytes, max=oplog_max_docs)
         found["oplog"] = "created"
     db = client[db_name]
+    ferretdb, _name = await server(client)
+    for partition in range(partitions):
+        await _ensure_messages(db[collection_name(partition)], ferretdb, retention_seconds)
+    found["ferretdb"] = ferretdb
+    found["ttl_index"] = not ferretdb
+    return found
+
+
+async def _ensure_messages(messages: AsyncCollection, ferretdb: bool, retention_seconds: int) -> None:
     try:
-        await db.create_collection(MESSAGES)
+        await messages.database.create_collection(messages.name)
     except CollectionInvalid:
         pass
-    messages = db[MESSAGES]
-    ferretdb, _name = await server(client)
     if ferretdb:
         # FerretDB 1.24 (SQLite) plans every query of ours as a full scan, even
         # by _id (explain: "SCAN messages_..."), so an index there is only work
@@ -81,14 +90,11 @@ async def ensure_schema(client: AsyncMongoClient, db_name: str, retention_second
         for name in ("to_id", "from_id", "created_at"):  # an older schema made them
             with contextlib.suppress(OperationFailure):
                 await messages.drop_index(name)
-        found["ferretdb"] = True
-        return found
+        return
     # Catch-up reads "messages to or from U after id S": one index per side.
     await messages.create_index([("to", ASCENDING), ("_id", ASCENDING)], name="to_id")
     await messages.create_index([("from", ASCENDING), ("_id", ASCENDING)], name="from_id")
     await messages.create_index("created_at", name="created_at_ttl", expireAfterSeconds=retention_seconds)
-    found["ttl_index"] = True
-    return found
 
 
 DUPLICATE_KEY = 11000
@@ -133,8 +139,8 @@ async def is_stored(db: AsyncDatabase, msg_id: int, partition: int = 0) -> bool:
     return await db[collection_name(partition)].find_one({"_id": msg_id}, {"_id": 1}) is not None
 
 
-async def advance_head(db: AsyncDatabase, upto: int) -> None:
-    await db[META].update_one({"_id": "head"}, {"$max": {"id": upto}}, upsert=True)
+async def advance_head(db: AsyncDatabase, upto: int, partition: int = 0) -> None:
+    await db[META].update_one({"_id": head_key(partition)}, {"$max": {"id": upto}}, upsert=True)
 
 
 async def messages_between(db: AsyncDatabase, after: int, upto: int | None, limit: int,

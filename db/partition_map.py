@@ -35,10 +35,38 @@ def tables_of(partition: int) -> PartitionTables:
 
 
 def ensure_tables(engine: Engine, partitions: int) -> None:
-    """Creates the tables of partitions 1..partitions-1 that do not exist yet."""
+    """Creates the tables of partitions 1..partitions-1 that do not exist yet,
+    each ``stream_state`` with its one row (nothing written, nothing mirrored)."""
     for k in range(1, partitions):
         t = tables_of(k)
         t.messages.metadata.create_all(engine, checkfirst=True)
+        with engine.begin() as conn:
+            conn.execute(t.stream_state.insert().prefix_with("IGNORE").values(id=1, last_id=0, mirrored_upto=0))
+
+
+class NoSlotMap(RuntimeError):
+    """MySQL holds no slot map: ``python -m db.init`` has not run on this store."""
+
+
+def lay_out(engine: Engine, partitions: int) -> SlotMap:
+    """The slot map MySQL holds, written as ``SlotMap.even(partitions)`` if it has none
+    yet, with every partition's tables created. What ``db.init`` does; safe to run again."""
+    with engine.begin() as conn:
+        slot_map = read_slot_map(conn)
+        if slot_map is None:
+            slot_map = SlotMap.even(partitions)
+            write_slot_map(conn, slot_map)
+    ensure_tables(engine, slot_map.partitions)
+    return slot_map
+
+
+def load_slot_map(engine: Engine) -> SlotMap:
+    """The slot map a process starts with, or NoSlotMap saying what to run."""
+    with engine.connect() as conn:
+        slot_map = read_slot_map(conn)
+    if slot_map is None:
+        raise NoSlotMap("MySQL holds no slot map (partition_map): run `python -m db.init` first")
+    return slot_map
 
 
 def read_slot_map(conn: Connection) -> SlotMap | None:

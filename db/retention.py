@@ -5,6 +5,8 @@ sweep then finds little to do. Either way it records the retention *floor*:
 every id <= floor has expired, so a daemon can answer ``recovered: false`` to
 a client whose resume point is older, instead of a silent partial fill.
 The floor is written before the delete, so it is never behind what is gone.
+Each partition (chat.partitions) is swept on its own: its table, its
+collection, its floor.
 
 What has expired is read from MySQL, by primary key from the floor onwards,
 not from the fast store. FerretDB pushes no range, sort or integer ``_id``
@@ -27,8 +29,9 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from chat.partitions import collection_name
 from db import mongo
-from db.sql import messages
+from db.partition_map import tables_of
 from db.threads import Threads
 
 log = logging.getLogger("chat.retention")
@@ -44,12 +47,13 @@ DELETE_PIECE = 25_000
 PIECE_PAUSE_SECONDS = 0.05  # between pieces: the oplog tails get the server back meanwhile
 
 
-def newest_expired_id(engine: Engine, after: int, cutoff: datetime) -> int:
+def newest_expired_id(engine: Engine, after: int, cutoff: datetime, partition: int = 0) -> int:
     """The highest id created before ``cutoff``, walking up from ``after``;
     ``after`` if none. Ids are given in commit order, so created_at rises with
     them; a row stamped slightly out of order (clocks of several API hosts)
     still counts, as long as it falls within the page where expiry ends."""
     naive_cutoff = cutoff.replace(tzinfo=None)  # MySQL keeps UTC without a zone
+    messages = tables_of(partition).messages
     newest = after
     with engine.connect() as conn:
         while True:
@@ -63,22 +67,23 @@ def newest_expired_id(engine: Engine, after: int, cutoff: datetime) -> int:
 
 
 async def sweep_once(db: AsyncDatabase, engine: Engine, threads: Threads, retention_seconds: int,
-                     piece: int = DELETE_PIECE) -> int:
-    """Deletes expired messages, at most ``piece`` ids per delete; returns how many."""
+                     piece: int = DELETE_PIECE, partition: int = 0) -> int:
+    """Deletes the partition's expired messages, at most ``piece`` ids per delete; returns how many."""
     cutoff = mongo.expired_before(retention_seconds)
-    floor = await mongo.retention_floor(db)
-    newest = await threads.run(newest_expired_id, engine, floor, cutoff)
+    floor = await mongo.retention_floor(db, partition)
+    newest = await threads.run(newest_expired_id, engine, floor, cutoff, partition)
     if newest <= floor:
         return 0  # nothing expired since the last sweep (by any API process)
     deleted = 0
     for upto in delete_steps(floor, newest, piece):
         # The floor first, so that it is never behind what is gone: a reader
         # that finds it past its position knows messages may be missing.
-        await db[mongo.META].update_one({"_id": "retention"}, {"$max": {"floor": upto}}, upsert=True)
-        result = await db[mongo.MESSAGES].delete_many({"_id": {"$lte": upto}})
+        await db[mongo.META].update_one({"_id": mongo.retention_key(partition)}, {"$max": {"floor": upto}},
+                                        upsert=True)
+        result = await db[collection_name(partition)].delete_many({"_id": {"$lte": upto}})
         deleted += result.deleted_count
         await asyncio.sleep(PIECE_PAUSE_SECONDS)
-    log.info("event=retention_sweep deleted=%d floor=%d", deleted, newest)
+    log.info("event=retention_sweep partition=%d deleted=%d floor=%d", partition, deleted, newest)
     return deleted
 
 
@@ -91,10 +96,11 @@ def delete_steps(floor: int, newest: int, piece: int) -> list[int]:
 
 
 async def run_sweeper(db: AsyncDatabase, engine: Engine, threads: Threads, retention_seconds: int,
-                      interval: float) -> None:
+                      interval: float, partitions: int = 1) -> None:
     while True:
-        try:
-            await sweep_once(db, engine, threads, retention_seconds)
-        except (PyMongoError, SQLAlchemyError) as exc:
-            log.warning("event=retention_sweep_failed error=%s", exc.__class__.__name__)
+        for partition in range(partitions):
+            try:
+                await sweep_once(db, engine, threads, retention_seconds, partition=partition)
+            except (PyMongoError, SQLAlchemyError) as exc:
+                log.warning("event=retention_sweep_failed partition=%d error=%s", partition, exc.__class__.__name__)
         await asyncio.sleep(interval)

@@ -41,7 +41,13 @@ messages = Table(
     Column("body", Text(collation="utf8mb4_bin"), nullable=False),
     Column("client_msg_id", String(64, collation="utf8mb4_bin"), nullable=True),
     Column("created_at", DATETIME(fsp=3), nullable=False),
+    # A copy (chat.partitions: the recipient's partition holds every message the
+    # recipient got) names its original: the sender's partition and the id there.
+    # NULL on originals. Unique, so that a copy is made at most once.
+    Column("origin_part", SmallInteger, nullable=True),
+    Column("origin_id", BigInteger, nullable=True),
     UniqueConstraint("sender", "client_msg_id", name="uq_messages_sender_client_msg_id"),
+    UniqueConstraint("origin_part", "origin_id", name="uq_messages_origin"),
     Index("ix_messages_conversation_id", "conversation", "id"),
     # GET /v1/conversations: the newest id per peer, from either side.
     Index("ix_messages_sender_recipient_id", "sender", "recipient", "id"),
@@ -78,10 +84,25 @@ partition_map = Table(
 )
 
 
+# Copies owed: a message committed in partition from_part whose recipient is in
+# to_part. The original's commit inserts the row, the copy's commit deletes it,
+# each in its own transaction: a writer that dies between the two leaves the
+# row, and the next writer of to_part makes the copy (writer/copies.py).
+echoes = Table(
+    "echoes",
+    metadata,
+    Column("to_part", SmallInteger, primary_key=True, autoincrement=False),
+    Column("from_part", SmallInteger, primary_key=True, autoincrement=False),
+    Column("from_id", BigInteger, primary_key=True, autoincrement=False),
+    mysql_engine="InnoDB",
+)
+
+
 def row_to_message(row: Row) -> Message:
     """A row of `messages` as the Message it stores (created_at is kept in UTC, without a zone)."""
     created = row.created_at.replace(tzinfo=UTC)
-    return Message(row.id, row.sender, row.recipient, row.body, created, row.client_msg_id)
+    return Message(row.id, row.sender, row.recipient, row.body, created, row.client_msg_id,
+                   getattr(row, "origin_part", None), getattr(row, "origin_id", None))
 
 
 def conversation_key(a: str, b: str) -> str:

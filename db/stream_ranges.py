@@ -1,4 +1,4 @@
-"""A range of the global message stream, read from MySQL, the permanent store.
+"""A range of one partition's message stream, read from MySQL, the permanent store.
 
 A daemon whose oplog tail skipped ids (it fell off the oplog, or FerretDB
 stored a document without its oplog entry) holds what came after them and
@@ -25,7 +25,7 @@ from db.threads import Threads
 
 
 class StreamRanges:
-    """Reads ``after < id <= upto`` as the documents Mongo holds for them."""
+    """Reads ``after < id <= upto`` of ``partition``'s table as the documents its collection holds for them."""
 
     def __init__(self, engine: Engine, partition: int = 0):
         self._engine = engine

@@ -9,12 +9,13 @@ from chat.drafts import Draft
 from chat.errors import ChatError
 from chat.messages import Message
 from chat.write_errors import ClientIdConflict
+from writer.copies import Copy
 
 
 @dataclass(slots=True)
 class Pending:
-    """One request: its draft, and the future its answer settles."""
-    draft: Draft
+    """One request: its draft (or a copy owed to this partition), and the future its answer settles."""
+    draft: Draft | Copy
     future: asyncio.Future = field(repr=False)
 
 
@@ -26,6 +27,7 @@ class Committed:
     started: float  # time.perf_counter() when the batch's commit began
     stamped: float  # time.monotonic() when created_at was taken, just before the INSERT
     others_waiting: bool  # another process is queued for the lock: hand over after this batch
+    owed: list[tuple[int, Copy]] = field(default_factory=list)  # (partition, copy) this batch's originals owe
 
 
 class CommitFailed(ChatError):

@@ -1,6 +1,8 @@
 """Group commit of new messages into MySQL, then MongoDB, in one global order.
 
-Every API process funnels its requests into one ``MessageWriter``. Requests
+Every API process funnels its requests into one ``MessageWriter`` per
+partition (writer/partitioned.py; everything below holds per partition, on
+its own lock, tables and collection: partition 0's are named here). Requests
 queued within a few milliseconds form a batch. Batches are written in
 *sessions* under the MySQL named lock ``chat.writer``, which all API
 processes share:
@@ -69,17 +71,19 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, PyMongoError
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from chat.drafts import Draft
 from chat.messages import Message
+from chat.partitions import SlotMap, collection_name, lock_name
 from chat.write_errors import WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
 from db import mongo
+from db.partition_map import tables_of
 from db.sql import row_to_message
 from db.threads import Threads
 from writer.batch import CommitFailed, Pending, answer_all, fail
+from writer.copies import Copy
 from writer.core import (
     DEFAULT_TIMING,
     NextStep,
@@ -90,20 +94,38 @@ from writer.core import (
     unsent_max,
 )
 from writer.mirror import Mirror
-from writer.mysql_steps import MySQLSteps
+from writer.mongo_steps import MongoSteps
+from writer.mysql_steps import MySQLSteps, next_lock_name
 from writer.outbox_watch import OutboxWatch
 from chat.stopping import reraise_if_cancelling
 
 log = logging.getLogger("chat.writer")
+ONE_PARTITION = SlotMap.even(1)
 
 
-class MessageWriter(MySQLSteps):
+def _no_hand_over(partition: int, copy: Copy) -> None:
+    """Without a peer in this process, a copy is made by the drain of its partition's writer."""
+
+
+class MessageWriter(MySQLSteps, MongoSteps):
+    """The writer of one partition (``partition``, of ``slot_map``): its lock, tables and collection.
+    ``hand_over(partition, copy)`` offers a copy its originals owe to that partition's writer at once."""
+
     def __init__(self, engine: Engine, mongo_db: AsyncDatabase, *, batch_max: int, window_ms: float,
                  queue_max: int, timeout_seconds: float, retention_seconds: int,
                  observe_batch: Callable[[int, float], None] = lambda n, s: None,
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
                  observe_outbox: Callable[[int, float], None] = lambda n, s: None,
-                 timing: Timing = DEFAULT_TIMING):
+                 observe_copies: Callable[[int], None] = lambda n: None,
+                 timing: Timing = DEFAULT_TIMING, partition: int = 0, slot_map: SlotMap = ONE_PARTITION,
+                 hand_over: Callable[[int, Copy], None] = _no_hand_over):
+        self._partition = partition
+        self._slot_map = slot_map
+        self._hand_over = hand_over
+        tables = tables_of(partition)
+        self._messages, self._stream_state = tables.messages, tables.stream_state
+        self._lock, self._next_lock = lock_name(partition), next_lock_name(partition)
+        self._collection = collection_name(partition)
         self._engine = engine
         # A thread of its own for its MySQL calls: slow reads elsewhere must not
         # hold a message back (db.threads). One, so that they run in order: a
@@ -121,6 +143,7 @@ class MessageWriter(MySQLSteps):
         self._observe_batch = observe_batch
         self._observe_mongo_lag = observe_mongo_lag
         self._observe_outbox = observe_outbox  # (messages, age of the oldest in seconds), after each turn
+        self._observe_copies = observe_copies  # copies committed in this partition, per batch
         self._outbox = OutboxWatch()
         self._core = WriterCore(timing)
         self._head_task: asyncio.Task | None = None  # a meta.head write started mid-turn
@@ -140,6 +163,17 @@ class MessageWriter(MySQLSteps):
         except asyncio.QueueFull:
             raise WriterOverloaded from None
         return future
+
+    def offer_copy(self, copy: Copy) -> None:
+        """Queues a copy owed to this partition. Nobody waits for it: its echo row
+        is committed, so a copy that is not made now (a full queue, a failed turn)
+        is made by a later turn's drain (``_leftovers``)."""
+        future = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_copy_settled)
+        try:
+            self._queue.put_nowait(Pending(copy, future))
+        except asyncio.QueueFull:
+            future.cancel()
 
     # --- the writer task --------------------------------------------------
     async def run(self, repair_every: float = 1.0) -> None:
@@ -223,6 +257,8 @@ class MessageWriter(MySQLSteps):
             if core.locked(mirrored, last_id, time.monotonic()) is OutboxPlan.REPAIR:
                 mirrored, in_step = await self._repair(conn, mirrored, last_id)
                 core.repaired(in_step, time.monotonic())
+            if self._slot_map.partitions > 1:
+                batch = self._in_hand = await self._leftovers(conn) + batch
             mirror = Mirror(self._insert, core.mirroring, mirrored, last_id, unsent_max(self._batch_max),
                             self._observe_mongo_lag)
             try:
@@ -239,6 +275,7 @@ class MessageWriter(MySQLSteps):
                         await self._settle(failed)
                         break
                     answer_all(committed)  # stored: MySQL is the permanent store
+                    self._pass_on(committed.owed, committed.new_messages)
                     self._observe_batch(len(committed.answers), time.perf_counter() - committed.started)
                     await mirror.add(committed.new_messages, last_id, committed.stamped)
                     step = core.committed(committed.others_waiting, time.monotonic())
@@ -292,63 +329,30 @@ class MessageWriter(MySQLSteps):
     def close(self) -> None:
         self._threads.close()
 
+    async def _leftovers(self, conn: Connection) -> list[Pending]:
+        """Copies owed to this partition that no hand-over made (a writer killed
+        between the two commits, a full queue, another host's original)."""
+        copies = await self._mysql(self._leftover_copies, conn, self._batch_max)
+        loop = asyncio.get_running_loop()
+        pending = []
+        for copy in copies:
+            future = loop.create_future()
+            future.add_done_callback(_copy_settled)
+            pending.append(Pending(copy, future))
+        return pending
+
+    def _pass_on(self, owed: list[tuple[int, Copy]], new: list[Message]) -> None:
+        """After a commit: the copies its originals owe, to their partitions' writers at once."""
+        for partition, copy in owed:
+            self._hand_over(partition, copy)
+        if self._slot_map.partitions > 1:
+            self._observe_copies(sum(1 for m in new if m.origin_part is not None))
+
     async def _mysql(self, fn, *args):
         try:
             return await self._threads.run(fn, *args)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
-
-    # --- Mongo steps ------------------------------------------------------------
-    async def _within_timeout(self, operation):
-        """A Mongo operation, waited for at most the writer's timeout. On time-out
-        it is cancelled but not waited for: a cancelled driver call may clean up
-        with more I/O to the server that hung (asyncio.wait_for waits for that,
-        and CI measured 2-3 s), and the writer holds the lock every API process
-        shares. What the cancelled call did or did not write is the outbox's to
-        find out."""
-        task = asyncio.ensure_future(operation)
-        done, _ = await asyncio.wait({task}, timeout=self._timeout)
-        if not done:
-            task.cancel()
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
-            raise TimeoutError
-        return task.result()
-
-    async def _insert(self, docs: list[dict], ordered: bool = True) -> bool:
-        """One insert_many under the writer's deadline. ``ordered=False`` (the
-        outbox repair): every document is tried, and one refused only for a
-        duplicate _id counts as stored, since ids are the writer's alone. Its
-        documents may then become visible out of id order; a daemon reads such
-        a hole back from MySQL, where all of them are committed."""
-        try:
-            await self._within_timeout(self._mongo[mongo.MESSAGES].insert_many(docs, ordered=ordered))
-            return True
-        except BulkWriteError as exc:
-            if not ordered and mongo.only_duplicates(exc):
-                return True
-            return self._insert_failed(exc, docs)
-        except (PyMongoError, TimeoutError) as exc:
-            return self._insert_failed(exc, docs)
-
-    def _insert_failed(self, exc: Exception, docs: list[dict]) -> bool:
-        log.warning("event=mongo_write_failed error=%s outbox_from=%d outbox_to=%d",
-                    exc.__class__.__name__, docs[0]["_id"], docs[-1]["_id"])
-        self._core.mongo_failed(time.monotonic())
-        self._outbox.seen(max(self._outbox.size, len(docs)), docs[0]["created_at"])  # the oldest unsent
-        return False
-
-    def _hint_head(self, upto: int) -> None:
-        """Moves meta.head in the background (commits go on meanwhile), one write at a time."""
-        if self._core.head_due(upto, time.monotonic()) and (self._head_task is None or self._head_task.done()):
-            self._head_task = asyncio.create_task(self._advance_head(upto))
-
-    async def _advance_head(self, upto: int) -> None:
-        try:
-            await self._within_timeout(mongo.advance_head(self._mongo, upto))
-            self._core.head_moved(upto, time.monotonic())
-        except (PyMongoError, TimeoutError):
-            # only a hint for the daemons' gap check; a later turn writes it again
-            self._core.head_failed(time.monotonic())
 
     async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:
         """Copies outbox rows to Mongo, oldest first, a page at a time; returns
@@ -377,3 +381,9 @@ class MessageWriter(MySQLSteps):
             mirrored = docs[-1]["_id"]
         self._outbox.cleared()
         return mirrored, True
+
+
+def _copy_settled(future: asyncio.Future) -> None:
+    """A copy's outcome is nobody's answer: a failure leaves its echo row for a later turn."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("event=copy_deferred error=%s", future.exception().__class__.__name__)

@@ -7,7 +7,9 @@ own ``chat_api_*``.
 
 from __future__ import annotations
 
-from prometheus_client import Gauge, Histogram
+from collections.abc import Callable
+
+from prometheus_client import Counter, Gauge, Histogram
 
 from chat import gcpauses
 from chat.loop_histogram import LoopHistogram
@@ -23,10 +25,14 @@ MONGO_LAG = LoopHistogram("chat_writer_mongo_lag_seconds", "Per message, from it
                           "the insert ahead, its own insert",
                           buckets=(.0025, .005, .0075, .01, .015, .02, .025, .03, .04, .05, .075, .1, .15, .25, .5, 1,
                                    2.5))
+# Per partition: each has its own outbox, in its own collection.
 OUTBOX_MESSAGES = Gauge("chat_writer_outbox_messages", "Messages committed to MySQL that the fast store does not "
-                        "hold yet (the outbox), as of the writer's last turn")
-OUTBOX_AGE = Gauge("chat_writer_outbox_age_seconds", "Age of the oldest message in the outbox (0: empty). Past 10 s "
-                   "the writer also logs event=outbox_aging; the daemons deliver those messages from MySQL meanwhile")
+                        "hold yet (the outbox), as of the partition writer's last turn", ["partition"])
+OUTBOX_AGE = Gauge("chat_writer_outbox_age_seconds", "Age of the oldest message in the partition's outbox (0: "
+                   "empty). Past 10 s the writer also logs event=outbox_aging; the daemons deliver those messages "
+                   "from MySQL meanwhile", ["partition"])
+COPIES = Counter("chat_writer_copies", "Copies committed in the partition of their recipient, of messages sent "
+                 "from another partition", ["partition"])
 GC_PAUSES = Histogram("chat_writer_gc_pause_seconds", "Cyclic garbage collector passes of the writer process, by "
                       "generation: no request is read or answered meanwhile", ["generation"], buckets=gcpauses.BUCKETS)
 
@@ -36,9 +42,19 @@ def watch_gc() -> None:
     gcpauses.watch(GC_PAUSES)
 
 
-def observe_outbox(size: int, age_seconds: float) -> None:
-    OUTBOX_MESSAGES.set(size)
-    OUTBOX_AGE.set(age_seconds)
+def outbox_observer(partition: int) -> Callable[[int, float], None]:
+    """(messages, age of the oldest in seconds) of one partition's outbox, after each of its turns."""
+    messages, age = OUTBOX_MESSAGES.labels(str(partition)), OUTBOX_AGE.labels(str(partition))
+
+    def observe(size: int, age_seconds: float) -> None:
+        messages.set(size)
+        age.set(age_seconds)
+
+    return observe
+
+
+def copies_observer(partition: int) -> Callable[[int], None]:
+    return COPIES.labels(str(partition)).inc
 
 
 def observe_batch(size: int, seconds: float) -> None:

@@ -2,7 +2,9 @@
 
 ``MySQLSteps`` is the half of ``MessageWriter`` that speaks SQL: the lock,
 the stream state, a batch's INSERT and COMMIT, the checkpoint and the
-release. The decisions (when to ask for a hand-over) are the core's.
+release, all on the tables and lock of the writer's partition. The decisions
+(when to ask for a hand-over, which copies a batch owes) are the core's and
+``writer.copies``'.
 """
 
 from __future__ import annotations
@@ -11,45 +13,61 @@ import contextlib
 import logging
 import time
 
-from sqlalchemy import func, select, text, tuple_
+from sqlalchemy import Table, func, select, text, tuple_
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from chat.messages import Message, now_ms
+from chat.partitions import SlotMap, lock_name
 from chat.write_errors import WriteUnavailable
-from db.sql import conversation_key, messages, row_to_message, stream_state
+from db.sql import conversation_key, row_to_message
+from writer import echo_sql
 from writer.batch import CommitFailed, Committed, Pending
+from writer.copies import Copy, Known, copy_message, copy_plan, owed_copies
 from writer.core import REPAIR_PAGE, WriterCore
 
 log = logging.getLogger("chat.writer")
 
-LOCK_NAME = "chat.writer"
-# Held by the process queued for LOCK_NAME while it waits: the holder sees it
-# and ends its turn after the batch in hand instead of taking another.
-NEXT_LOCK_NAME = "chat.writer.next"
+LOCK_NAME = lock_name(0)
+
+
+def next_lock_name(partition: int) -> str:
+    """Held by the process queued for the partition's writer lock while it waits:
+    the holder sees it and ends its turn after the batch in hand instead of taking another."""
+    return lock_name(partition) + ".next"
+
+
+NEXT_LOCK_NAME = next_lock_name(0)
 
 
 class MySQLSteps:
     _engine: Engine
     _timeout: float
     _core: WriterCore
+    _partition: int
+    _slot_map: SlotMap
+    _messages: Table
+    _stream_state: Table
+    _lock: str
+    _next_lock: str
 
     def _lock_and_read_state(self, conn: Connection) -> tuple[int, int]:
-        """Takes the writer lock (queued behind NEXT_LOCK_NAME); returns (last_id, mirrored_upto)."""
+        """Takes the writer lock (queued behind the next-lock); returns (last_id, mirrored_upto)."""
         deadline = time.monotonic() + self._timeout
         lock = text("SELECT GET_LOCK(:n, :t)")
         got = 0
-        if conn.execute(lock, {"n": NEXT_LOCK_NAME, "t": self._timeout}).scalar() == 1:
+        if conn.execute(lock, {"n": self._next_lock, "t": self._timeout}).scalar() == 1:
             try:
-                got = conn.execute(lock, {"n": LOCK_NAME, "t": max(0.0, deadline - time.monotonic())}).scalar() or 0
+                got = conn.execute(lock, {"n": self._lock, "t": max(0.0, deadline - time.monotonic())}).scalar() or 0
             finally:
-                conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": NEXT_LOCK_NAME})
+                conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self._next_lock})
         conn.commit()
         if got != 1:
             raise WriteUnavailable("mysql: writer lock timeout")
         # The batches do not move stream_state.last_id (one round trip fewer
         # each): the highest id in `messages` is the truth, and a look-up of
         # the primary key's last entry. last_id is recorded with mirrored_upto.
+        messages, stream_state = self._messages, self._stream_state
         newest = select(func.max(messages.c.id)).scalar_subquery()
         state = conn.execute(select(func.greatest(stream_state.c.last_id, func.coalesce(newest, 0)),
                                     stream_state.c.mirrored_upto).where(stream_state.c.id == 1)).one()
@@ -63,35 +81,48 @@ class MySQLSteps:
             # answer), so the batch goes in without looking for them first, one
             # round trip fewer per batch: the unique (sender, client_msg_id)
             # refuses the INSERT if it holds one, and only then are they looked up.
-            return self._write_batch(conn, batch, last_id, started, {})
+            return self._write_batch(conn, batch, last_id, started, Known.nothing())
         except IntegrityError:
             return self._write_batch(conn, batch, last_id, started, self._existing(conn, batch))
 
     def _write_batch(self, conn: Connection, batch: list[Pending], last_id: int, started: float,
-                     known: dict[tuple[str, str], Message]) -> tuple[Committed, int]:
-        """``known``: (sender, client_msg_id) -> the stored original, for the retries in ``batch``."""
+                     known: Known) -> tuple[Committed, int]:
+        """``known``: what the table holds of the retries and copies in ``batch``."""
         new: list[Message] = []
         answers: list[tuple[Pending, Message, bool]] = []
         created_at, stamped = now_ms(), time.monotonic()
         for p in batch:
             d = p.draft
-            key = (d.sender, d.client_msg_id) if d.client_msg_id else None
-            if key in known:  # a retry: answered with the original (or a conflict, see batch.answer)
-                answers.append((p, known[key], False))
-                continue
-            last_id += 1
-            msg = Message(last_id, d.sender, d.recipient, d.body, created_at, d.client_msg_id)
+            if isinstance(d, Copy):
+                write, keep_key = copy_plan(d, known)
+                if not write:  # copied already: by another offer of it, or earlier in this batch
+                    answers.append((p, known.copies[d.origin], False))
+                    continue
+                last_id += 1
+                msg = copy_message(d, last_id, keep_key)
+                known.copies[d.origin] = msg
+                key = (msg.sender, msg.client_msg_id) if msg.client_msg_id else None
+            else:
+                key = (d.sender, d.client_msg_id) if d.client_msg_id else None
+                if key in known.originals:  # a retry: answered with the original (or a conflict, see batch.answer)
+                    answers.append((p, known.originals[key], False))
+                    continue
+                last_id += 1
+                msg = Message(last_id, d.sender, d.recipient, d.body, created_at, d.client_msg_id)
             new.append(msg)
             answers.append((p, msg, True))
             if key:
-                known[key] = msg
+                known.originals[key] = msg
+        owed = owed_copies(new, self._partition, self._slot_map)
         try:
             if new:
-                conn.execute(messages.insert(), [
+                conn.execute(self._messages.insert(), [
                     {"id": m.id, "sender": m.sender, "recipient": m.recipient,
                      "conversation": conversation_key(m.sender, m.recipient), "body": m.body,
-                     "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None)}
+                     "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None),
+                     "origin_part": m.origin_part, "origin_id": m.origin_id}
                     for m in new])
+                echo_sql.settle_echoes(conn, self._partition, owed, new)
         except SQLAlchemyError:
             conn.rollback()
             raise
@@ -100,8 +131,8 @@ class MySQLSteps:
         except SQLAlchemyError:
             with contextlib.suppress(SQLAlchemyError):
                 conn.rollback()  # on a live connection, never commit this later by accident
-            raise CommitFailed(Committed(new, answers, started, stamped, False)) from None
-        return Committed(new, answers, started, stamped, waiting), last_id
+            raise CommitFailed(Committed(new, answers, started, stamped, False, owed)) from None
+        return Committed(new, answers, started, stamped, waiting, owed), last_id
 
     def _commit(self, conn: Connection) -> bool:
         """Commits a batch; returns whether another process is queued for the
@@ -110,27 +141,32 @@ class MySQLSteps:
         conn.commit()
         return waiting
 
-    @staticmethod
-    def _others_waiting(conn: Connection, commit: bool = False) -> bool:
-        """Another process is queued for the writer lock (it holds NEXT_LOCK_NAME)."""
-        waiting = conn.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": NEXT_LOCK_NAME}).scalar() is not None
+    def _others_waiting(self, conn: Connection, commit: bool = False) -> bool:
+        """Another process is queued for the writer lock (it holds the next-lock)."""
+        waiting = conn.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": self._next_lock}).scalar() is not None
         if commit:
             conn.commit()
         return waiting
 
-    @staticmethod
-    def _existing(conn: Connection, batch: list[Pending]) -> dict[tuple[str, str], Message]:
+    def _existing(self, conn: Connection, batch: list[Pending]) -> Known:
+        messages = self._messages
         keys = {(p.draft.sender, p.draft.client_msg_id) for p in batch if p.draft.client_msg_id}
-        if not keys:
-            return {}
-        rows = conn.execute(select(messages).where(
-            tuple_(messages.c.sender, messages.c.client_msg_id).in_(list(keys)))).all()
-        return {(r.sender, r.client_msg_id): row_to_message(r) for r in rows}
+        origins = {p.draft.origin for p in batch if isinstance(p.draft, Copy)}
+        known = Known.nothing()
+        if keys:
+            rows = conn.execute(select(messages).where(
+                tuple_(messages.c.sender, messages.c.client_msg_id).in_(list(keys)))).all()
+            known.originals = {(r.sender, r.client_msg_id): row_to_message(r) for r in rows}
+        if origins:
+            rows = conn.execute(select(messages).where(
+                tuple_(messages.c.origin_part, messages.c.origin_id).in_(list(origins)))).all()
+            known.copies = {(r.origin_part, r.origin_id): row_to_message(r) for r in rows}
+        return known
 
-    @staticmethod
-    def _mark(conn: Connection, mirrored: int, last_id: int) -> None:
+    def _mark(self, conn: Connection, mirrored: int, last_id: int) -> None:
         """Records that Mongo holds every id up to ``mirrored`` (the outbox starts
         after it), and the last id written (for operators: the writer reads it from `messages`)."""
+        stream_state = self._stream_state
         conn.execute(stream_state.update().where(stream_state.c.id == 1).values(
             mirrored_upto=func.greatest(stream_state.c.mirrored_upto, mirrored),
             last_id=func.greatest(stream_state.c.last_id, last_id)))
@@ -140,7 +176,7 @@ class MySQLSteps:
         try:
             if mirrored is not None:
                 self._mark(conn, mirrored, last_id)
-            conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
+            conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self._lock})
             conn.commit()
         except SQLAlchemyError:
             log.warning("event=release_failed mirrored_upto=%s", mirrored)
@@ -149,9 +185,9 @@ class MySQLSteps:
         finally:
             conn.close()
 
-    @staticmethod
-    def _outbox_page(conn: Connection, after: int) -> list[Row]:
+    def _outbox_page(self, conn: Connection, after: int) -> list[Row]:
         """The next REPAIR_PAGE rows of the outbox past ``after``, oldest first (by primary key)."""
+        messages = self._messages
         return list(conn.execute(select(messages).where(messages.c.id > after)
                                  .order_by(messages.c.id).limit(REPAIR_PAGE)).all())
 
@@ -159,9 +195,14 @@ class MySQLSteps:
         """Whether a batch whose COMMIT failed is stored after all, read on a fresh connection."""
         if not new:
             return True  # only retries: nothing was to be written
+        messages = self._messages
         with self._engine.connect() as conn:
             rows = conn.execute(select(messages.c.id, messages.c.sender, messages.c.client_msg_id, messages.c.body)
                                 .where(messages.c.id.between(new[0].id, new[-1].id))).all()
         # One transaction: all of them or none. Another process may have taken
         # these ids since (a lost connection frees the writer lock): ours only if they match.
         return {tuple(r) for r in rows} == {(m.id, m.sender, m.client_msg_id, m.body) for m in new}
+
+    def _leftover_copies(self, conn: Connection, limit: int) -> list[Copy]:
+        """Copies owed to this partition that no hand-over brought (echo_sql.leftover_copies)."""
+        return echo_sql.leftover_copies(conn, self._partition, limit)

@@ -7,7 +7,8 @@ message's creation time waiting for each other's turn (41-49 ms p50 against
 14-15 with one process, at 1,000 msg/s). Here the API processes
 parse, authenticate and validate, and hand the message to this one process
 over a Unix socket; it batches them all together and holds the lock, in
-turns, only against the writers of other hosts.
+turns, only against the writers of other hosts. It runs one writer per
+partition (writer/partitioned.py), on the slot map MySQL holds when it starts.
 
 SIGTERM: stop accepting, say goodbye on every link and read each to the end
 the API process then gives it, answer every request read (a batch in flight
@@ -36,9 +37,10 @@ from chat.write_errors import (
     WriteUnavailable,
 )
 from db import mongo
+from db.partition_map import load_slot_map
 from db.sql import make_engine
 from writer import metrics, protocol
-from writer.message_writer import MessageWriter
+from writer.partitioned import PartitionedWriter, build, engine_pool_size
 from writer.protocol import BadFrame
 
 log = logging.getLogger("chat.writer.server")
@@ -66,7 +68,7 @@ class Link:
     """One API process's connection: reads its requests, writes each reply as
     soon as its batch is settled (from the future's callback: no task per message)."""
 
-    def __init__(self, writer: MessageWriter, reader: asyncio.StreamReader, stream: asyncio.StreamWriter,
+    def __init__(self, writer: PartitionedWriter, reader: asyncio.StreamReader, stream: asyncio.StreamWriter,
                  unanswered: Unanswered, frame_max: int):
         self._writer, self._reader, self._stream = writer, reader, stream
         self._unanswered = unanswered
@@ -121,14 +123,15 @@ class Unanswered:
 
 async def run(settings: Settings) -> None:
     path = Path(settings.writer_socket)
-    engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=2)
+    url = settings.mysql_url.get_secret_value()
+    probe = make_engine(url, settings.db_timeout_seconds, pool_size=1)
+    try:
+        slot_map = load_slot_map(probe)
+    finally:
+        probe.dispose()
+    engine = make_engine(url, settings.db_timeout_seconds, pool_size=engine_pool_size(slot_map))
     client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
-    writer = MessageWriter(engine, client[settings.mongo_db], batch_max=settings.batch_max,
-                           window_ms=settings.batch_window_ms, queue_max=settings.writer_queue_max,
-                           timeout_seconds=settings.db_timeout_seconds,
-                           retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch,
-                           observe_mongo_lag=metrics.MONGO_LAG.observe,
-                           observe_outbox=metrics.observe_outbox)
+    writer = build(settings, engine, client[settings.mongo_db], slot_map)
     writing = asyncio.create_task(writer.run(), name="writer")
     unanswered = Unanswered()
     frame_max = protocol.request_frame_max(settings.body_max_chars)
@@ -148,7 +151,7 @@ async def run(settings: Settings) -> None:
     gc.freeze()  # what start-up made lives as long as the process: out of the cyclic GC's walks (as in the API)
     metrics.watch_gc()
     serve_metrics(settings.api_host, settings.metrics_port)
-    log.info("event=writer_started socket=%s", path)
+    log.info("event=writer_started socket=%s partitions=%d epoch=%d", path, slot_map.partitions, slot_map.epoch)
     try:
         await stop.wait()
     finally:

@@ -26,9 +26,14 @@ GRANT ALTER, CREATE, DROP, INDEX, REFERENCES, SELECT, INSERT, UPDATE, DELETE
   ON chat.* TO 'chat_migrate'@'%';
 
 -- ---- chat_api: the API processes ---------------------------------------------------
--- What writer/mysql_steps.py, writer/message_writer.py and api/app.py execute:
+-- What writer/mysql_steps.py, writer/message_writer.py, writer/echo_sql.py and api/app.py execute:
 --   messages      SELECT (history, retries by client_msg_id, outbox repair), INSERT
 --   stream_state  SELECT (last_id, mirrored_upto), UPDATE (advance them)
+--   partition_map SELECT (the slot map, read at start)
+--   echoes        SELECT, INSERT (a copy owed), DELETE (the copy made): rows of
+--                 debts between partitions, never messages
+-- and the same as on messages and stream_state on each partition's
+-- messages_p{k} and stream_state_p{k} (the loop at the end of this file).
 -- plus UPDATE on messages and INSERT on stream_state, which today's code does
 -- not use (the migration inserts the stream_state row); they keep the grant
 -- uniform per table. Drop them for the tightest set. No DELETE on either:
@@ -43,6 +48,8 @@ SET @sql = CONCAT('ALTER USER ''chat_api''@''%'' IDENTIFIED BY ', QUOTE(@api_pw)
 PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
 GRANT SELECT, INSERT, UPDATE ON chat.messages     TO 'chat_api'@'%';
 GRANT SELECT, INSERT, UPDATE ON chat.stream_state TO 'chat_api'@'%';
+GRANT SELECT ON chat.partition_map TO 'chat_api'@'%';
+GRANT SELECT, INSERT, DELETE ON chat.echoes TO 'chat_api'@'%';
 
 -- '%' because API hosts come and go; restrict it to your app subnet
 -- (e.g. 'chat_api'@'10.0.1.%') where the network layout is stable, and keep
@@ -57,3 +64,21 @@ PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
 SET @sql = CONCAT('ALTER USER ''chat_daemon''@''%'' IDENTIFIED BY ', QUOTE(@daemon_pw));
 PREPARE stmt FROM @sql; EXECUTE stmt; DEALLOCATE PREPARE stmt;
 GRANT SELECT ON chat.messages TO 'chat_daemon'@'%';
+GRANT SELECT ON chat.partition_map TO 'chat_daemon'@'%';  -- the slot map, read at start
+
+-- ---- the tables of partitions k > 0 ---------------------------------------------------
+-- Their number is data (db.init, `chatctl partitions grow`), so their grants are
+-- given here for every such table that exists: run this file again after a grow.
+-- The same as partition 0's: chat_api reads and writes messages_p{k} and
+-- stream_state_p{k}; chat_daemon reads messages_p{k}.
+DELIMITER //
+BEGIN NOT ATOMIC
+  FOR t IN (SELECT table_name AS name FROM information_schema.tables
+            WHERE table_schema = 'chat' AND table_name REGEXP '^(messages|stream_state)_p[0-9]+$') DO
+    EXECUTE IMMEDIATE CONCAT('GRANT SELECT, INSERT, UPDATE ON chat.', t.name, ' TO ''chat_api''@''%''');
+    IF t.name LIKE 'messages%' THEN
+      EXECUTE IMMEDIATE CONCAT('GRANT SELECT ON chat.', t.name, ' TO ''chat_daemon''@''%''');
+    END IF;
+  END FOR;
+END //
+DELIMITER ;

@@ -483,7 +483,10 @@ def test_grants_are_least_privilege():
     assert grants(GRANTS.read_text()) == {
         ("chat_api", "chat.messages"): {"SELECT", "INSERT", "UPDATE"},
         ("chat_api", "chat.stream_state"): {"SELECT", "INSERT", "UPDATE"},
+        ("chat_api", "chat.partition_map"): {"SELECT"},
+        ("chat_api", "chat.echoes"): {"SELECT", "INSERT", "DELETE"},
         ("chat_daemon", "chat.messages"): {"SELECT"},
+        ("chat_daemon", "chat.partition_map"): {"SELECT"},
         ("chat_migrate", "chat.*"): {"ALTER", "CREATE", "DROP", "INDEX", "REFERENCES",
                                      "SELECT", "INSERT", "UPDATE", "DELETE"},
     }

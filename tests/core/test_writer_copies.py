@@ -1,0 +1,59 @@
+"""Where a message is written and which copies it owes (writer/copies.py): pure, no database."""
+
+from datetime import UTC, datetime
+
+from chat.messages import Message
+from chat.partitions import SlotMap
+from writer.copies import Copy, Echo, Known, copy_message, copy_plan, echo_rows, home_of, owed_copies
+
+FOUR = SlotMap.even(4)
+AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def user_in(partition: int, slot_map: SlotMap = FOUR, start: int = 0) -> str:
+    return next(f"u{i}" for i in range(start, 100_000) if slot_map.partition_of(f"u{i}") == partition)
+
+
+def msg(msg_id: int, sender: str, recipient: str, client_msg_id: str | None = None) -> Message:
+    return Message(msg_id, sender, recipient, "hi", AT, client_msg_id)
+
+
+def test_a_message_is_written_in_its_sender_s_partition():
+    for k in range(4):
+        assert home_of(user_in(k), FOUR) == k
+    assert home_of(user_in(3), SlotMap.even(1)) == 0
+
+
+def test_only_messages_to_another_partition_owe_a_copy_there():
+    a, a2, b, c = user_in(1), user_in(1, start=5000), user_in(2), user_in(3)
+    new = [msg(7, a, b), msg(8, a, a2), msg(9, a, c), msg(10, a, a)]
+    owed = owed_copies(new, 1, FOUR)
+    assert [(to, copy.from_part, copy.original.id) for to, copy in owed] == [(2, 1, 7), (3, 1, 9)]
+    assert echo_rows(owed) == [Echo(2, 1, 7), Echo(3, 1, 9)]
+
+
+def test_one_partition_owes_nothing_and_copies_owe_nothing_further():
+    a, b = user_in(1), user_in(2)
+    assert owed_copies([msg(1, a, b)], 0, SlotMap.even(1)) == []
+    copy = Message(4, a, b, "hi", AT, None, origin_part=1, origin_id=7)  # a copy written in b's partition 2
+    assert owed_copies([copy], 2, FOUR) == []
+
+
+def test_a_copy_keeps_the_original_s_time_and_key_and_names_its_origin():
+    original = msg(7, user_in(1), user_in(2), "c1")
+    made = copy_message(Copy(original, 1), 41, keep_client_msg_id=True)
+    assert made == Message(41, original.sender, original.recipient, "hi", AT, "c1", origin_part=1, origin_id=7)
+    assert made.to_doc()["origin_part"] == 1 and made.to_doc()["origin_id"] == 7
+    assert "origin_part" not in original.to_doc()  # an original's document has the shape of an unpartitioned one
+    assert copy_message(Copy(original, 1), 41, keep_client_msg_id=False).client_msg_id is None
+
+
+def test_a_copy_already_made_is_not_made_again_and_a_taken_key_is_dropped():
+    original = msg(7, user_in(1), user_in(2), "c1")
+    copy = Copy(original, 1)
+    assert copy_plan(copy, Known.nothing()) == (True, True)
+    stored = copy_message(copy, 41, True)
+    assert copy_plan(copy, Known({}, {(1, 7): stored})) == (False, False)
+    other = Message(3, original.sender, "x", "other", AT, "c1")  # the key names another message there
+    assert copy_plan(copy, Known({(original.sender, "c1"): other}, {})) == (True, False)
+    assert copy_plan(Copy(msg(8, original.sender, original.recipient), 1), Known({}, {(1, 7): stored})) == (True, True)

@@ -1,0 +1,58 @@
+"""`chatctl partitions show` and `grow`, as an operator runs them, against real MariaDB and FerretDB."""
+
+import subprocess
+import sys
+
+import pymongo
+import pytest
+from sqlalchemy import create_engine, inspect, text
+
+from chat.partitions import SlotMap, lock_name
+from tests.servers import ROOT, env_for
+from tests.system import databases
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("grow")) as dbs:  # laid out with one partition, the default
+        yield dbs
+
+
+def chatctl(dbs, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "chatctl.cli", "partitions", *args],
+                          env=env_for(dbs.mariadb, dbs.ferretdb), cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_grow_refuses_while_a_writer_holds_a_lock_then_grows_tables_collections_and_map(one):
+    shown = chatctl(one, "show")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == ["epoch 0, 1 partition", "partition 0: 1024 slots 0-1023"]
+
+    engine = create_engine(one.mariadb.url())
+    try:
+        with engine.connect() as writer:  # a writer of partition 0, mid-turn
+            assert writer.execute(text("SELECT GET_LOCK(:n, 0)"), {"n": lock_name(0)}).scalar() == 1
+            refused = chatctl(one, "grow", "3")
+            writer.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": lock_name(0)})
+        assert refused.returncode == 1 and "stop the writers first" in refused.stderr
+        assert "messages_p1" not in inspect(engine).get_table_names()
+
+        grown = chatctl(one, "grow", "3")
+        assert grown.returncode == 0, grown.stderr
+        assert grown.stdout.splitlines()[0] == "epoch 1, 3 partitions"
+        with engine.connect() as conn:
+            stored = SlotMap.decode(conn.execute(text("SELECT slot_map FROM partition_map")).scalar())
+            states = [conn.execute(text(f"SELECT last_id FROM stream_state_p{k}")).all() for k in (1, 2)]
+        assert stored == SlotMap.even(1).grown(3)
+        assert states == [[(0,)], [(0,)]]
+        assert {"messages_p1", "messages_p2"} <= set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    client = pymongo.MongoClient(one.ferretdb.url)
+    try:
+        assert {"messages_p1", "messages_p2"} <= set(client["chat"].list_collection_names())
+    finally:
+        client.close()
+
+    again = chatctl(one, "grow", "2")
+    assert again.returncode == 1 and "never shrink" in again.stderr

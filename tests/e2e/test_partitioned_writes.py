@@ -1,0 +1,243 @@
+"""Partitioned writes (CHAT_PARTITIONS=4) against real MariaDB and FerretDB, through the writer process.
+
+Each partition is a cell: its own gap-free ids, lock, tables and collection. A
+message is written in its sender's partition and copied, once, into its
+recipient's; a partition whose writer is stalled holds back no other.
+"""
+
+import asyncio
+import time
+import uuid
+
+import httpx
+import pymongo
+import pytest
+from sqlalchemy import create_engine, text
+
+from chat.drafts import Draft
+from chat.partitions import SlotMap, collection_name, lock_name, suffix
+from tests.e2e.helpers import post, running_writer
+from tests.system import databases, running_system
+
+FOUR = SlotMap.even(4)
+
+
+def user_in(partition: int, name: str) -> str:
+    """A fresh user id of ``partition`` (its slot decides: chat.partitions.slot_of)."""
+    tag = uuid.uuid4().hex[:6]
+    return next(u for i in range(10_000) if FOUR.partition_of(u := f"{name}{i}-{tag}") == partition)
+
+
+def rows(dbs, partition: int, where: str = "1", **params) -> list:
+    engine = create_engine(dbs.mariadb.url())
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(f"SELECT * FROM messages{suffix(partition)} WHERE {where} ORDER BY id"),
+                                params).all()
+    finally:
+        engine.dispose()
+
+
+def echoes(dbs) -> list:
+    engine = create_engine(dbs.mariadb.url())
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT * FROM echoes")).all()
+    finally:
+        engine.dispose()
+
+
+def docs(dbs, partition: int, query: dict) -> list[dict]:
+    client = pymongo.MongoClient(dbs.ferretdb.url, tz_aware=True)
+    try:
+        return list(client["chat"][collection_name(partition)].find(query).sort("_id", 1))
+    finally:
+        client.close()
+
+
+async def soon(check, timeout: float = 10.0):
+    """``check()`` once it is truthy, polling; its last value otherwise."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return value
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("parts"), partitions=4) as dbs:
+        yield dbs
+
+
+@pytest.fixture(scope="module")
+def hosted(four):
+    with running_system(four, daemons=0, apis=1, writer=True, CHAT_RATE_LIMIT_PER_SECOND="0") as system:
+        yield system
+
+
+def test_db_init_lays_out_four_partitions_each_with_its_tables_and_collection(four):
+    engine = create_engine(four.mariadb.url())
+    try:
+        with engine.connect() as conn:
+            stored = conn.execute(text("SELECT slot_map FROM partition_map")).scalar()
+            states = [conn.execute(text(f"SELECT last_id, mirrored_upto FROM stream_state{suffix(k)}")).all()
+                      for k in range(4)]
+    finally:
+        engine.dispose()
+    assert SlotMap.decode(stored) == FOUR
+    assert all(len(state) == 1 for state in states)
+    client = pymongo.MongoClient(four.ferretdb.url)
+    try:
+        assert {"messages", "messages_p1", "messages_p2", "messages_p3"} <= set(client["chat"].list_collection_names())
+    finally:
+        client.close()
+
+
+async def test_each_partition_numbers_its_own_messages_without_gaps(hosted):
+    senders = {k: user_in(k, "s") for k in range(4)}
+    async with httpx.AsyncClient(timeout=10) as c:
+        replies = await asyncio.gather(*(post(hosted, senders[k], user_in(k, "r"), f"m{i}", client=c)
+                                         for k in range(4) for i in range(6)))
+    assert [r.status_code for r in replies] == [201] * 24
+    for k in range(4):
+        table = rows(hosted.dbs, k)
+        assert [r.id for r in table] == list(range(1, len(table) + 1))  # gap-free, from 1, in each partition
+        mine = [r for r in table if r.sender == senders[k]]
+        assert len(mine) == 6 and all(r.origin_part is None for r in mine)
+        answered = {int(r.json()["id"]) for r in replies if r.json()["from"] == senders[k]}
+        assert {r.id for r in mine} == answered
+        others = [rows(hosted.dbs, j, "sender = :s", s=senders[k]) for j in range(4) if j != k]
+        assert others == [[], [], []]  # no copy: every recipient was in the sender's partition
+        stored = await soon(lambda k=k: len(got := docs(hosted.dbs, k, {"from": senders[k]})) == 6 and got)
+        assert sorted(d["_id"] for d in stored) == sorted(answered)
+
+
+async def test_a_message_to_another_partition_is_stored_once_in_each_even_when_retried(hosted):
+    alice, bob = user_in(1, "alice"), user_in(2, "bob")
+    first = await post(hosted, alice, bob, "hello bob", "k1")
+    again = await post(hosted, alice, bob, "hello bob", "k1")
+    assert (first.status_code, again.status_code) == (201, 200) and again.json() == first.json()
+    original_id = int(first.json()["id"])
+
+    originals = rows(hosted.dbs, 1, "sender = :s", s=alice)
+    assert [(r.id, r.recipient, r.body, r.origin_part, r.origin_id) for r in originals] == \
+        [(original_id, bob, "hello bob", None, None)]
+    copies = await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice))
+    assert [(r.recipient, r.body, r.client_msg_id, r.origin_part, r.origin_id) for r in copies] == \
+        [(bob, "hello bob", "k1", 1, original_id)]
+    assert copies[0].created_at == originals[0].created_at  # one message, one time, on both sides
+    assert rows(hosted.dbs, 0, "sender = :s", s=alice) == [] and rows(hosted.dbs, 3, "sender = :s", s=alice) == []
+
+    in_home = await soon(lambda: docs(hosted.dbs, 1, {"from": alice}))
+    in_theirs = await soon(lambda: docs(hosted.dbs, 2, {"from": alice}))
+    assert [d["_id"] for d in in_home] == [original_id] and "origin_part" not in in_home[0]
+    assert [(d["_id"], d["origin_part"], d["origin_id"]) for d in in_theirs] == [(copies[0].id, 1, original_id)]
+    assert not [e for e in echoes(hosted.dbs) if (e.from_part, e.from_id) == (1, original_id)]
+
+    # Each side reads its own partition: the same message, each with its partition's id.
+    async with httpx.AsyncClient(timeout=10) as c:
+        seen_by_bob = (await c.get(f"{hosted.api_url}/v1/messages", params={"with": alice},
+                                   headers={"Authorization": f"Bearer {hosted.token(bob)}"})).json()["messages"]
+        seen_by_alice = (await c.get(f"{hosted.api_url}/v1/messages", params={"with": bob},
+                                     headers={"Authorization": f"Bearer {hosted.token(alice)}"})).json()["messages"]
+        bobs_list = (await c.get(f"{hosted.api_url}/v1/conversations",
+                                 headers={"Authorization": f"Bearer {hosted.token(bob)}"})).json()["conversations"]
+    assert [(m["id"], m["body"]) for m in seen_by_bob] == [(str(copies[0].id), "hello bob")]
+    assert [(m["id"], m["body"]) for m in seen_by_alice] == [(str(original_id), "hello bob")]
+    assert [(c["with"], c["last"]["id"]) for c in bobs_list] == [(alice, str(copies[0].id))]
+
+
+async def test_a_leftover_echo_becomes_exactly_one_copy(hosted):
+    # A writer of partition 1 on another host whose hand-over never happens, as
+    # when it is killed between its commit and the copy's: its commit leaves
+    # the original and the echo row, and partition 2's writer, in the writer
+    # process, drains the echo into one copy.
+    alice, bob = user_in(1, "alice"), user_in(2, "bob")
+    async with running_writer(hosted.dbs, partition=1, slot_map=FOUR) as (writer, _engine, _db):
+        original, created = await writer.submit(Draft(alice, bob, "left over", "k9"))
+    assert created
+    copies = await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice))
+    assert [(r.origin_part, r.origin_id, r.body) for r in copies] == [(1, original.id, "left over")]
+    await asyncio.sleep(1.5)  # more idle turns, each draining: still one copy
+    assert len(rows(hosted.dbs, 2, "sender = :s", s=alice)) == 1
+    assert not [e for e in echoes(hosted.dbs) if (e.from_part, e.from_id) == (1, original.id)]
+    in_theirs = await soon(lambda: docs(hosted.dbs, 2, {"from": alice}))
+    assert [d["_id"] for d in in_theirs] == [copies[0].id]
+
+
+async def test_a_stalled_partition_holds_back_no_other_and_loses_nothing(hosted):
+    senders = {k: user_in(k, "s") for k in range(4)}
+    engine = create_engine(hosted.dbs.mariadb.url())
+    holder = engine.connect()
+    try:
+        # Another connection holds partition 3's writer lock: its writer waits, the others go on.
+        assert holder.execute(text("SELECT GET_LOCK(:n, 0)"), {"n": lock_name(3)}).scalar() == 1
+        async with httpx.AsyncClient(timeout=15) as c:
+            stalled = asyncio.create_task(post(hosted, senders[3], user_in(3, "r"), "stalled", "st1", client=c))
+            await asyncio.sleep(0.2)
+            for k in (0, 1, 2):
+                started = time.monotonic()
+                reply = await post(hosted, senders[k], user_in(k, "r"), "free", client=c)
+                assert reply.status_code == 201 and time.monotonic() - started < 1.0
+            refused = await stalled
+        # at the lock timeout (CHAT_DB_TIMEOUT_SECONDS), as for a writer lock held anywhere
+        assert (refused.status_code, refused.json()["error"]) == (503, "mysql_unavailable"), refused.text
+        assert rows(hosted.dbs, 3, "sender = :s", s=senders[3]) == []
+    finally:
+        holder.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": lock_name(3)})
+        holder.close()
+        engine.dispose()
+    retried = await post(hosted, senders[3], user_in(3, "r"), "stalled", "st1")  # the client's retry
+    assert retried.status_code == 201
+    assert [r.body for r in rows(hosted.dbs, 3, "sender = :s", s=senders[3])] == ["stalled"]
+    for k in (0, 1, 2):
+        assert [r.body for r in rows(hosted.dbs, k, "sender = :s", s=senders[k])] == ["free"]
+
+
+@pytest.fixture
+def mongo_stops(tmp_path_factory):
+    """A system of four partitions on databases of its own: its test stops FerretDB."""
+    with databases(tmp_path_factory.mktemp("parts-outbox"), partitions=4) as dbs, \
+            running_system(dbs, daemons=0, apis=1, writer=True, CHAT_RATE_LIMIT_PER_SECOND="0",
+                           CHAT_DB_TIMEOUT_SECONDS="1") as system:
+        yield system
+
+
+async def test_one_partition_s_outbox_is_repaired_into_its_own_collection(mongo_stops):
+    system, dbs = mongo_stops, mongo_stops.dbs
+    carol, dave, erin = user_in(2, "carol"), user_in(2, "dave"), user_in(0, "erin")
+    dbs.ferretdb.stop()
+    try:
+        local = await post(system, carol, dave, "while mongo was down")
+        across = await post(system, carol, erin, "to partition 0 while mongo was down")
+        assert (local.status_code, across.status_code) == (201, 201)  # stored: MySQL is the permanent store
+    finally:
+        dbs.ferretdb.start()
+    ids = sorted(int(r.json()["id"]) for r in (local, across))
+    repaired = await soon(lambda: len(got := docs(dbs, 2, {"from": carol})) == 2 and got, timeout=30)
+    assert sorted(d["_id"] for d in repaired) == ids
+    copy = await soon(lambda: docs(dbs, 0, {"from": carol}), timeout=30)
+    assert [(d["to"], d["origin_part"], d["origin_id"]) for d in copy] == [(erin, 2, int(across.json()["id"]))]
+    assert docs(dbs, 1, {"from": carol}) == [] and docs(dbs, 3, {"from": carol}) == []
+    engine = create_engine(dbs.mariadb.url())
+
+    def mirrored_upto() -> int:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT mirrored_upto FROM stream_state_p2")).scalar()
+
+    try:
+        assert await soon(lambda: mirrored_upto() >= ids[-1], timeout=10)
+    finally:
+        engine.dispose()
+
+
+async def test_an_api_process_that_writes_for_itself_writes_partitioned_too(four):
+    # No writer process (CHAT_WRITER_SOCKET empty): the API process runs a writer
+    # per partition itself, beside the writer process of the other test system.
+    with running_system(four, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND="0") as alone:
+        fred, gina = user_in(3, "fred"), user_in(0, "gina")
+        reply = await post(alone, fred, gina, "from a self-writing API")
+        assert reply.status_code == 201
+        assert [r.id for r in rows(four, 3, "sender = :s", s=fred)] == [int(reply.json()["id"])]
+        copies = await soon(lambda: rows(four, 0, "sender = :s", s=fred))
+        assert [(r.origin_part, r.origin_id) for r in copies] == [(3, int(reply.json()["id"]))]

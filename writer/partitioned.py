@@ -1,0 +1,84 @@
+"""One ``MessageWriter`` per partition, side by side in one process.
+
+Each partition is a cell (chat.partitions): its own lock, sequence, tables and
+collection, so its writer takes turns only against the writers of the same
+partition on other hosts, never against another partition's. A draft goes to
+its sender's partition (``writer.copies.home_of``, on the slot map read when
+the process started); the copies its commit owes are handed at once to the
+writers of the recipients' partitions, in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from pymongo.asynchronous.database import AsyncDatabase
+from sqlalchemy.engine import Engine
+
+from chat.drafts import Draft
+from chat.messages import Message
+from chat.partitions import SlotMap
+from chat.settings import Settings
+from writer.copies import Copy, home_of
+from writer.message_writer import MessageWriter
+
+# Makes the writer of one partition: (partition, hand_over) -> MessageWriter.
+WriterFactory = Callable[[int, Callable[[int, Copy], None]], MessageWriter]
+
+
+class PartitionedWriter:
+    def __init__(self, slot_map: SlotMap, make: WriterFactory):
+        self.slot_map = slot_map
+        self.writers = [make(k, self._hand_over) for k in range(slot_map.partitions)]
+
+    def writer_of(self, draft: Draft) -> MessageWriter:
+        return self.writers[home_of(draft.sender, self.slot_map)]
+
+    async def submit(self, draft: Draft) -> tuple[Message, bool]:
+        """Stores one message in its sender's partition; returns (message, created) as ``MessageWriter.submit``."""
+        return await self.enqueue(draft)
+
+    def enqueue(self, draft: Draft) -> asyncio.Future:
+        return self.writer_of(draft).enqueue(draft)
+
+    def _hand_over(self, partition: int, copy: Copy) -> None:
+        self.writers[partition].offer_copy(copy)
+
+    async def run(self, repair_every: float = 1.0) -> None:
+        """Every partition's writer, until cancelled."""
+        tasks = [asyncio.create_task(w.run(repair_every), name=f"writer_p{k}") for k, w in enumerate(self.writers)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map: SlotMap) -> PartitionedWriter:
+    """The writers of every partition of ``slot_map``, with the settings' limits and the writer's metrics."""
+    # Imported here: registering the writer's metrics makes a process export
+    # them, and only a process that writes has any.
+    from writer import metrics
+
+    def make(partition: int, hand_over: Callable[[int, Copy], None]) -> MessageWriter:
+        return MessageWriter(engine, mongo_db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
+                             queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
+                             retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch,
+                             observe_mongo_lag=metrics.MONGO_LAG.observe,
+                             observe_outbox=metrics.outbox_observer(partition),
+                             observe_copies=metrics.copies_observer(partition),
+                             partition=partition, slot_map=slot_map, hand_over=hand_over)
+
+    return PartitionedWriter(slot_map, make)
+
+
+def engine_pool_size(slot_map: SlotMap) -> int:
+    """Connections the writers' engine keeps: one per partition's turn, and one to
+    check a failed COMMIT on (``MessageWriter._settle``); bursts use the overflow."""
+    return slot_map.partitions + 1
