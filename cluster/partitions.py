@@ -1,21 +1,24 @@
 """Which partition a user is in, and which daemons serve which partitions.
 
-``partition_of`` mirrors the partitioned data path's default slot map (a
-stable hash into 1024 slots, slot s to partition s * P // 1024); it stays one
-small function so that ``chat.partitions.partition_of`` can replace it.
+``partition_of`` is the data path's own (``chat.partitions``) on the even
+slot map that ``db.init`` lays out for ``CHAT_PARTITIONS``.
 """
 
 from __future__ import annotations
 
-import zlib
+import functools
 from dataclasses import dataclass
 
-SLOTS = 1024
+from chat.partitions import SlotMap, lock_name
+
+
+@functools.cache
+def _even(partitions: int) -> SlotMap:
+    return SlotMap.even(partitions)
 
 
 def partition_of(user: str, partitions: int) -> int:
-    slot = zlib.crc32(user.encode()) % SLOTS
-    return slot * partitions // SLOTS
+    return _even(partitions).partition_of(user)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,4 @@ def writer_lock_names(partition: int) -> tuple[str, str]:
 
     Partition 0 keeps the unpartitioned names (writer/mysql_steps.py), so a
     stall of partition 0 also stalls today's single writer."""
-    if partition == 0:
-        return "chat.writer", "chat.writer.next"
-    return f"chat.writer.p{partition}", f"chat.writer.p{partition}.next"
+    return lock_name(partition), lock_name(partition) + ".next"
