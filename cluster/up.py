@@ -22,10 +22,13 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 
+from chat.settings import Settings
+from chatctl.partitions import grow
 from cluster import netns, nginx_conf, supervisor_conf
 from cluster.partitions import Daemon, assign
 from cluster.plan import API_PORT, DAEMON_PORT_BASE, EDGE_PORT, MONGO_PORT, MYSQL_PORT, TOXIPROXY_API_PORT, Plan
 from cluster.toxiproxy import Toxiproxy
+from db.partition_map import load_slot_map
 from tests.servers import FERRETDB, FERRETDB_GC, ferretdb_command, wait_port
 
 log = logging.getLogger("chat.cluster")
@@ -141,6 +144,16 @@ class Cluster:
     def admin_mongo_url(self) -> str:
         return f"mongodb://{self.plan.db.address}:{MONGO_PORT}/?directConnection=true"
 
+    def grow_partitions(self, partitions: int) -> None:
+        settings = Settings(mysql_url=self.admin_mysql_url, mongo_url=self.admin_mongo_url)
+        engine = create_engine(self.admin_mysql_url)
+        try:
+            current = load_slot_map(engine).partitions
+        finally:
+            engine.dispose()
+        if partitions > current:
+            log.info("event=cluster_partitions_grown %s", grow(settings, partitions).replace("\n", " "))
+
     def set_rtt(self, rtt_ms: float) -> None:
         assert self.toxiproxy
         for proxy in self.plan.proxies():
@@ -156,8 +169,13 @@ class Cluster:
                 "CHAT_JWT_SECRET": self.secret, **self.extra_env}
 
     def start_hosts(self, partitions: int | None = None, wait: float = 90) -> None:
-        """Every host's supervisord, then nginx. ``partitions``: None runs today's unpartitioned settings."""
+        """Every host's supervisord, then nginx. ``partitions``: None runs today's unpartitioned settings.
+
+        The slot map lives in MySQL: with the hosts stopped, it grows to ``partitions`` first,
+        the way an operator grows it (``chatctl partitions grow``)."""
         self.partitions = partitions
+        if partitions:
+            self.grow_partitions(partitions)
         hosts = [(h.namespace, h.address) for h in self.plan.hosts]
         self.daemons = assign(hosts, self.plan.daemons_per_host, partitions or 1, DAEMON_PORT_BASE)
         for host in self.plan.hosts:
