@@ -37,7 +37,9 @@ class Inbox:
             return False
         self.seen.add(msg_id)
         self.ids.append(msg_id)
-        self.since = frame["id"]
+        # A frame's cursor, where the map is partitioned, says where it was made;
+        # a bare id resumes only for a user whose slot never moved.
+        self.since = frame.get("cursor") or frame["id"]
         return True
 
 

@@ -18,16 +18,17 @@ class Delivery:
     lost_devices: int  # devices that missed at least one message
 
 
-def check_delivery(sent: list[Sent], devices: list[Device], received: list[list[int]],
+def check_delivery(sent: list[Sent], devices: list[Device], received: list[list[str]],
                    repeats: list[int]) -> Delivery:
     """Each stored message must reach every device of its sender and of its
-    recipient exactly once. ``received[i]``: ids device i took, in order (its
-    Inbox already dropped repeats, counted in ``repeats[i]``)."""
-    want: dict[str, set[int]] = {}
+    recipient exactly once. ``received[i]``: the keys (client_msg_id) of the
+    messages device i took, in order (its Inbox already dropped repeated ids,
+    counted in ``repeats[i]``)."""
+    want: dict[str, set[str]] = {}
     for s in sent:
         if s.msg_id is not None:
-            want.setdefault(s.sender, set()).add(s.msg_id)
-            want.setdefault(s.recipient, set()).add(s.msg_id)
+            want.setdefault(s.sender, set()).add(s.key)
+            want.setdefault(s.recipient, set()).add(s.key)
     expected = lost = dup = lost_devices = 0
     for device, ids, again in zip(devices, received, repeats, strict=True):
         wanted = want.get(device.user, set())

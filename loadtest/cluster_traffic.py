@@ -61,8 +61,13 @@ async def _devices(job: ClientJob, connected, frames, stop) -> None:
     gate = asyncio.Semaphore(100)  # handshakes in flight
     clients: list[leanclient.LeanClient | None] = [None] * len(job.devices)
 
-    def on_frame(doc: dict, now: float) -> None:
+    # A message's key is its client_msg_id: the recipient of a message between
+    # partitions receives a copy, whose id is a position in its own partition.
+    keys: list[list[str]] = [[] for _ in job.devices]
+
+    def on_frame(i: int, doc: dict, now: float) -> None:
         nonlocal counted
+        keys[i].append(doc["client_msg_id"])
         arrivals.append([now, now - float(doc["body"].split(" ", 1)[0])])
         counted += 1
 
@@ -74,7 +79,8 @@ async def _devices(job: ClientJob, connected, frames, stop) -> None:
         while not stop.is_set():
             try:
                 async with gate:
-                    client = await leanclient.connect(job.host, job.port, token, inboxes[i], on_frame, timeout=10,
+                    client = await leanclient.connect(job.host, job.port, token, inboxes[i],
+                                                      lambda doc, now: on_frame(i, doc, now), timeout=10,
                                                       query=query)
             except (OSError, ConnectionError):
                 gave_up_at = gave_up_at or time.monotonic()
@@ -108,7 +114,7 @@ async def _devices(job: ClientJob, connected, frames, stop) -> None:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     Path(job.out).write_bytes(orjson.dumps({
-        "received": [box.ids for box in inboxes], "duplicates": [box.duplicates for box in inboxes],
+        "received": keys, "duplicates": [box.duplicates for box in inboxes],
         "arrivals": arrivals, "reconnects": reconnects, "failures": failures}))
 
 
@@ -125,6 +131,7 @@ class Sent:
     sender: str
     recipient: str
     at: float
+    key: str  # its client_msg_id: the same in the original and in a copy
     msg_id: int | None = None  # set once stored (201 or a replayed 200)
     attempts: list[Attempt] = field(default_factory=list)
 
@@ -146,7 +153,7 @@ async def send(url: str, secret: str, users: list[str], rate: float, seconds: fl
             tok = tokens.get(record.sender) or tokens.setdefault(record.sender, auth.mint(secret, record.sender, 7200))
             headers = {"Authorization": f"Bearer {tok}", "Content-Type": "application/json"}
             body = orjson.dumps({"to": record.recipient, "body": f"{record.at:.6f} cluster",
-                                 "client_msg_id": f"C{run_tag}-{i}"})
+                                 "client_msg_id": record.key})
             for attempt in range(5):
                 t0 = time.time()
                 status, upstream = 0, ""
@@ -173,7 +180,7 @@ async def send(url: str, secret: str, users: list[str], rate: float, seconds: fl
             if delay > 0:
                 await asyncio.sleep(delay)
             a, b = rng.sample(users, 2)
-            record = Sent(a, b, time.time())
+            record = Sent(a, b, time.time(), f"C{run_tag}-{i}")
             sent.append(record)
             tasks.append(asyncio.create_task(one(i, record)))
             if tick and i % max(1, int(rate)) == 0:
