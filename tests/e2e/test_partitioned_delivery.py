@@ -182,3 +182,18 @@ async def test_a_partition_with_no_messages_holds_up_no_delivery_of_the_other(fr
         health = httpx.get(f"http://127.0.0.1:{both.daemon_port}/healthz", timeout=5).json()
         assert health["partitions"] == {"0": "5", "1": "1.0.0"}
         await ws.close()
+
+
+async def test_client_config_tells_the_token_s_user_its_partition_and_nobody_else(split):
+    front = split[0]
+    ann, ben = user_in(0, "ann"), user_in(1, "ben")
+    async with httpx.AsyncClient(timeout=10) as client:
+        url = f"{front.api_url}/v1/client-config"
+        anonymous = await client.get(url)
+        as_ann = await client.get(url, headers={"Authorization": f"Bearer {front.token(ann)}"})
+        as_ben = await client.get(url, headers={"Authorization": f"Bearer {front.token(ben)}"})
+        forged = await client.get(url, headers={"Authorization": "Bearer not-a-token"})
+    assert anonymous.status_code == 200 and "partition" not in anonymous.json()
+    assert (as_ann.json()["partition"], as_ben.json()["partition"]) == (0, 1)
+    assert as_ben.json() == {**anonymous.json(), "partition": 1}
+    assert (forged.status_code, forged.json()["error"]) == (401, "unauthorized")
