@@ -1,6 +1,6 @@
 // The reference browser client: connection, resume, dedup and outbox. No DOM code.
 //
-//   const client = new ChatClient({ apiUrl: "", wsUrl, pollUrl, token, user });
+//   const client = new ChatClient({ apiUrl: "", wsUrl, pollUrl, token, user, partition });
 //   client.addEventListener("message", (e) => show(e.detail));       // each message once, in order
 //   client.addEventListener("status", (e) => indicator(e.detail));   // connecting|live|reconnecting|polling|offline
 //   client.addEventListener("reset", () => reloadHistory());         // hello/poll said recovered: false
@@ -9,9 +9,16 @@
 //   client.send("bob", "hello");                                     // retried with one client_msg_id
 //
 // Rules (README, "Web client"):
-// - Resume with `since`: the last message id received, or the hello/poll cursor
-//   while nothing was received yet (or when ours could not be served).
-// - Drop repeats by id; the stream is in order, so arrival order is the order.
+// - Resume with `since`: the last message's `cursor` (its id when it has none), or
+//   the hello/poll cursor while nothing was received yet (or when ours could not be served).
+// - Drop repeats by id; the stream is in order, so arrival order is the order. When the
+//   server cannot resume us (`recovered: false`) the stream starts over: the ids seen
+//   are forgotten (after a slot move the new partition's ids may equal old ones).
+// - Partitions: `/v1/ws` and `/v1/poll` carry `partition=k` when the client knows the
+//   user's partition (`GET /v1/client-config` with the token says it). A daemon of another
+//   partition refuses with 421 and names the user's: the poll reads it; a refused WebSocket
+//   handshake does not show its status to a page, so a client with a partition then asks
+//   the poll endpoint once (`timeout=0`) and, told another partition, connects there at once.
 // - Reconnect with exponential backoff and full jitter; after `wsFailuresBeforePoll`
 //   WebSocket attempts in a row that never reached hello (or with no WebSocket at
 //   all) use the long-poll endpoint, and try the WebSocket again now and then.
@@ -49,10 +56,18 @@ export class SeenIds {
 }
 
 const TOKEN_EXPIRED = 4001; // the daemon's close when a socket's token passes its exp
+const WRONG_PARTITION = 421; // a daemon's answer to a user of a partition it does not serve
+
+// The user's partition that a 421 `wrong_partition` answer names, else null.
+export async function partitionOf(reply) {
+  if (reply?.status !== WRONG_PARTITION) return null;
+  const body = await reply.json().catch(() => null);
+  return Number.isInteger(body?.partition) && body.partition >= 0 ? body.partition : null;
+}
 
 export class ChatClient extends EventTarget {
   constructor({
-    apiUrl = "", wsUrl, pollUrl, token, user, since = null, transport = "auto",
+    apiUrl = "", wsUrl, pollUrl, token, user, since = null, partition = null, transport = "auto",
     wsFailuresBeforePoll = 4, wsRetryFromPollMs = 30000, helloTimeoutMs = 10000,
     backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = null,
     WebSocketImpl = globalThis.WebSocket, fetchImpl = globalThis.fetch?.bind(globalThis),
@@ -60,7 +75,7 @@ export class ChatClient extends EventTarget {
   }) {
     super();
     Object.assign(this, {
-      apiUrl, wsUrl, pollUrl, token, user, since, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
+      apiUrl, wsUrl, pollUrl, token, user, since, partition, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
       backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, WebSocketImpl, fetchImpl, eventSource,
       storage, renewToken, // async () => a fresh token from the app's identity provider
     });
@@ -159,12 +174,19 @@ export class ChatClient extends EventTarget {
   acceptCursor(cursor, recovered) {
     const hadSince = this.since !== null;
     if (!hadSince || !recovered) this.since = cursor;
-    if (hadSince && !recovered) this.dispatchEvent(new CustomEvent("reset"));
+    if (hadSince && !recovered) this.startOver();
+  }
+
+  // The server could not resume us: the stream starts over at its cursor, and every id
+  // from now on is new (after a slot move, ids of another partition: they may equal old ones).
+  startOver() {
+    this.seen = new SeenIds(this.seen.limit);
+    this.dispatchEvent(new CustomEvent("reset"));
   }
 
   acceptMessage(msg) {
     if (!this.seen.add(msg.id)) return false;
-    this.since = msg.id;
+    this.since = msg.cursor ?? msg.id; // a cursor also says the partition and epoch it was made in
     const entry = msg.client_msg_id && msg.from === this.user ? this.outbox.get(msg.client_msg_id) : null;
     if (entry) this.advance(entry, "delivered", msg);
     this.dispatchEvent(new CustomEvent("message", { detail: msg }));
@@ -192,7 +214,36 @@ export class ChatClient extends EventTarget {
   withSince(base, params) {
     const query = new URLSearchParams({ token: this.token, ...params });
     if (this.since !== null) query.set("since", this.since);
+    if (this.partition !== null) query.set("partition", String(this.partition));
     return `${base}?${query}`;
+  }
+
+  // Told the user's partition (a 421's): route there from now on, and connect at once.
+  // False when it is the one we already asked for (a stale route: back off as usual).
+  follow(partition, gen) {
+    if (partition === null || partition === this.partition || gen !== this.generation) return false;
+    this.partition = partition;
+    this.attempt = 0;
+    this.wsFailures = 0;
+    this.connect();
+    return true;
+  }
+
+  // A WebSocket refused before hello, for a client that routes by partition: the page
+  // cannot read the handshake's status, so ask the poll endpoint, which refuses a user
+  // of another partition the same way (421, naming it). No since: it only asks.
+  async askPartition() {
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), this.helloTimeoutMs);
+    const query = new URLSearchParams({ token: this.token, partition: String(this.partition), timeout: "0" });
+    try {
+      const reply = await this.fetchImpl(`${this.pollUrl}?${query}`, { signal: abort.signal, cache: "no-store" });
+      return await partitionOf(reply);
+    } catch {
+      return null;
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   connectWs() {
@@ -228,7 +279,7 @@ export class ChatClient extends EventTarget {
       if (gen !== this.generation) return; // we closed it on purpose
       this.ws = null;
       if (event?.code === TOKEN_EXPIRED) this.renew(gen);
-      else if (!hello) this.wsFailed(gen);
+      else if (!hello) this.wsRefused(gen);
       else this.retryLater(); // 1012, 4008, 1011, a dropped network: resume with since
     };
   }
@@ -251,6 +302,11 @@ export class ChatClient extends EventTarget {
     if (gen !== this.generation || !this.running || this.offline) return;
     this.attempt = 0;
     this.connect();
+  }
+
+  async wsRefused(gen) {
+    const partition = this.partition !== null && this.fetchImpl ? await this.askPartition() : null;
+    if (!this.follow(partition, gen)) this.wsFailed(gen);
   }
 
   wsFailed(gen) {
@@ -278,11 +334,12 @@ export class ChatClient extends EventTarget {
         if (gen === this.generation) this.renew(gen);
         return;
       }
+      if (reply.status === 421 && this.follow(await partitionOf(reply), gen)) return;
       if (!reply.ok) throw new Error(`poll answered ${reply.status}`);
       const page = await reply.json();
       if (gen !== this.generation) return;
       this.attempt = 0;
-      if (this.since !== null && !page.recovered) this.dispatchEvent(new CustomEvent("reset"));
+      if (this.since !== null && !page.recovered) this.startOver();
       for (const msg of page.messages) this.acceptMessage(msg);
       this.since = page.cursor; // covers everything in the answer, and the quiet time after it
     } catch {
