@@ -32,38 +32,13 @@
 //   exactly once. One key per message, so two tabs of one user never overwrite
 //   each other's outbox; both may resend a message, and the API keeps one.
 
+import { SeenIds, backoffDelay, partitionOf } from "./connection-rules.js";
+import { StoredOutbox } from "./stored-outbox.js";
+
+export { SeenIds, backoffDelay, partitionOf };
+
 const STATES = ["sending", "retrying", "stored", "delivered"]; // an entry only moves right, or to "failed"
-
-export function backoffDelay(attempt, baseMs, maxMs, random = Math.random) {
-  // Full jitter: uniform in [cap/2, cap] so that reconnecting clients spread out.
-  const cap = Math.min(maxMs, baseMs * 2 ** Math.max(0, attempt - 1));
-  return cap / 2 + random() * (cap / 2);
-}
-
-// Remembers the last `limit` ids seen, so a repeat is dropped however it comes back.
-export class SeenIds {
-  constructor(limit = 10000) {
-    this.limit = limit;
-    this.ids = new Set();
-  }
-
-  add(id) {
-    if (this.ids.has(id)) return false;
-    this.ids.add(id);
-    if (this.ids.size > this.limit) this.ids.delete(this.ids.values().next().value);
-    return true;
-  }
-}
-
 const TOKEN_EXPIRED = 4001; // the daemon's close when a socket's token passes its exp
-const WRONG_PARTITION = 421; // a daemon's answer to a user of a partition it does not serve
-
-// The user's partition that a 421 `wrong_partition` answer names, else null.
-export async function partitionOf(reply) {
-  if (reply?.status !== WRONG_PARTITION) return null;
-  const body = await reply.json().catch(() => null);
-  return Number.isInteger(body?.partition) && body.partition >= 0 ? body.partition : null;
-}
 
 export class ChatClient extends EventTarget {
   constructor({
@@ -79,7 +54,7 @@ export class ChatClient extends EventTarget {
       backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, WebSocketImpl, fetchImpl, eventSource,
       storage, renewToken, // async () => a fresh token from the app's identity provider
     });
-    this.storagePrefix = `chat.outbox.${user}.`;
+    this.stored = new StoredOutbox(storage, user);
     this.forced = transport === "poll" ? "poll" : null;
     this.transport = null; // "ws" | "poll" while running
     this.status = "idle";
@@ -108,7 +83,7 @@ export class ChatClient extends EventTarget {
     this.eventSource?.addEventListener?.("online", this.onOnline);
     if (globalThis.navigator?.onLine === false) this.goOffline();
     else this.connect();
-    for (const saved of this.savedOutbox()) {
+    for (const saved of this.stored.saved()) {
       if (!this.outbox.has(saved.clientMsgId)) this.send(saved.to, saved.body, saved.clientMsgId);
     }
   }
@@ -353,48 +328,11 @@ export class ChatClient extends EventTarget {
 
   // ---- sending -------------------------------------------------------------------
 
-  // ---- the stored outbox ---------------------------------------------------------
-  // Storage can be missing, full or refused (private mode): the outbox then lives in
-  // memory only, as before, and sending still works.
-
-  savedOutbox() {
-    const saved = [];
-    let keys = [];
-    try {
-      for (let i = 0; i < this.storage.length; i++) keys.push(this.storage.key(i));
-    } catch { keys = []; /* no storage */ }
-    for (const key of keys) {
-      if (!key?.startsWith(this.storagePrefix)) continue;
-      try {
-        const { to, body, at } = JSON.parse(this.storage.getItem(key));
-        if (typeof to === "string" && typeof body === "string") {
-          saved.push({ clientMsgId: key.slice(this.storagePrefix.length), to, body, at: Number(at) || 0 });
-        }
-      } catch { /* not an entry of ours: skip it */ }
-    }
-    return saved.sort((a, b) => a.at - b.at); // typed order
-  }
-
-  keep(entry) {
-    const key = this.storagePrefix + entry.clientMsgId;
-    try {
-      if (this.storage.getItem(key) !== null) return; // resent after a reload: keep its place
-      // `at` orders the outbox as typed, also for messages typed within one millisecond.
-      this.keepSeq = (this.keepSeq ?? 0) + 1;
-      const at = Date.now() * 1000 + (this.keepSeq % 1000);
-      this.storage.setItem(key, JSON.stringify({ to: entry.to, body: entry.body, at }));
-    } catch { /* memory only */ }
-  }
-
   // Logging out: what is still unsent is dropped, here and in storage (a shared
   // computer keeps no trace of it). Closing or reloading the tab keeps it.
   discardOutbox() {
-    for (const saved of this.savedOutbox()) this.forget(saved);
-    for (const entry of this.outbox.values()) this.forget(entry);
-  }
-
-  forget(entry) {
-    try { this.storage.removeItem(this.storagePrefix + entry.clientMsgId); } catch { /* memory only */ }
+    for (const saved of this.stored.saved()) this.stored.forget(saved);
+    for (const entry of this.outbox.values()) this.stored.forget(entry);
   }
 
   // Posts once per client_msg_id; retries network errors, 429 and 5xx with backoff and
@@ -403,7 +341,7 @@ export class ChatClient extends EventTarget {
   send(to, body, clientMsgId = globalThis.crypto.randomUUID()) {
     const entry = { clientMsgId, to, body, state: null, message: null, waiting: false, wake: () => {} };
     this.outbox.set(clientMsgId, entry);
-    this.keep(entry);
+    this.stored.keep(entry);
     this.advance(entry, "sending");
     entry.done = this.deliver(entry);
     return entry;
@@ -455,7 +393,7 @@ export class ChatClient extends EventTarget {
     this.dispatchEvent(new CustomEvent("outbox", {
       detail: { clientMsgId: entry.clientMsgId, to: entry.to, body: entry.body, state, message: entry.message, error },
     }));
-    if (state !== "sending" && state !== "retrying") this.forget(entry); // stored, or refused for good
+    if (state !== "sending" && state !== "retrying") this.stored.forget(entry); // stored, or refused for good
     if (state === "delivered" || state === "failed") this.outbox.delete(entry.clientMsgId);
   }
 }
