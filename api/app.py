@@ -155,11 +155,18 @@ def daemon_urls(public_url: str, scheme: str, host: str, daemon_port: int) -> di
 
 
 async def client_config(request: Request) -> Response:
-    """Where the web page finds the daemons, and whether it may offer dev login."""
-    settings = _state(request).settings
+    """Where the web page finds the daemons, and whether it may offer dev login. With the
+    user's token (``Authorization: Bearer``) also the user's partition, for the page to
+    route its /v1/ws and /v1/poll with ``?partition=k``: only to the user it speaks for
+    (a bad token is a 401), and without a token the answer has no partition."""
+    st = _state(request)
+    settings = st.settings
     urls = daemon_urls(settings.public_daemon_url, request.url.scheme, request.url.hostname or settings.api_host,
                        settings.daemon_port)
-    return json_response({**urls, "dev_login": dev_login_on(settings)})
+    config: dict[str, object] = {**urls, "dev_login": dev_login_on(settings)}
+    if request.headers.get("authorization") is not None:
+        config["partition"] = st.slot_map.partition_of(authenticate(request, settings))
+    return json_response(config)
 
 
 async def home(request: Request) -> Response:

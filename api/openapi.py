@@ -72,6 +72,9 @@ OPENAPI = {
                     "ws_url": {"type": "string", "description": "The daemons' /v1/ws (CHAT_PUBLIC_DAEMON_URL)"},
                     "poll_url": {"type": "string", "description": "The daemons' /v1/poll"},
                     "dev_login": {"type": "boolean", "description": "Whether POST /v1/dev/token answers"},
+                    "partition": {"type": "integer", "minimum": 0, "description":
+                                  "The caller's partition (only with a token): the page adds ?partition= to "
+                                  "/v1/ws and /v1/poll"},
                 },
             },
             "Error": {
@@ -120,9 +123,14 @@ OPENAPI = {
         },
         "/v1/client-config": {
             "get": {
-                "summary": "Where the web client finds the daemons, and whether dev login is on",
-                "responses": {"200": {"description": "The config", "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/ClientConfig"}}}}},
+                "summary": "Where the web client finds the daemons, whether dev login is on, and (with a "
+                           "token) the caller's partition",
+                "security": [{}, {"bearer": []}],
+                "responses": {
+                    "200": {"description": "The config", "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/ClientConfig"}}}},
+                    "401": _err("A token was sent and is invalid or expired"),
+                },
             },
         },
         "/v1/dev/token": {

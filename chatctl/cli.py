@@ -2,7 +2,7 @@
 
     chatctl token alice --ttl 1h
     chatctl send --as alice bob "hello"
-    chatctl listen --as bob [--since ID]
+    chatctl listen --as bob [--since CURSOR]
     chatctl partitions show
     chatctl partitions grow 8    (writers stopped: docs/operations.md)
 """
@@ -75,19 +75,28 @@ def send(to: str, body: str, sender: str = typer.Option(..., "--as", help="Send 
 def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
            since: str = typer.Option(None, help="Resume after this message id or cursor"),
            url: str = typer.Option(None, help="Daemon base URL, ws://host:port (default from settings)"),
-           count: int = typer.Option(0, help="Stop after this many messages (0: never)")) -> None:
-    """Print incoming messages as JSON lines; reconnects and resumes with since."""
+           count: int = typer.Option(0, help="Stop after this many messages (0: never)"),
+           token_ttl: str = typer.Option("1d", help="Lifetime of each token it mints: 90s, 15m, 1h, 7d")) -> None:
+    """Print incoming messages as JSON lines; reconnects and resumes with the last cursor, follows a 421 to
+    the user's partition, and mints a new token when the daemon closes with 4001 (token expired)."""
     from chatctl.client import listen as run_listen
 
     settings = signing_settings()
     base = url or f"ws://{settings.daemon_host}:{settings.daemon_port}"
-    tok = auth.mint(settings.jwt_secret.get_secret_value(), user, 86400)
+    ttl = parse_ttl(token_ttl)
+
+    def mint() -> str:
+        return auth.mint(settings.jwt_secret.get_secret_value(), user, ttl)
 
     def show(frame: dict) -> None:
         sys.stdout.write(orjson.dumps(frame).decode() + "\n")
         sys.stdout.flush()
 
-    asyncio.run(run_listen(base, tok, since, show, count or None))
+    try:
+        tok = mint()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--as") from None
+    asyncio.run(run_listen(base, tok, since, show, count or None, renew=mint))
 
 
 @partitions_app.command("show")

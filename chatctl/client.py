@@ -1,22 +1,36 @@
 """A reference Python client: reconnects with backoff and jitter, resumes with
-``since``, drops repeats by id. The tests and the load generator use it."""
+``since``, drops repeats by id, follows its partition, renews an expired token.
+The tests and the load generator use it.
+
+Partitions (docs/decisions/partitioned-delivery.md): a daemon that does not
+serve the user answers the handshake 421 with the user's partition; the
+client connects again at once with ``?partition=k`` (the proxy's route to that
+partition's daemons). It resumes with the last ``cursor`` it saw (a frame's
+``cursor`` when it has one, else its id): ids are positions in one partition
+only, and a cursor also says which partition and epoch it was made in.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections.abc import Callable
+from urllib.parse import quote
 
 import orjson
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+TOKEN_EXPIRED = 4001  # the daemon's close once a socket's token passes its exp
+WRONG_PARTITION = 421
+
 
 class Inbox:
     """What one client has received: ids in arrival order, repeats counted, not kept."""
 
-    def __init__(self, since: str | None = None):
+    def __init__(self, since: str | None = None, partition: int | None = None):
         self.since = since
+        self.partition = partition  # the route (?partition=k), learned from a 421
         self.ids: list[int] = []
         self.seen: set[int] = set()
         self.duplicates = 0
@@ -29,6 +43,11 @@ class Inbox:
             # take the server's only when we had none, or ours could not be served
             # (then the app reloads history from the API).
             if self.since is None or not frame["recovered"]:
+                if self.since is not None:
+                    # The stream starts over at the server's cursor: every id from
+                    # now on is new, and after a slot move they are another
+                    # partition's ids, which may equal ids seen before.
+                    self.seen.clear()
                 self.since = frame["cursor"]
             return False
         msg_id = int(frame["id"])
@@ -37,21 +56,42 @@ class Inbox:
             return False
         self.seen.add(msg_id)
         self.ids.append(msg_id)
-        # A frame's cursor, where the map is partitioned, says where it was made;
-        # a bare id resumes only for a user whose slot never moved.
-        self.since = frame.get("cursor") or frame["id"]
+        self.since = frame.get("cursor", frame["id"])
         return True
+
+    def query(self, token: str) -> str:
+        """The /v1/ws query string that resumes this inbox."""
+        query = f"token={quote(token)}"
+        if self.since:
+            query += f"&since={quote(self.since)}"
+        if self.partition is not None:
+            query += f"&partition={self.partition}"
+        return query
+
+
+def partition_of_refusal(refused: InvalidStatus) -> int | None:
+    """The user's partition from a 421 ``wrong_partition`` handshake answer, else None."""
+    response = refused.response
+    if response.status_code != WRONG_PARTITION:
+        return None
+    try:
+        partition = orjson.loads(response.body)["partition"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    return partition if isinstance(partition, int) and partition >= 0 else None
 
 
 async def listen(base_url: str, token: str, since: str | None, on_message: Callable[[dict], None],
-                 count: int | None = None, max_backoff: float = 5.0, inbox: Inbox | None = None) -> Inbox:
-    """Receives until ``count`` messages (or forever); ``inbox`` lets the caller watch progress."""
+                 count: int | None = None, max_backoff: float = 5.0, inbox: Inbox | None = None,
+                 renew: Callable[[], str] | None = None) -> Inbox:
+    """Receives until ``count`` messages (or forever); ``inbox`` lets the caller watch progress.
+    ``renew``: a new token when the daemon closes with 4001 (without it, the same one is tried again)."""
     inbox = inbox or Inbox(since)
     attempt = 0
     while count is None or len(inbox.ids) < count:
-        query = f"token={token}" + (f"&since={inbox.since}" if inbox.since else "")
+        at_once = False
         try:
-            async with websockets.connect(f"{base_url}/v1/ws?{query}", max_size=2**20) as ws:
+            async with websockets.connect(f"{base_url}/v1/ws?{inbox.query(token)}", max_size=2**20) as ws:
                 attempt = 0
                 async for raw in ws:
                     frame = orjson.loads(raw)
@@ -59,8 +99,18 @@ async def listen(base_url: str, token: str, since: str | None, on_message: Calla
                         on_message(frame)
                         if count is not None and len(inbox.ids) >= count:
                             return inbox
-        except (OSError, ConnectionClosed, InvalidStatus, TimeoutError):
+        except ConnectionClosed as closed:
+            if closed.rcvd is not None and closed.rcvd.code == TOKEN_EXPIRED and renew is not None:
+                token, at_once = renew(), True
+        except InvalidStatus as refused:
+            partition = partition_of_refusal(refused)
+            # At once to the partition named, unless we were sent there already (a stale route: back off).
+            if partition is not None and partition != inbox.partition:
+                inbox.partition, at_once = partition, True
+        except (OSError, TimeoutError):
             pass
+        if at_once:
+            continue
         attempt += 1
         await asyncio.sleep(min(max_backoff, 0.05 * 2 ** attempt) * random.uniform(0.5, 1))
     return inbox

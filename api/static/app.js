@@ -91,6 +91,19 @@ async function tokenLogin(event) {
   await start($("token").value.trim());
 }
 
+// The user's partition, which client-config names when asked with the user's token: the
+// client routes its /v1/ws and /v1/poll there (?partition=k). Null if it cannot say; the
+// client then learns it from the daemons' 421.
+async function myPartition() {
+  try {
+    const reply = await api("/v1/client-config");
+    const partition = reply.ok ? (await reply.json()).partition : null;
+    return Number.isInteger(partition) ? partition : null;
+  } catch {
+    return null;
+  }
+}
+
 async function start(jwt) {
   try {
     me = tokenUser(jwt);
@@ -112,7 +125,10 @@ async function start(jwt) {
 
   const transport = new URLSearchParams(location.search).get("transport") || "auto";
   const renewToken = config.dev_login ? () => renewDevToken(me) : null;
-  client = new ChatClient({ wsUrl: config.ws_url, pollUrl: config.poll_url, token, user: me, transport, renewToken });
+  const partition = await myPartition();
+  client = new ChatClient({
+    wsUrl: config.ws_url, pollUrl: config.poll_url, token, user: me, partition, transport, renewToken,
+  });
   client.addEventListener("status", (e) => showStatus(e.detail));
   client.addEventListener("message", (e) => received(e.detail));
   client.addEventListener("outbox", (e) => outboxChanged(e.detail));

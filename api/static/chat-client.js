@@ -1,6 +1,6 @@
 // The reference browser client: connection, resume, dedup and outbox. No DOM code.
 //
-//   const client = new ChatClient({ apiUrl: "", wsUrl, pollUrl, token, user });
+//   const client = new ChatClient({ apiUrl: "", wsUrl, pollUrl, token, user, partition });
 //   client.addEventListener("message", (e) => show(e.detail));       // each message once, in order
 //   client.addEventListener("status", (e) => indicator(e.detail));   // connecting|live|reconnecting|polling|offline
 //   client.addEventListener("reset", () => reloadHistory());         // hello/poll said recovered: false
@@ -9,9 +9,16 @@
 //   client.send("bob", "hello");                                     // retried with one client_msg_id
 //
 // Rules (README, "Web client"):
-// - Resume with `since`: the last message id received, or the hello/poll cursor
-//   while nothing was received yet (or when ours could not be served).
-// - Drop repeats by id; the stream is in order, so arrival order is the order.
+// - Resume with `since`: the last message's `cursor` (its id when it has none), or
+//   the hello/poll cursor while nothing was received yet (or when ours could not be served).
+// - Drop repeats by id; the stream is in order, so arrival order is the order. When the
+//   server cannot resume us (`recovered: false`) the stream starts over: the ids seen
+//   are forgotten (after a slot move the new partition's ids may equal old ones).
+// - Partitions: `/v1/ws` and `/v1/poll` carry `partition=k` when the client knows the
+//   user's partition (`GET /v1/client-config` with the token says it). A daemon of another
+//   partition refuses with 421 and names the user's: the poll reads it; a refused WebSocket
+//   handshake does not show its status to a page, so a client with a partition then asks
+//   the poll endpoint once (`timeout=0`) and, told another partition, connects there at once.
 // - Reconnect with exponential backoff and full jitter; after `wsFailuresBeforePoll`
 //   WebSocket attempts in a row that never reached hello (or with no WebSocket at
 //   all) use the long-poll endpoint, and try the WebSocket again now and then.
@@ -25,34 +32,17 @@
 //   exactly once. One key per message, so two tabs of one user never overwrite
 //   each other's outbox; both may resend a message, and the API keeps one.
 
+import { SeenIds, backoffDelay, partitionOf } from "./connection-rules.js";
+import { StoredOutbox } from "./stored-outbox.js";
+
+export { SeenIds, backoffDelay, partitionOf };
+
 const STATES = ["sending", "retrying", "stored", "delivered"]; // an entry only moves right, or to "failed"
-
-export function backoffDelay(attempt, baseMs, maxMs, random = Math.random) {
-  // Full jitter: uniform in [cap/2, cap] so that reconnecting clients spread out.
-  const cap = Math.min(maxMs, baseMs * 2 ** Math.max(0, attempt - 1));
-  return cap / 2 + random() * (cap / 2);
-}
-
-// Remembers the last `limit` ids seen, so a repeat is dropped however it comes back.
-export class SeenIds {
-  constructor(limit = 10000) {
-    this.limit = limit;
-    this.ids = new Set();
-  }
-
-  add(id) {
-    if (this.ids.has(id)) return false;
-    this.ids.add(id);
-    if (this.ids.size > this.limit) this.ids.delete(this.ids.values().next().value);
-    return true;
-  }
-}
-
 const TOKEN_EXPIRED = 4001; // the daemon's close when a socket's token passes its exp
 
 export class ChatClient extends EventTarget {
   constructor({
-    apiUrl = "", wsUrl, pollUrl, token, user, since = null, transport = "auto",
+    apiUrl = "", wsUrl, pollUrl, token, user, since = null, partition = null, transport = "auto",
     wsFailuresBeforePoll = 4, wsRetryFromPollMs = 30000, helloTimeoutMs = 10000,
     backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = null,
     WebSocketImpl = globalThis.WebSocket, fetchImpl = globalThis.fetch?.bind(globalThis),
@@ -60,11 +50,11 @@ export class ChatClient extends EventTarget {
   }) {
     super();
     Object.assign(this, {
-      apiUrl, wsUrl, pollUrl, token, user, since, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
+      apiUrl, wsUrl, pollUrl, token, user, since, partition, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
       backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, WebSocketImpl, fetchImpl, eventSource,
       storage, renewToken, // async () => a fresh token from the app's identity provider
     });
-    this.storagePrefix = `chat.outbox.${user}.`;
+    this.stored = new StoredOutbox(storage, user);
     this.forced = transport === "poll" ? "poll" : null;
     this.transport = null; // "ws" | "poll" while running
     this.status = "idle";
@@ -93,7 +83,7 @@ export class ChatClient extends EventTarget {
     this.eventSource?.addEventListener?.("online", this.onOnline);
     if (globalThis.navigator?.onLine === false) this.goOffline();
     else this.connect();
-    for (const saved of this.savedOutbox()) {
+    for (const saved of this.stored.saved()) {
       if (!this.outbox.has(saved.clientMsgId)) this.send(saved.to, saved.body, saved.clientMsgId);
     }
   }
@@ -159,12 +149,19 @@ export class ChatClient extends EventTarget {
   acceptCursor(cursor, recovered) {
     const hadSince = this.since !== null;
     if (!hadSince || !recovered) this.since = cursor;
-    if (hadSince && !recovered) this.dispatchEvent(new CustomEvent("reset"));
+    if (hadSince && !recovered) this.startOver();
+  }
+
+  // The server could not resume us: the stream starts over at its cursor, and every id
+  // from now on is new (after a slot move, ids of another partition: they may equal old ones).
+  startOver() {
+    this.seen = new SeenIds(this.seen.limit);
+    this.dispatchEvent(new CustomEvent("reset"));
   }
 
   acceptMessage(msg) {
     if (!this.seen.add(msg.id)) return false;
-    this.since = msg.id;
+    this.since = msg.cursor ?? msg.id; // a cursor also says the partition and epoch it was made in
     const entry = msg.client_msg_id && msg.from === this.user ? this.outbox.get(msg.client_msg_id) : null;
     if (entry) this.advance(entry, "delivered", msg);
     this.dispatchEvent(new CustomEvent("message", { detail: msg }));
@@ -192,7 +189,36 @@ export class ChatClient extends EventTarget {
   withSince(base, params) {
     const query = new URLSearchParams({ token: this.token, ...params });
     if (this.since !== null) query.set("since", this.since);
+    if (this.partition !== null) query.set("partition", String(this.partition));
     return `${base}?${query}`;
+  }
+
+  // Told the user's partition (a 421's): route there from now on, and connect at once.
+  // False when it is the one we already asked for (a stale route: back off as usual).
+  follow(partition, gen) {
+    if (partition === null || partition === this.partition || gen !== this.generation) return false;
+    this.partition = partition;
+    this.attempt = 0;
+    this.wsFailures = 0;
+    this.connect();
+    return true;
+  }
+
+  // A WebSocket refused before hello, for a client that routes by partition: the page
+  // cannot read the handshake's status, so ask the poll endpoint, which refuses a user
+  // of another partition the same way (421, naming it). No since: it only asks.
+  async askPartition() {
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), this.helloTimeoutMs);
+    const query = new URLSearchParams({ token: this.token, partition: String(this.partition), timeout: "0" });
+    try {
+      const reply = await this.fetchImpl(`${this.pollUrl}?${query}`, { signal: abort.signal, cache: "no-store" });
+      return await partitionOf(reply);
+    } catch {
+      return null;
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   connectWs() {
@@ -228,7 +254,7 @@ export class ChatClient extends EventTarget {
       if (gen !== this.generation) return; // we closed it on purpose
       this.ws = null;
       if (event?.code === TOKEN_EXPIRED) this.renew(gen);
-      else if (!hello) this.wsFailed(gen);
+      else if (!hello) this.wsRefused(gen);
       else this.retryLater(); // 1012, 4008, 1011, a dropped network: resume with since
     };
   }
@@ -251,6 +277,11 @@ export class ChatClient extends EventTarget {
     if (gen !== this.generation || !this.running || this.offline) return;
     this.attempt = 0;
     this.connect();
+  }
+
+  async wsRefused(gen) {
+    const partition = this.partition !== null && this.fetchImpl ? await this.askPartition() : null;
+    if (!this.follow(partition, gen)) this.wsFailed(gen);
   }
 
   wsFailed(gen) {
@@ -278,11 +309,12 @@ export class ChatClient extends EventTarget {
         if (gen === this.generation) this.renew(gen);
         return;
       }
+      if (reply.status === 421 && this.follow(await partitionOf(reply), gen)) return;
       if (!reply.ok) throw new Error(`poll answered ${reply.status}`);
       const page = await reply.json();
       if (gen !== this.generation) return;
       this.attempt = 0;
-      if (this.since !== null && !page.recovered) this.dispatchEvent(new CustomEvent("reset"));
+      if (this.since !== null && !page.recovered) this.startOver();
       for (const msg of page.messages) this.acceptMessage(msg);
       this.since = page.cursor; // covers everything in the answer, and the quiet time after it
     } catch {
@@ -296,48 +328,11 @@ export class ChatClient extends EventTarget {
 
   // ---- sending -------------------------------------------------------------------
 
-  // ---- the stored outbox ---------------------------------------------------------
-  // Storage can be missing, full or refused (private mode): the outbox then lives in
-  // memory only, as before, and sending still works.
-
-  savedOutbox() {
-    const saved = [];
-    let keys = [];
-    try {
-      for (let i = 0; i < this.storage.length; i++) keys.push(this.storage.key(i));
-    } catch { keys = []; /* no storage */ }
-    for (const key of keys) {
-      if (!key?.startsWith(this.storagePrefix)) continue;
-      try {
-        const { to, body, at } = JSON.parse(this.storage.getItem(key));
-        if (typeof to === "string" && typeof body === "string") {
-          saved.push({ clientMsgId: key.slice(this.storagePrefix.length), to, body, at: Number(at) || 0 });
-        }
-      } catch { /* not an entry of ours: skip it */ }
-    }
-    return saved.sort((a, b) => a.at - b.at); // typed order
-  }
-
-  keep(entry) {
-    const key = this.storagePrefix + entry.clientMsgId;
-    try {
-      if (this.storage.getItem(key) !== null) return; // resent after a reload: keep its place
-      // `at` orders the outbox as typed, also for messages typed within one millisecond.
-      this.keepSeq = (this.keepSeq ?? 0) + 1;
-      const at = Date.now() * 1000 + (this.keepSeq % 1000);
-      this.storage.setItem(key, JSON.stringify({ to: entry.to, body: entry.body, at }));
-    } catch { /* memory only */ }
-  }
-
   // Logging out: what is still unsent is dropped, here and in storage (a shared
   // computer keeps no trace of it). Closing or reloading the tab keeps it.
   discardOutbox() {
-    for (const saved of this.savedOutbox()) this.forget(saved);
-    for (const entry of this.outbox.values()) this.forget(entry);
-  }
-
-  forget(entry) {
-    try { this.storage.removeItem(this.storagePrefix + entry.clientMsgId); } catch { /* memory only */ }
+    for (const saved of this.stored.saved()) this.stored.forget(saved);
+    for (const entry of this.outbox.values()) this.stored.forget(entry);
   }
 
   // Posts once per client_msg_id; retries network errors, 429 and 5xx with backoff and
@@ -346,7 +341,7 @@ export class ChatClient extends EventTarget {
   send(to, body, clientMsgId = globalThis.crypto.randomUUID()) {
     const entry = { clientMsgId, to, body, state: null, message: null, waiting: false, wake: () => {} };
     this.outbox.set(clientMsgId, entry);
-    this.keep(entry);
+    this.stored.keep(entry);
     this.advance(entry, "sending");
     entry.done = this.deliver(entry);
     return entry;
@@ -398,7 +393,7 @@ export class ChatClient extends EventTarget {
     this.dispatchEvent(new CustomEvent("outbox", {
       detail: { clientMsgId: entry.clientMsgId, to: entry.to, body: entry.body, state, message: entry.message, error },
     }));
-    if (state !== "sending" && state !== "retrying") this.forget(entry); // stored, or refused for good
+    if (state !== "sending" && state !== "retrying") this.stored.forget(entry); // stored, or refused for good
     if (state === "delivered" || state === "failed") this.outbox.delete(entry.clientMsgId);
   }
 }

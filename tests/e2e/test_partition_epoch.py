@@ -1,4 +1,7 @@
-"""A slot move seen by a running daemon, on real MariaDB/FerretDB and daemon processes.
+"""A slot move done the documented way (docs/operations.md), end to end: the
+writer and the API stopped, `chatctl partitions grow 3`, every process
+restarted, messages through POST /v1/messages, the writer process, MariaDB,
+FerretDB, the relay and a daemon.
 
 At its gap check the daemon reads the map's epoch; a new one closes every
 WebSocket with 1012 and ends the process with status 0 (supervisord starts it
@@ -8,53 +11,67 @@ from its cursor with what was sent meanwhile.
 """
 
 import asyncio
+import subprocess
+import sys
 
 import httpx
 import pytest
 import websockets
 
-from chat.partitions import SlotMap, slot_of
-from tests.e2e.helpers import connect, receive
-from tests.e2e.partitioned import PartitionedStore
+from chat.partitions import SlotMap
+from tests.e2e.helpers import connect, nothing_more, post, receive
 from tests.e2e.test_partitioned_delivery import user_in
-from tests.system import databases, running_system
+from tests.servers import ROOT
+from tests.system import System, databases, running_system
 
-TWO = SlotMap.even(2)
+TWO, THREE = SlotMap.even(2), SlotMap.even(3)
 
 
-async def until_released(system, position: str, timeout: float = 10) -> None:
+async def until_released(system: System, position: str, timeout: float = 10) -> None:
     """Until the daemon has released partition 0's messages up to ``position``."""
     async with asyncio.timeout(timeout):
         while httpx.get(f"http://127.0.0.1:{system.daemon_port}/healthz", timeout=5).json()["position"] != position:
             await asyncio.sleep(0.05)
 
 
+def staying_in(partition: int, name: str) -> str:
+    """A fresh user of ``partition`` whose slot growing to three partitions leaves there."""
+    while THREE.partition_of(user := user_in(partition, name)) != partition:
+        pass
+    return user
+
+
+def moving(from_part: int, to: int, name: str) -> str:
+    """A fresh user of ``from_part`` whose slot growing to three partitions gives to ``to``."""
+    while THREE.partition_of(user := user_in(from_part, name)) != to:
+        pass
+    return user
+
+
 @pytest.fixture
 def two_partitions(tmp_path):
-    with databases(tmp_path) as dbs:
-        store = PartitionedStore(dbs, TWO)
-        store.lay_out()
-        try:
-            yield dbs, store
-        finally:
-            store.close()
+    with databases(tmp_path, partitions=2) as dbs:
+        yield dbs
 
 
-async def test_a_new_epoch_closes_with_1012_exits_0_and_only_moved_users_lose_their_cursor(two_partitions):
-    dbs, store = two_partitions
-    with running_system(dbs, daemons=1, apis=0, CHAT_GAP_CHECK_SECONDS="0.3") as system:
-        mover = user_in(0, "mover")
-        stayer, friend = user_in(0, "stayer"), user_in(0, "friend")
-        while slot_of(mover) in (slot_of(stayer), slot_of(friend)):  # they must stay where they are
-            stayer, friend = user_in(0, "stayer"), user_in(0, "friend")
-        store.send(friend, mover, "to mover")
-        store.send(friend, stayer, "to stayer")
+async def test_a_grow_closes_with_1012_exits_0_and_only_moved_users_lose_their_cursor(two_partitions):
+    with running_system(two_partitions, daemons=1, apis=1, writer=True, relay=True, CHAT_RATE_LIMIT_PER_SECOND="0",
+                        CHAT_GAP_CHECK_SECONDS="0.3") as system:
+        mover, stayer, friend = moving(0, 1, "mover"), staying_in(0, "stayer"), staying_in(0, "friend")
+        for to in (mover, stayer):
+            assert (await post(system, friend, to, f"to {to}")).status_code == 201
         await until_released(system, "2")
         ws_mover, hello_mover = await connect(system, mover)
         ws_stayer, hello_stayer = await connect(system, stayer)
         assert hello_mover["cursor"] == hello_stayer["cursor"] == "2"  # partition 0, epoch 0: a bare id
 
-        store.move([slot_of(mover)], to=1)  # the writers are stopped; chatctl raises the epoch
+        system.stop("api_0")  # the documented move: writers (and what writes) stopped first
+        system.stop("writer")
+        grown = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "chatctl.cli", "partitions", "grow", "3"], env=system.env,
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert grown.returncode == 0, grown.stderr
+        assert grown.stdout.splitlines()[0] == "epoch 1, 3 partitions"
         for ws in (ws_mover, ws_stayer):
             with pytest.raises(websockets.ConnectionClosed):
                 await asyncio.wait_for(ws.recv(), 10)
@@ -62,13 +79,26 @@ async def test_a_new_epoch_closes_with_1012_exits_0_and_only_moved_users_lose_th
         daemon = system.procs.pop("daemon_0")
         assert await asyncio.to_thread(daemon.wait, 10) == 0
 
-        stored = store.send(friend, stayer, "while away")  # friend and stayer stayed in partition 0
-        system.start("daemon_1")  # supervisord's restart, on the new map
-        ws, hello = await connect(system, mover, hello_mover["cursor"])
+        # Every process restarted on the new map (supervisord's restart for the daemon).
+        system.stop("relay")
+        system.start("relay")
+        system.start("writer")
+        system.start("api_0")
+        meanwhile = await post(system, friend, stayer, "while away")  # friend and stayer stayed in partition 0
+        assert meanwhile.status_code == 201
+        system.start("daemon_1")
+        ws_mover, hello = await connect(system, mover, hello_mover["cursor"])
         assert hello["recovered"] is False and hello["cursor"] == "1.1.0"  # now in partition 1, at epoch 1
-        await ws.close()
-        ws, hello = await connect(system, stayer, hello_stayer["cursor"])
-        assert hello["recovered"] is True and hello["cursor"] == f"0.1.{stored.home_id}"
-        [frame] = await receive(ws, 1)
-        assert (frame["body"], frame["cursor"]) == ("while away", f"0.1.{stored.home_id}")
-        await ws.close()
+        ws_stayer, hello = await connect(system, stayer, hello_stayer["cursor"])
+        position = meanwhile.json()["id"]
+        assert hello["recovered"] is True and hello["cursor"] == f"0.1.{position}"
+        [frame] = await receive(ws_stayer, 1)
+        assert (frame["body"], frame["id"], frame["cursor"]) == ("while away", position, f"0.1.{position}")
+
+        after = await post(system, friend, mover, "after the move")  # written in 0, copied into 1
+        assert after.status_code == 201
+        [frame] = await receive(ws_mover, 1)
+        assert (frame["body"], frame["cursor"]) == ("after the move", "1.1.1")
+        for ws in (ws_mover, ws_stayer):
+            assert await nothing_more(ws)
+            await ws.close()

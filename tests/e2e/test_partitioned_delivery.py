@@ -1,11 +1,11 @@
-"""Delivery with two partitions, on real MariaDB/FerretDB and daemon processes.
+"""Delivery with two partitions, end to end: POST /v1/messages to the API, the
+writer process, MariaDB and FerretDB, the relay, and daemon processes.
 
-Messages are stored where the partitioned writer stores them
-(tests/e2e/partitioned.py): a message in its sender's partition, its copy in
-the recipient's. Daemons serve one partition each (``CHAT_DAEMON_PARTITIONS``)
-or both: a client at a daemon that does not serve its partition gets 421 and
-the partition; a message between two partitions reaches every device of
-both users exactly once; each daemon decodes only its partitions' oplog
+`db.init` lays out two partitions (``partitions=2``, as ``CHAT_PARTITIONS=2``).
+Daemons serve one partition each (``CHAT_DAEMON_PARTITIONS``, each on its own
+port) or both: a client at a daemon that does not serve its partition gets
+421 and the partition; a message between two partitions reaches every device
+of both users exactly once; each daemon decodes only its partitions' oplog
 entries, through the relay; a partition with no messages holds up nobody.
 """
 
@@ -17,11 +17,11 @@ import httpx
 import orjson
 import pytest
 import websockets
+from sqlalchemy import create_engine, text
 from websockets.exceptions import InvalidStatus
 
-from chat.partitions import SlotMap
-from tests.e2e.helpers import connect, nothing_more, receive
-from tests.e2e.partitioned import PartitionedStore
+from chat.partitions import SlotMap, suffix
+from tests.e2e.helpers import connect, nothing_more, post, receive
 from tests.system import System, databases, running_system
 
 TWO = SlotMap.even(2)
@@ -34,15 +34,24 @@ def user_in(partition: int, name: str, slot_map: SlotMap = TWO) -> str:
     return user
 
 
-@pytest.fixture(scope="module")
-def two_partitions(tmp_path_factory):
-    with databases(tmp_path_factory.mktemp("partitions")) as dbs:
-        store = PartitionedStore(dbs, TWO)
-        store.lay_out()
-        try:
-            yield dbs, store
-        finally:
-            store.close()
+def rows_of(system: System, partition: int, sender: str) -> list:
+    """``sender``'s rows in ``partition``'s MySQL table, by id."""
+    engine = create_engine(system.dbs.mariadb.url())
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(f"SELECT * FROM messages{suffix(partition)} WHERE sender = :s ORDER BY id"),
+                                {"s": sender}).all()
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def writing_system(dbs, **env):
+    """The write path as deployed: one API process writing through one writer process,
+    and the relay the daemons tail through; no daemon (each test starts its own)."""
+    with running_system(dbs, daemons=0, apis=1, writer=True, relay=True, CHAT_RATE_LIMIT_PER_SECOND="0",
+                        **env) as system:
+        yield system
 
 
 @contextlib.contextmanager
@@ -53,14 +62,21 @@ def daemon_serving(dbs, served: str, **env):
 
 
 @pytest.fixture(scope="module")
+def two_partitions(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("partitions"), partitions=2) as dbs:
+        yield dbs
+
+
+@pytest.fixture(scope="module")
 def split(two_partitions):
-    """A relay and two daemons behind it, one per partition; and one daemon serving both, tailing on its own."""
-    dbs, _ = two_partitions
-    with running_system(dbs, daemons=0, apis=0, relay=True) as relay:
-        socket = relay.env["CHAT_OPLOG_RELAY_SOCKET"]
+    """The API, the writer and the relay; two daemons behind the relay, one per
+    partition; and one daemon serving both, tailing on its own."""
+    dbs = two_partitions
+    with writing_system(dbs) as front:
+        socket = front.env["CHAT_OPLOG_RELAY_SOCKET"]
         with daemon_serving(dbs, "0", CHAT_OPLOG_RELAY_SOCKET=socket) as d0, \
                 daemon_serving(dbs, "1", CHAT_OPLOG_RELAY_SOCKET=socket) as d1, daemon_serving(dbs, "") as both:
-            yield d0, d1, both
+            yield front, d0, d1, both
 
 
 async def refusal_of_ws(system: System, user: str, query: str = "") -> tuple[int, dict]:
@@ -75,7 +91,7 @@ async def poll(system: System, user: str, query: str = "") -> httpx.Response:
 
 
 async def test_a_client_at_a_daemon_of_another_partition_gets_421_with_its_partition(split):
-    d0, d1, both = split
+    _, d0, d1, both = split
     zoe = user_in(1, "zoe")
     status, body = await refusal_of_ws(d0, zoe)
     assert (status, body["error"], body["partition"]) == (421, "wrong_partition", 1)
@@ -93,36 +109,38 @@ async def test_a_client_at_a_daemon_of_another_partition_gets_421_with_its_parti
         assert (await poll(system, zoe, query)).status_code == 200
 
 
-async def test_a_message_between_two_partitions_reaches_every_device_of_both_once(split, two_partitions):
-    d0, d1, both = split
-    _, store = two_partitions
+async def test_a_message_between_two_partitions_reaches_every_device_of_both_once(split):
+    front, d0, d1, both = split
     ann, ben = user_in(0, "ann"), user_in(1, "ben")
     for where in ("one partition per daemon", "one daemon for both"):
         ann_at, ben_at = (d0, d1) if where == "one partition per daemon" else (both, both)
         anns = [(await connect(ann_at, ann))[0] for _ in range(2)]
         bens = [(await connect(ben_at, ben))[0] for _ in range(2)]
-        stored = store.send(ann, ben, f"hi ({where})")
-        assert stored.home == 0 and stored.copy == 1
+        reply = await post(front, ann, ben, f"hi ({where})")
+        assert reply.status_code == 201, reply.text
+        home_id = reply.json()["id"]  # the id the sender was answered: its partition's (0)
         for ws in anns:
             [frame] = await receive(ws, 1)
-            assert (frame["id"], frame["body"], frame["cursor"]) == (str(stored.home_id), f"hi ({where})",
-                                                                     str(stored.home_id))
+            assert (frame["id"], frame["body"], frame["cursor"]) == (home_id, f"hi ({where})", home_id)
+        copy = [r for r in rows_of(front, 1, ann) if r.body == f"hi ({where})"]
+        assert [(r.origin_part, r.origin_id) for r in copy] == [(0, int(home_id))]
         for ws in bens:
             [frame] = await receive(ws, 1)
-            assert (frame["id"], frame["from"], frame["cursor"]) == (str(stored.copy_id), ann, f"1.0.{stored.copy_id}")
+            assert (frame["id"], frame["from"], frame["body"], frame["cursor"]) == \
+                (str(copy[0].id), ann, f"hi ({where})", f"1.0.{copy[0].id}")
         for ws in anns + bens:
             assert await nothing_more(ws, 0.5)
             await ws.close()
 
 
-async def test_each_daemon_decodes_only_its_partitions_entries_through_the_relay(split, two_partitions):
-    d0, d1, _ = split
-    _, store = two_partitions
+async def test_each_daemon_decodes_only_its_partitions_entries_through_the_relay(split):
+    front, d0, d1, _ = split
     cy, dee = user_in(1, "cy"), user_in(1, "dee")
     ws, _hello = await connect(d1, dee)
     before = [decoded(d) for d in (d0, d1)]
-    for n in range(20):
-        store.send(cy, dee, f"m{n}")  # partition 1 only
+    async with httpx.AsyncClient(timeout=10) as client:
+        for n in range(20):  # partition 1 only, one at a time: in order
+            assert (await post(front, cy, dee, f"m{n}", client=client)).status_code == 201
     assert [f["body"] for f in await receive(ws, 20)] == [f"m{n}" for n in range(20)]
     await ws.close()
     await asyncio.sleep(0.5)  # what the relay sends comes in order: d0 would have had its share by now
@@ -133,9 +151,9 @@ async def test_each_daemon_decodes_only_its_partitions_entries_through_the_relay
 
 def decoded(system: System) -> dict[str, float]:
     """``chat_daemon_oplog_entries_decoded_total`` by partition, from the daemon's /metrics."""
-    text = httpx.get(f"http://127.0.0.1:{system.daemon_port}/metrics", timeout=5).text
+    text_ = httpx.get(f"http://127.0.0.1:{system.daemon_port}/metrics", timeout=5).text
     found = {}
-    for line in text.splitlines():
+    for line in text_.splitlines():
         if line.startswith('chat_daemon_oplog_entries_decoded_total{partition="'):
             label, value = line.split('"')[1], float(line.rsplit(" ", 1)[1])
             found[label] = value
@@ -144,28 +162,38 @@ def decoded(system: System) -> dict[str, float]:
 
 @pytest.fixture
 def fresh_two_partitions(tmp_path):
-    with databases(tmp_path) as dbs:
-        store = PartitionedStore(dbs, TWO)
-        store.lay_out()
-        try:
-            yield dbs, store
-        finally:
-            store.close()
+    with databases(tmp_path, partitions=2) as dbs:
+        yield dbs
 
 
 async def test_a_partition_with_no_messages_holds_up_no_delivery_of_the_other(fresh_two_partitions):
-    # Partition 1 has never had a message (no document, no collection in Mongo):
-    # the daemon serving both starts, and delivers partition 0's at once.
-    dbs, store = fresh_two_partitions
-    with daemon_serving(dbs, "") as both:
+    # Partition 1 never has a message: the daemon serving both starts, and
+    # delivers partition 0's at once.
+    dbs = fresh_two_partitions
+    with writing_system(dbs) as front, daemon_serving(dbs, "") as both:
         eve, fay = user_in(0, "eve"), user_in(0, "fay")
         ws, hello = await connect(both, fay)
         assert hello["cursor"] == "0"
-        for n in range(5):
-            stored = store.send(eve, fay, f"m{n}")
+        async with httpx.AsyncClient(timeout=10) as client:
+            replies = [await post(front, eve, fay, f"m{n}", client=client) for n in range(5)]
         frames = await receive(ws, 5, timeout=5)
         assert [f["body"] for f in frames] == [f"m{n}" for n in range(5)]
-        assert frames[-1]["cursor"] == str(stored.home_id)
+        assert frames[-1]["cursor"] == replies[-1].json()["id"] == "5"
         health = httpx.get(f"http://127.0.0.1:{both.daemon_port}/healthz", timeout=5).json()
         assert health["partitions"] == {"0": "5", "1": "1.0.0"}
         await ws.close()
+
+
+async def test_client_config_tells_the_token_s_user_its_partition_and_nobody_else(split):
+    front = split[0]
+    ann, ben = user_in(0, "ann"), user_in(1, "ben")
+    async with httpx.AsyncClient(timeout=10) as client:
+        url = f"{front.api_url}/v1/client-config"
+        anonymous = await client.get(url)
+        as_ann = await client.get(url, headers={"Authorization": f"Bearer {front.token(ann)}"})
+        as_ben = await client.get(url, headers={"Authorization": f"Bearer {front.token(ben)}"})
+        forged = await client.get(url, headers={"Authorization": "Bearer not-a-token"})
+    assert anonymous.status_code == 200 and "partition" not in anonymous.json()
+    assert (as_ann.json()["partition"], as_ben.json()["partition"]) == (0, 1)
+    assert as_ben.json() == {**anonymous.json(), "partition": 1}
+    assert (forged.status_code, forged.json()["error"]) == (401, "unauthorized")

@@ -272,3 +272,94 @@ test("a poll answered 401 renews the token and polls again with since", async ()
   assert.equal(since(urls[1]), "7");
   client.stop();
 });
+
+const param = (url, name) => new URL(url).searchParams.get(name);
+const refusal = (partition) => ({ ok: false, status: 421, json: async () => ({ error: "wrong_partition", partition }) });
+
+test("resumes with the last frame's cursor, routed to its partition", async () => {
+  const { client } = makeClient({ partition: 1 });
+  client.start();
+  const first = FakeSocket.all[0];
+  assert.equal(param(first.url, "partition"), "1");
+  first.hello("1.0.10");
+  first.frame(msg("11", { cursor: "1.0.11" }));
+  first.drop();
+  await tick();
+  const second = FakeSocket.all[1];
+  assert.equal(since(second.url), "1.0.11");
+  assert.equal(param(second.url, "partition"), "1");
+  client.stop();
+});
+
+test("a refused handshake asks the poll once; told another partition, it connects there at once", async () => {
+  const asked = [];
+  const fetchImpl = async (url) => { asked.push(url); return refusal(1); };
+  const { client, got } = makeClient({ partition: 0, since: "0.0.4", fetchImpl, backoffBaseMs: 5000, backoffMaxMs: 5000 });
+  client.start();
+  FakeSocket.all[0].drop(); // refused before hello: a page cannot see the 421
+  await tick();
+  assert.equal(asked.length, 1);
+  assert.equal(param(asked[0], "partition"), "0");
+  assert.equal(param(asked[0], "timeout"), "0");
+  assert.equal(since(asked[0]), null); // it only asks
+  assert.equal(FakeSocket.all.length, 2); // at once, not after the 5 s backoff
+  const second = FakeSocket.all[1];
+  assert.equal(param(second.url, "partition"), "1");
+  assert.equal(since(second.url), "0.0.4");
+  second.hello("1.1.0", false);
+  second.frame(msg("1", { cursor: "1.1.1" }));
+  assert.deepEqual(got, ["1"]);
+  client.stop();
+});
+
+test("told the partition it asked for already (a stale route), it backs off as after any failure", async () => {
+  const asked = [];
+  const fetchImpl = async (url) => { asked.push(url); return refusal(1); };
+  const { client } = makeClient({ partition: 1, fetchImpl, backoffBaseMs: 5000, backoffMaxMs: 5000 });
+  client.start();
+  FakeSocket.all[0].drop();
+  await tick();
+  assert.equal(asked.length, 1);
+  assert.equal(FakeSocket.all.length, 1); // no loop: the next try waits for the backoff
+  assert.equal(client.wsFailures, 1);
+  assert.equal(client.partition, 1);
+  client.stop();
+});
+
+test("a poll answered 421 polls again at once where the 421 says, with since", async () => {
+  const urls = [];
+  const fetchImpl = async (url) => {
+    urls.push(url);
+    if (urls.length === 1) return refusal(2);
+    return new Promise(() => {}); // the next poll waits
+  };
+  const { client } = makeClient({ transport: "poll", fetchImpl, since: "0.0.7" });
+  client.start();
+  await tick();
+  assert.equal(urls.length, 2);
+  assert.equal(param(urls[0], "partition"), null);
+  assert.equal(param(urls[1], "partition"), "2");
+  assert.equal(since(urls[1]), "0.0.7");
+  client.stop();
+});
+
+test("after recovered: false the ids seen before are new messages (a slot moved)", async () => {
+  const { client, got } = makeClient();
+  let resets = 0;
+  client.addEventListener("reset", () => resets++);
+  client.start();
+  const first = FakeSocket.all[0];
+  first.hello("0");
+  first.frame(msg("1"));
+  first.frame(msg("2"));
+  first.drop();
+  await tick();
+  const second = FakeSocket.all[1];
+  second.hello("1.1.0", false); // now in partition 1, which numbers from 1 again
+  second.frame(msg("1", { cursor: "1.1.1" }));
+  second.frame(msg("1", { cursor: "1.1.1" })); // a true repeat is still dropped
+  assert.equal(resets, 1);
+  assert.deepEqual(got, ["1", "2", "1"]);
+  assert.equal(client.since, "1.1.1");
+  client.stop();
+});

@@ -1,0 +1,32 @@
+// The web client's pure rules of connection (chat-client.js): backoff, dedup, and the partition
+// a daemon's 421 names. No I/O of their own.
+
+export function backoffDelay(attempt, baseMs, maxMs, random = Math.random) {
+  // Full jitter: uniform in [cap/2, cap] so that reconnecting clients spread out.
+  const cap = Math.min(maxMs, baseMs * 2 ** Math.max(0, attempt - 1));
+  return cap / 2 + random() * (cap / 2);
+}
+
+// Remembers the last `limit` ids seen, so a repeat is dropped however it comes back.
+export class SeenIds {
+  constructor(limit = 10000) {
+    this.limit = limit;
+    this.ids = new Set();
+  }
+
+  add(id) {
+    if (this.ids.has(id)) return false;
+    this.ids.add(id);
+    if (this.ids.size > this.limit) this.ids.delete(this.ids.values().next().value);
+    return true;
+  }
+}
+
+const WRONG_PARTITION = 421; // a daemon's answer to a user of a partition it does not serve
+
+// The user's partition that a 421 `wrong_partition` answer names, else null.
+export async function partitionOf(reply) {
+  if (reply?.status !== WRONG_PARTITION) return null;
+  const body = await reply.json().catch(() => null);
+  return Number.isInteger(body?.partition) && body.partition >= 0 ? body.partition : null;
+}
