@@ -116,6 +116,9 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         "stored": stored, "delivery_p50_ms": fig.percentile(latencies, 0.5),
         "delivery_p99_ms": fig.percentile(latencies, 0.99),
         "cpu_us_per_msg": fig.cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after), stored),
+        # Rows each stored message costs the writers: 1, plus a copy when its two users' partitions differ.
+        "writes_per_msg": fig.writes_per_message(
+            sent, lambda user: partition_of(user, partitions) if partitioned else 0),
         "daemon_decoded_share": list(fig.decoded_shares(delta(d_before, d_after), delta(r_before, r_after),
                                                         host_of_daemon).values()),
         "daemons": [d.name for d in cluster.daemons],

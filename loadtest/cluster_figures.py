@@ -41,6 +41,16 @@ def check_delivery(sent: list[Sent], devices: list[Device], received: list[list[
     return Delivery(expected, lost, dup, lost_devices)
 
 
+def writes_per_message(sent: list[Sent], partition_of: Callable[[str], int]) -> float | None:
+    """Rows written per stored message: the original, and a copy in the recipient's partition
+    when it is not the sender's. None when nothing was stored."""
+    stored = [s for s in sent if s.msg_id is not None]
+    if not stored:
+        return None
+    copies = sum(partition_of(s.sender) != partition_of(s.recipient) for s in stored)
+    return round(1 + copies / len(stored), 3)
+
+
 def accepted_attempt(s: Sent) -> Attempt | None:
     return s.attempts[-1] if s.msg_id is not None and s.attempts else None
 

@@ -51,3 +51,10 @@ def test_prometheus_counter_and_decoded_shares():
                                 {"chat-h1": 1000}, {"chat-h1/daemon_0": "chat-h1", "chat-h1/daemon_1": "chat-h1",
                                                     "chat-h2/daemon_0": "chat-h2"})
     assert shares == {"chat-h1/daemon_0": 0.5, "chat-h1/daemon_1": 0.25, "chat-h2/daemon_0": None}
+
+
+def test_a_message_between_partitions_costs_a_copy():
+    sent = [_sent("a", "b", 1, 0.0), _sent("a", "a2", 2, 0.1), _sent("b", "a", None, 0.2, status=503)]
+    partition = {"a": 0, "a2": 0, "b": 1}.__getitem__
+    assert fig.writes_per_message(sent, partition) == 1.5  # one of the two stored messages crosses
+    assert fig.writes_per_message(sent[2:], partition) is None
