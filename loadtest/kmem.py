@@ -1,5 +1,5 @@
 """Where the memory of many connections goes: the kernel's (/proc/meminfo,
-/proc/slabinfo), our processes' (RSS), and the figures per connection.
+/proc/slabinfo), our processes' (PSS), and the figures per connection.
 Parsing and arithmetic are pure; ``sample`` is the one reader."""
 
 from __future__ import annotations
@@ -35,8 +35,18 @@ def parse_slabinfo(text: str) -> dict[str, int]:
     return out
 
 
+def parse_tcp_pages(sockstat: str) -> int:
+    """Pages the kernel holds for TCP buffers (/proc/net/sockstat's TCP `mem`)."""
+    for line in sockstat.splitlines():
+        if line.startswith("TCP:"):
+            fields = line.split()
+            return int(fields[fields.index("mem") + 1])
+    return 0
+
+
 def sample() -> dict:
     meminfo = parse_meminfo(Path("/proc/meminfo").read_text())
+    meminfo["TcpBuffers"] = parse_tcp_pages(Path("/proc/net/sockstat").read_text()) * 4096
     slabs: dict[str, int] = {}
     with contextlib.suppress(OSError):  # root only
         slabs = parse_slabinfo(Path("/proc/slabinfo").read_text())
@@ -52,7 +62,8 @@ def per_socket(before: dict, after: dict, sockets: int) -> dict:
     def kb(delta: int) -> float:
         return round(delta / sockets / 1024, 2)
 
-    out = {k: kb(after["meminfo"][k] - before["meminfo"][k]) for k in ("Slab", "SUnreclaim", "PageTables")}
+    out = {k: kb(after["meminfo"][k] - before["meminfo"][k])
+           for k in ("Slab", "SUnreclaim", "PageTables", "TcpBuffers")}
     out["caches"] = {k: kb(after["slabs"][k] - before["slabs"].get(k, 0)) for k in after["slabs"]
                      if abs(after["slabs"][k] - before["slabs"].get(k, 0)) > 1024 * 1024}
     return out
@@ -70,8 +81,8 @@ def plot(steps: list[dict], path: Path, where: str) -> None:
 
     held = [s["held"] / 1000 for s in steps]
     fig, ax = plt.subplots(figsize=(8, 5))
-    for key, label in (("slab_gib", "kernel slab"), ("daemons_gib", "daemons (RSS)"),
-                       ("clients_gib", "load clients (RSS)"), ("available_gib", "MemAvailable")):
+    for key, label in (("slab_gib", "kernel slab"), ("daemons_gib", "daemons (PSS)"),
+                       ("clients_gib", "load clients (PSS)"), ("available_gib", "MemAvailable")):
         ax.plot(held, [s[key] for s in steps], marker="o", label=label)
     ax.set_xlabel("WebSocket connections held (thousands)")
     ax.set_ylabel("GiB")

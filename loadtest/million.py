@@ -28,7 +28,6 @@ from pathlib import Path
 
 import httpx
 import orjson
-import psutil
 import typer
 
 from loadtest import kmem, machine, wsload
@@ -37,8 +36,8 @@ from tests.system import System, databases, running_system
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PER_CLIENT_PROCESS = 16_000  # sockets per load process: under the 20,000 open files, with room
-PER_DAEMON = 16_700  # planned sockets per daemon: under the 18,000 cap, with room for the hash's imbalance
-# and for a restarted daemon's clients, spread over the others meanwhile
+PER_DAEMON = 17_000  # sockets per daemon, planned with one daemon down (restarting): under the 18,000 cap,
+# with room for the hash's imbalance
 STEP_SECONDS_MAX = 420.0  # a ramp step that has not connected by then stops the ramp
 # Small on purpose: catch-up reads the stores for a `since` older than the cache
 # (daemon.catchup), so a smaller cache costs queries, never messages. 10,000 covers the
@@ -120,12 +119,15 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
     raise TimeoutError(url)
 
 
-def rss(pids: list[int]) -> int:
+def pss(pids: list[int]) -> int:
+    """Bytes the processes cost the host: their own pages, and their share of
+    those they share (with 60 daemons, the interpreter and libraries count once)."""
     out = 0
     for pid in pids:
         try:
-            out += psutil.Process(pid).memory_info().rss
-        except psutil.NoSuchProcess:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                out += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
+        except (OSError, StopIteration):
             pass
     return out
 
@@ -136,19 +138,29 @@ def daemon_pids(system: System) -> list[int]:
 
 def step_sample(system: System, clients: list[LoadProcess], held: int) -> dict:
     mem = kmem.sample()
-    daemons, loaders = rss(daemon_pids(system)), total(clients, "rss_kb") * 1024
+    daemons, loaders = pss(daemon_pids(system)), total(clients, "pss_kb") * 1024
     return {"held": held, "slab_gib": kmem.gib(mem["meminfo"]["Slab"]), "daemons_gib": kmem.gib(daemons),
             "clients_gib": kmem.gib(loaders), "available_gib": kmem.gib(mem["meminfo"]["MemAvailable"]),
             "daemons_bytes": daemons, "clients_bytes": loaders, "mem": mem}
 
 
-def next_step_fits(last: dict, first: dict, want: int, floor: int) -> tuple[bool, str]:
+def accounted(s: dict) -> int:
+    """The memory the connections can take: the kernel's slab, page tables and
+    TCP buffers, and the daemons' and load processes' PSS."""
+    info = s["mem"]["meminfo"]
+    return info["Slab"] + info["PageTables"] + info["TcpBuffers"] + s["daemons_bytes"] + s["clients_bytes"]
+
+
+def next_step_fits(last: dict, first: dict, want: int, floor: int, margin: float = 1.15) -> tuple[bool, str]:
     """Whether ``want`` connections leave MemAvailable over ``floor``, if each
-    new one costs what those since ``first`` did (pure: the ramp's decision)."""
+    new one costs what those since ``first`` did, and ``margin`` times it
+    (pure: the ramp's decision). What the connections cost is summed from its
+    parts, not read off MemAvailable, which also moves with the page cache
+    and with whatever else runs on the box."""
     held = last["held"] - first["held"]
     if held <= 0:
         return True, ""
-    per_conn = (first["mem"]["meminfo"]["MemAvailable"] - last["mem"]["meminfo"]["MemAvailable"]) / held
+    per_conn = margin * (accounted(last) - accounted(first)) / held
     left = last["mem"]["meminfo"]["MemAvailable"] - per_conn * (want - last["held"])
     if left < floor:
         return False, (f"MemAvailable would fall to {kmem.gib(left)} GiB (under {kmem.gib(floor)}) at {want} "
@@ -251,19 +263,32 @@ def run(target: int, daemons: int, rate: float, seconds: float, steps: list[floa
         log(f"starting {daemons} daemons; MemAvailable {kmem.gib(before['meminfo']['MemAvailable'])} GiB")
         start_daemons(system, daemons)
         time.sleep(3)
-        idle = rss(daemon_pids(system))
-        result["daemon_idle_rss_mb"] = round(idle / daemons / 2**20, 1)
+        idle = pss(daemon_pids(system))
+        result["daemon_idle_pss_mb"] = round(idle / daemons / 2**20, 1)
         count = max(1, -(-target // PER_CLIENT_PROCESS))
         sizes = [target // count + (i < target % count) for i in range(count)]
         clients = [LoadProcess(i, n, system) for i, n in enumerate(sizes)]
         try:
             time.sleep(2)
             samples = [step_sample(system, clients, 0)]
-            result["client_idle_rss_mb"] = round(samples[0]["clients_bytes"] / count / 2**20, 1)
-            log(f"daemon idle RSS {result['daemon_idle_rss_mb']} MB, client process idle RSS "
-                f"{result['client_idle_rss_mb']} MB, {count} client processes")
+            result["client_idle_pss_mb"] = round(samples[0]["clients_bytes"] / count / 2**20, 1)
+            log(f"daemon idle PSS {result['daemon_idle_pss_mb']} MB, client process idle PSS "
+                f"{result['client_idle_pss_mb']} MB, {count} client processes")
+            client_pids = [c.proc.pid for c in clients]
+            daemon_cpu, client_cpu = machine.ProcessCpu(daemon_pids(system)), machine.ProcessCpu(client_pids)
             held, wall, connect_rate = ramp(system, clients, target, steps, int(floor_gib * 2**30), samples)
+            result["cpu_us_per_connect"] = {"daemons": round(daemon_cpu.seconds() / max(1, held) * 1e6),
+                                            "clients": round(client_cpu.seconds() / max(1, held) * 1e6)}
             first, last = samples[0], samples[-1]
+            idle = machine.CpuWindow()
+            daemon_cpu, client_cpu = machine.ProcessCpu(daemon_pids(system)), machine.ProcessCpu(client_pids)
+            time.sleep(10)
+            # holding only: heartbeats and pings (the host's share includes whatever else runs on the box)
+            result["idle_cpu"] = {"host": idle.result(), "daemon_cores": daemon_cpu.cores(),
+                                  "client_cores": client_cpu.cores()}
+            result["per_daemon_sockets"] = sorted(len(os.listdir(f"/proc/{pid}/fd")) for pid in daemon_pids(system))
+            log(f"holding: {result['idle_cpu']}; sockets per daemon {result['per_daemon_sockets'][0]}.."
+                f"{result['per_daemon_sockets'][-1]}")
             result.update(held=held, client_processes=count, connect_per_s=connect_rate, steps=[
                 {k: v for k, v in s.items() if k != "mem"} for s in samples])
             if wall:
@@ -276,6 +301,7 @@ def run(target: int, daemons: int, rate: float, seconds: float, steps: list[floa
             result["kernel_per_socket_kb"] = kernel
             result["host_kb_per_conn"] = round((first["mem"]["meminfo"]["MemAvailable"]
                                                 - last["mem"]["meminfo"]["MemAvailable"]) / n / 1024, 2)
+            result["accounted_kb_per_conn"] = round((accounted(last) - accounted(first)) / n / 1024, 2)
             result["meminfo"] = {"before": before["meminfo"], "idle": first["mem"]["meminfo"],
                                  "after": last["mem"]["meminfo"]}
             users = [u for c in clients for u in c.users(c.status.get("target", 0))]
@@ -338,14 +364,14 @@ def check(result: dict) -> str | None:
 
 @app.command()
 def main(target: int = typer.Option(1_000_000, help="connections to hold"),
-         daemons: int = typer.Option(0, help="daemon processes (0: one per 16,700 connections, 2 at least)"),
+         daemons: int = typer.Option(0, help="daemon processes (0: one per 17,000 connections, and one more)"),
          rate: float = typer.Option(100.0, help="messages/s through the API once connected"),
          seconds: float = typer.Option(60.0, help="how long messages are sent"),
          steps: str = typer.Option("0.1,0.25,0.5,0.75,1", help="ramp steps, as fractions of the target"),
          floor_gib: float = typer.Option(1.5, help="MemAvailable the ramp keeps, GiB"),
          ping_seconds: float = typer.Option(20.0, help="CHAT_PING_INTERVAL_SECONDS of the daemons"),
          out: Path = typer.Option(RESULTS / "million-latest.json")) -> None:
-    daemons = daemons or max(2, -(-target // PER_DAEMON))
+    daemons = daemons or 1 + -(-target // PER_DAEMON)
     env = {"CHAT_PING_INTERVAL_SECONDS": f"{ping_seconds:g}"}
     result = run(target, daemons, rate, seconds, [float(s) for s in steps.split(",")], floor_gib, env)
     publish(result, out)
