@@ -98,8 +98,27 @@ def start_daemons(system: System, count: int) -> None:
         wait_http(f"http://127.0.0.1:{port}/metrics", 120, system.procs[name])
 
 
+METRICS_PORTS: dict[str, int] = {}
+COUNTED = ("chat_daemon_catchup", "chat_daemon_rejects_total", "chat_daemon_closes_total")
+
+
+def daemon_metrics(system: System) -> dict[str, float]:
+    """The daemons' catch-up, refusal and close counters, summed."""
+    out: dict[str, float] = {}
+    for port in METRICS_PORTS.values():
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(COUNTED) and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
 def start_daemon(system: System, name: str) -> int:
-    port = free_port()
+    port = METRICS_PORTS[name] = free_port()
     out = open(system.logdir / f"{name}.log", "ab")
     system.procs[name] = subprocess.Popen([sys.executable, "-m", "daemon"], cwd=ROOT, stdout=out, stderr=out,
                                           env={**system.env, "CHAT_METRICS_PORT": str(port)})
@@ -169,10 +188,11 @@ def next_step_fits(last: dict, first: dict, want: int, floor: int, margin: float
 
 
 def ramp(system: System, clients: list[LoadProcess], target: int, steps: list[float], floor: int,
-         samples: list[dict]) -> tuple[int, str | None, float]:
-    """Connects in steps; returns the connections held, the wall met (None if
-    none) and the connections per second of the last full step."""
+         samples: list[dict], budget: float) -> tuple[int, str | None, float]:
+    """Connects in steps, within ``budget`` seconds; returns the connections
+    held, the wall met (None if none) and the connections per second of the last step."""
     rate, wall = 0.0, None
+    deadline = time.monotonic() + budget
     for fraction in steps:
         want = int(target * fraction)
         fits, why = next_step_fits(samples[-1], samples[0], want, floor)
@@ -185,8 +205,9 @@ def ramp(system: System, clients: list[LoadProcess], target: int, steps: list[fl
         want = sum(min(per, c.size) for c in clients)
         last_report = 0.0
         while total(clients, "open") < want:
-            if time.monotonic() - start > STEP_SECONDS_MAX:
-                wall = f"connect: {total(clients, 'open')} of {want} after {STEP_SECONDS_MAX:.0f} s"
+            if time.monotonic() - start > STEP_SECONDS_MAX or time.monotonic() > deadline:
+                wall = (f"connect rate: {total(clients, 'open')} of {want} open after {time.monotonic() - start:.0f} s "
+                        f"of the step, the ramp's {budget:.0f} s spent")
                 break
             available = kmem.parse_meminfo(Path("/proc/meminfo").read_text())["MemAvailable"]
             if available < floor * 2 // 3:
@@ -223,7 +244,7 @@ def restart_one(system: System, clients: list[LoadProcess], at: float, out: dict
     proc.terminate()
     stop(proc)
     start_daemon(system, "daemon_0")
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 120
     time.sleep(1.5)
     while time.monotonic() < deadline:
         closed = total(clients, "closed") - closed_before
@@ -234,7 +255,10 @@ def restart_one(system: System, clients: list[LoadProcess], at: float, out: dict
     back = max((c.status.get("last_back", 0.0) for c in clients), default=0.0)
     out.update(restart_closed=closed, restart_fds=sockets, restart_back=total(clients, "back"),
                reconnect_seconds=round(back - mark, 2) if back and total(clients, "back") >= closed else None)
-    log(f"restart: {closed} clients closed with 1012, all back in {out['reconnect_seconds']} s")
+    out["restart_clients"] = {k: total(clients, k) for k in ("failed", "refused", "timeouts", "waiting")}
+    out["restart_metrics"] = daemon_metrics(system)
+    log(f"restart: {closed} clients closed with 1012, all back in {out['reconnect_seconds']} s; "
+        f"{out['restart_clients']}, daemons: {out['restart_metrics']}")
 
 
 def verify(clients: list[LoadProcess], expected: dict[str, list[int]], tmp: Path) -> tuple[int, int, int]:
@@ -254,7 +278,7 @@ def verify(clients: list[LoadProcess], expected: dict[str, list[int]], tmp: Path
 
 
 def run(target: int, daemons: int, rate: float, seconds: float, steps: list[float], floor_gib: float,
-        env: dict[str, str]) -> dict:
+        env: dict[str, str], ramp_seconds: float = 480.0) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="million-"))
     result: dict = {"target": target, "daemons": daemons, "rate": rate, "seconds": seconds, "env": env}
     with databases(tmp / "dbs") as dbs, running_system(dbs, daemons=0, apis=1, writer=True, relay=True,
@@ -276,7 +300,8 @@ def run(target: int, daemons: int, rate: float, seconds: float, steps: list[floa
                 f"{result['client_idle_pss_mb']} MB, {count} client processes")
             client_pids = [c.proc.pid for c in clients]
             daemon_cpu, client_cpu = machine.ProcessCpu(daemon_pids(system)), machine.ProcessCpu(client_pids)
-            held, wall, connect_rate = ramp(system, clients, target, steps, int(floor_gib * 2**30), samples)
+            held, wall, connect_rate = ramp(system, clients, target, steps, int(floor_gib * 2**30), samples,
+                                             ramp_seconds)
             result["cpu_us_per_connect"] = {"daemons": round(daemon_cpu.seconds() / max(1, held) * 1e6),
                                             "clients": round(client_cpu.seconds() / max(1, held) * 1e6)}
             first, last = samples[0], samples[-1]
@@ -328,10 +353,12 @@ def run(target: int, daemons: int, rate: float, seconds: float, steps: list[floa
                           creation_ms=wsload.percentiles(creation))
             log(f"{len(creation)} messages sent, {frames} frames expected: {lost} lost, {dup} duplicated")
         finally:
-            for c in clients:
-                if c.proc.poll() is None:
-                    c.proc.kill()
-                c.proc.wait()
+            # SIGKILL: the kernel closes the sockets; a drain would send a million close frames first
+            for proc in [c.proc for c in clients] + [system.procs.pop(n) for n in list(system.procs)
+                                                     if n.startswith("daemon")]:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
     return result
 
 
@@ -370,10 +397,12 @@ def main(target: int = typer.Option(1_000_000, help="connections to hold"),
          steps: str = typer.Option("0.1,0.25,0.5,0.75,1", help="ramp steps, as fractions of the target"),
          floor_gib: float = typer.Option(1.5, help="MemAvailable the ramp keeps, GiB"),
          ping_seconds: float = typer.Option(20.0, help="CHAT_PING_INTERVAL_SECONDS of the daemons"),
+         ramp_seconds: float = typer.Option(480.0, help="the ramp stops here, and names the connect rate its wall"),
          out: Path = typer.Option(RESULTS / "million-latest.json")) -> None:
     daemons = daemons or 1 + -(-target // PER_DAEMON)
     env = {"CHAT_PING_INTERVAL_SECONDS": f"{ping_seconds:g}"}
-    result = run(target, daemons, rate, seconds, [float(s) for s in steps.split(",")], floor_gib, env)
+    result = run(target, daemons, rate, seconds, [float(s) for s in steps.split(",")], floor_gib, env,
+                 ramp_seconds)
     publish(result, out)
     failed = check(result)
     if failed:

@@ -19,6 +19,7 @@ line goes out every second.
 from __future__ import annotations
 
 import array
+import contextlib
 import base64
 import errno
 import hashlib
@@ -34,7 +35,6 @@ import time
 
 import orjson
 
-IP_BIND_ADDRESS_NO_PORT = 24  # linux/in.h: the port is chosen at connect, by the whole 4-tuple
 IN_FLIGHT = 128  # handshakes under way at once, per process: the listen backlogs stay short
 HANDSHAKE_TIMEOUT = 30.0
 TOKEN_TTL = 4 * 3600
@@ -130,7 +130,7 @@ class Clients:
         self.in_flight: set[int] = set()
         self.got_slot, self.got_id = array.array("i"), array.array("q")  # every message frame
         self.target = 0
-        self.open = self.failed = self.refused = self.closed = self.hellos = 0
+        self.open = self.failed = self.refused = self.closed = self.hellos = self.timeouts = 0
         self.mark: float | None = None  # wall time from which reconnects are counted
         self.back, self.last_back = 0, 0.0
         self.epoll = select.epoll()
@@ -154,8 +154,10 @@ class Clients:
 
     def connect(self, slot: int) -> None:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
-        s.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
         try:
+            # bind() picks a free port from a random offset. Left to connect()
+            # (IP_BIND_ADDRESS_NO_PORT), a retry got the port just freed back:
+            # the same 4-tuple, so the same SO_REUSEPORT daemon, full, every time.
             s.bind((self.source, 0))
             code = s.connect_ex(self.addr)
         except OSError as exc:
@@ -268,12 +270,15 @@ class Clients:
     def expire_handshakes(self) -> None:
         now = time.monotonic()
         for slot in [s for s in self.in_flight if now - self.started[s] > HANDSHAKE_TIMEOUT]:
+            self.timeouts += 1
             self.retry(slot, failed=True)
 
     def status(self) -> dict:
         return {"open": self.open, "target": self.target, "failed": self.failed, "refused": self.refused,
                 "closed": self.closed, "hellos": self.hellos, "received": len(self.got_id), "back": self.back,
-                "last_back": self.last_back, "pss_kb": pss_kb(), "waiting": len(self.due) + len(self.in_flight)}
+                "last_back": self.last_back, "pss_kb": pss_kb(), "waiting": len(self.due) + len(self.in_flight),
+                "timeouts": self.timeouts, "in_flight": [sum(1 for s in self.in_flight if self.phase[s] == p)
+                                                         for p in (CONNECTING, HANDSHAKE, UPGRADED)]}
 
     def command(self, line: bytes) -> str | None:
         cmd = orjson.loads(line)
@@ -315,12 +320,16 @@ class Clients:
             if now >= next_status:
                 next_status = now + 1.0
                 self.expire_handshakes()
-                print(orjson.dumps(self.status()).decode(), flush=True)
+                try:
+                    print(orjson.dumps(self.status()).decode(), flush=True)
+                except BrokenPipeError:  # the driver is gone: stop
+                    stop_path = ""
         if stop_path:
             with open(stop_path, "wb") as f:
                 f.write(orjson.dumps({"slots": self.got_slot.tolist(), "ids": self.got_id.tolist(),
                                       **self.status()}))
-        print(orjson.dumps({"done": True, **self.status()}).decode(), flush=True)
+        with contextlib.suppress(BrokenPipeError):  # the driver may be gone
+            print(orjson.dumps({"done": True, **self.status()}).decode(), flush=True)
 
 
 def main() -> None:
