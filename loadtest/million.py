@@ -278,7 +278,7 @@ def verify(clients: list[LoadProcess], expected: dict[str, list[int]], tmp: Path
 
 
 def run(target: int, daemons: int, rate: float, seconds: float, steps: list[float], floor_gib: float,
-        env: dict[str, str], ramp_seconds: float = 480.0) -> dict:
+        env: dict[str, str], ramp_seconds: float = 480.0, idle_seconds: float = 10.0) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="million-"))
     result: dict = {"target": target, "daemons": daemons, "rate": rate, "seconds": seconds, "env": env}
     with databases(tmp / "dbs") as dbs, running_system(dbs, daemons=0, apis=1, writer=True, relay=True,
@@ -307,7 +307,7 @@ def run(target: int, daemons: int, rate: float, seconds: float, steps: list[floa
             first, last = samples[0], samples[-1]
             idle = machine.CpuWindow()
             daemon_cpu, client_cpu = machine.ProcessCpu(daemon_pids(system)), machine.ProcessCpu(client_pids)
-            time.sleep(10)
+            time.sleep(idle_seconds)
             # holding only: heartbeats and pings (the host's share includes whatever else runs on the box)
             result["idle_cpu"] = {"host": idle.result(), "daemon_cores": daemon_cpu.cores(),
                                   "client_cores": client_cpu.cores()}
