@@ -111,7 +111,7 @@ def daemon_metrics(system: System) -> dict[str, float]:
         except httpx.HTTPError:
             continue
         for line in text.splitlines():
-            if line.startswith(COUNTED) and not line.startswith("#"):
+            if line.startswith(COUNTED) and "_created" not in line:
                 key, _, value = line.rpartition(" ")
                 out[key] = out.get(key, 0.0) + float(value)
     return out
