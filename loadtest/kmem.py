@@ -5,6 +5,7 @@ Parsing and arithmetic are pure; ``sample`` is the one reader."""
 from __future__ import annotations
 
 import contextlib
+import textwrap
 from pathlib import Path
 
 # The slab caches an idle loopback TCP connection and its epoll entry live in
@@ -86,7 +87,7 @@ def plot(steps: list[dict], path: Path, where: str) -> None:
         ax.plot(held, [s[key] for s in steps], marker="o", label=label)
     ax.set_xlabel("WebSocket connections held (thousands)")
     ax.set_ylabel("GiB")
-    ax.set_title(f"Memory vs connections held\n{where}", fontsize=9)
+    ax.set_title("Memory vs connections held\n" + "\n".join(textwrap.wrap(where, 90)), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
