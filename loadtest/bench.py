@@ -21,7 +21,7 @@ import httpx
 import orjson
 import typer
 
-from loadtest import ab, machine, replay, scrape, wsload
+from loadtest import ab, machine, million, replay, scrape, wsload
 from loadtest.report import DOCS, write_report
 from tests.system import databases, running_system
 
@@ -65,7 +65,7 @@ def check(result: dict, what: str) -> None:
 
 def failures(results: dict) -> list[str]:
     runs = [*results["replay"], *results["ws"], *results.get("rates", []),
-            *([results["hold"]] if "hold" in results else [])]
+            *([results["hold"]] if "hold" in results else []), *([results["million"]] if "million" in results else [])]
     return [run["failed"] for run in runs if "failed" in run]
 
 
@@ -255,13 +255,28 @@ def hold_run(dbs, clients: int, daemons: int, rate: float, seconds: float) -> di
     return result
 
 
+def million_run(target: int, seconds: float, ping_seconds: float, out: Path) -> dict:
+    """``loadtest.million``: ``target`` connections held, messages through the
+    API meanwhile, one daemon restarted; its own JSON and PNG at ``out``."""
+    log(f"million: {target} WebSocket connections, 100 msg/s for {seconds} s, one daemon restarted")
+    result = million.run(target, 1 + -(-target // million.PER_DAEMON), 100.0, seconds,
+                         [0.1, 0.25, 0.5, 0.75, 1.0] if target > 100_000 else [0.5, 1.0], 1.5,
+                         {"CHAT_PING_INTERVAL_SECONDS": f"{ping_seconds:g}"}, idle_seconds=10 if seconds > 30 else 3)
+    million.publish(result, out)
+    failed = million.check(result)
+    if failed:
+        result["failed"] = f"FAILED million: {failed}"
+        log(result["failed"])
+    return {k: v for k, v in result.items() if k not in ("steps", "machine")}
+
+
 @app.command()
 def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option(False, "--full"),
          out_dir: Path = typer.Option(RESULTS),
          only: list[str] = typer.Option([], "--only", help="rerun just these sections (replay, ws, rates, ab, "
-                                        "post_alone, hold) into the existing latest.json; the report says which and "
-                                        "when")) -> None:
-    sections = set(only) or {"replay", "ws", "rates", "ab", "post_alone", "hold"}
+                                        "post_alone, hold, million) into the existing latest.json; the report says "
+                                        "which and when")) -> None:
+    sections = set(only) or {"replay", "ws", "rates", "ab", "post_alone", "hold", "million"}
     if full:
         levels, seconds, iterations = [10, 100, 500, 1000], 20, 5
         sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, DEPLOYED_DAEMONS
@@ -269,6 +284,9 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         hold = (100_000, 8, 100, 20)  # clients, daemons, msg/s, seconds
         rates = (1000, [100, 250, 500, 1000], 15)  # clients, msg/s, seconds
         post_alone_matrix = ([100, 1000], 20, 3)  # levels, seconds, iterations
+        # connections, seconds of messages, ping interval: at 20 s, a million sockets' pings alone
+        # would take more than the 2 cores (docs/decisions/million-connections.md)
+        million_args = (1_000_000, 60.0, 120.0, RESULTS / "million-latest.json")
     else:
         levels, seconds, iterations = [10, 100, 500, 1000], 5, 1
         sizes, rate, ws_seconds, daemons = [100, 1000], 200, 10, DEPLOYED_DAEMONS
@@ -276,6 +294,7 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         hold = None
         rates = None  # the full run's; the quick one keeps under 5 minutes
         post_alone_matrix = ([100], 5, 1)
+        million_args = (10_000, 10.0, 20.0, out_dir / "million-quick.json")
     if only:
         results = orjson.loads((out_dir / "latest.json").read_bytes())
         results.setdefault("reruns", {}).update({name: machine.describe() for name in only})
@@ -309,6 +328,8 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
     if hold is not None and "hold" in sections:
         with databases(Path(tempfile.mkdtemp(prefix="bench-hold-"))) as dbs:
             results["hold"] = hold_run(dbs, *hold)
+    if "million" in sections:
+        results["million"] = million_run(*million_args)
     results["failures"] = failures(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "latest.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))

@@ -1,0 +1,414 @@
+"""Many authenticated WebSocket connections on this one box, load clients
+included: `python -m loadtest.million --target 1000000`.
+
+A private MariaDB and FerretDB, the deployed path (API -> writer -> MySQL ->
+FerretDB -> oplog -> relay -> daemons), ``--daemons`` daemon processes on
+the one SO_REUSEPORT port, and lean load clients (``loadtest.millionclient``,
+each under the 20,000 open files a process may have, each from its own
+source address in 127.0.0.0/8). Connections ramp up in steps; before each
+step MemAvailable must stay over ``--floor-gib`` once the step's connections
+cost what the ones before did, or the run stops there and names that wall.
+Then ``--rate`` messages/s go between random connected users for
+``--seconds`` through the API, and one daemon is restarted meanwhile (its
+clients reconnect with `since`). Every message must reach both users' sockets
+exactly once. Writes loadtest/results/million-latest.json and a PNG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import typer
+
+from loadtest import kmem, machine, wsload
+from tests.servers import ROOT, free_port, stop
+from tests.system import System, databases, running_system
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PER_CLIENT_PROCESS = 16_000  # sockets per load process: under the 20,000 open files, with room
+PER_DAEMON = 17_000  # sockets per daemon, planned with one daemon down (restarting): under the 18,000 cap,
+# with room for the hash's imbalance
+STEP_SECONDS_MAX = 420.0  # a ramp step that has not connected by then stops the ramp
+# Small on purpose: catch-up reads the stores for a `since` older than the cache
+# (daemon.catchup), so a smaller cache costs queries, never messages. 10,000 covers the
+# 6,000 messages of a 60 s run at 100 msg/s, so the restart's catch-ups are served from memory.
+DAEMON_ENV = {"CHAT_RATE_LIMIT_PER_SECOND": "0", "CHAT_LOG_LEVEL": "WARNING", "CHAT_MAX_CONNECTIONS": "18000",
+              "CHAT_RECENT_CACHE_MAX": "10000", "CHAT_RECENT_CACHE_MAX_BYTES": str(8 << 20),
+              "CHAT_WRITER_QUEUE_MAX": "50000"}
+
+app = typer.Typer(add_completion=False)
+
+
+def log(msg: str) -> None:
+    print(f"[million] {msg}", flush=True)
+
+
+class LoadProcess:
+    """One ``loadtest.millionclient`` process and its latest status line."""
+
+    def __init__(self, index: int, size: int, system: System):
+        self.prefix, self.size = f"m{index}x", size
+        source = f"127.0.{1 + index // 250}.{2 + index % 250}"
+        host, port = "127.0.0.1", system.daemon_port
+        self.proc = subprocess.Popen([sys.executable, "-m", "loadtest.millionclient", self.prefix, str(size), host,
+                                      str(port), source], cwd=ROOT, env=system.env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, start_new_session=True)
+        self.status: dict = {}
+        self.done = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.status = orjson.loads(line)
+            if self.status.get("done"):
+                self.done.set()
+        self.done.set()
+
+    def send(self, **cmd: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(orjson.dumps(cmd) + b"\n")
+        self.proc.stdin.flush()
+
+    def users(self, n: int) -> list[str]:
+        return [f"{self.prefix}{i}" for i in range(n)]
+
+
+def total(clients: list[LoadProcess], key: str) -> int:
+    return sum(c.status.get(key, 0) for c in clients)
+
+
+def start_daemons(system: System, count: int) -> None:
+    """Starts them all at once (their imports share the cores), then waits
+    for each one's own metrics port: past it, the daemon listens."""
+    ports = {}
+    for i in range(count):
+        ports[f"daemon_{i}"] = start_daemon(system, f"daemon_{i}")
+    for name, port in ports.items():
+        wait_http(f"http://127.0.0.1:{port}/metrics", 120, system.procs[name])
+
+
+METRICS_PORTS: dict[str, int] = {}
+COUNTED = ("chat_daemon_catchup", "chat_daemon_rejects_total", "chat_daemon_closes_total")
+
+
+def daemon_metrics(system: System) -> dict[str, float]:
+    """The daemons' catch-up, refusal and close counters, summed."""
+    out: dict[str, float] = {}
+    for port in METRICS_PORTS.values():
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(COUNTED) and "_created" not in line:
+                key, _, value = line.rpartition(" ")
+                out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def start_daemon(system: System, name: str) -> int:
+    port = METRICS_PORTS[name] = free_port()
+    out = open(system.logdir / f"{name}.log", "ab")
+    system.procs[name] = subprocess.Popen([sys.executable, "-m", "daemon"], cwd=ROOT, stdout=out, stderr=out,
+                                          env={**system.env, "CHAT_METRICS_PORT": str(port)})
+    return port
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise TimeoutError(url)
+
+
+def pss(pids: list[int]) -> int:
+    """Bytes the processes cost the host: their own pages, and their share of
+    those they share (with 60 daemons, the interpreter and libraries count once)."""
+    out = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                out += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
+        except (OSError, StopIteration):
+            pass
+    return out
+
+
+def daemon_pids(system: System) -> list[int]:
+    return [p.pid for n, p in system.procs.items() if n.startswith("daemon")]
+
+
+def step_sample(system: System, clients: list[LoadProcess], held: int) -> dict:
+    mem = kmem.sample()
+    daemons, loaders = pss(daemon_pids(system)), total(clients, "pss_kb") * 1024
+    return {"held": held, "slab_gib": kmem.gib(mem["meminfo"]["Slab"]), "daemons_gib": kmem.gib(daemons),
+            "clients_gib": kmem.gib(loaders), "available_gib": kmem.gib(mem["meminfo"]["MemAvailable"]),
+            "daemons_bytes": daemons, "clients_bytes": loaders, "mem": mem}
+
+
+def accounted(s: dict) -> int:
+    """The memory the connections can take: the kernel's slab, page tables and
+    TCP buffers, and the daemons' and load processes' PSS."""
+    info = s["mem"]["meminfo"]
+    return info["Slab"] + info["PageTables"] + info["TcpBuffers"] + s["daemons_bytes"] + s["clients_bytes"]
+
+
+def next_step_fits(last: dict, first: dict, want: int, floor: int, margin: float = 1.15) -> tuple[bool, str]:
+    """Whether ``want`` connections leave MemAvailable over ``floor``, if each
+    new one costs what those since ``first`` did, and ``margin`` times it
+    (pure: the ramp's decision). What the connections cost is summed from its
+    parts, not read off MemAvailable, which also moves with the page cache
+    and with whatever else runs on the box."""
+    held = last["held"] - first["held"]
+    if held <= 0:
+        return True, ""
+    per_conn = margin * (accounted(last) - accounted(first)) / held
+    left = last["mem"]["meminfo"]["MemAvailable"] - per_conn * (want - last["held"])
+    if left < floor:
+        return False, (f"MemAvailable would fall to {kmem.gib(left)} GiB (under {kmem.gib(floor)}) at {want} "
+                       f"connections: {round(per_conn / 1024, 2)} KB per connection, both ends and all processes")
+    return True, ""
+
+
+def ramp(system: System, clients: list[LoadProcess], target: int, steps: list[float], floor: int,
+         samples: list[dict], budget: float) -> tuple[int, str | None, float]:
+    """Connects in steps, within ``budget`` seconds; returns the connections
+    held, the wall met (None if none) and the connections per second of the last step."""
+    rate, wall = 0.0, None
+    deadline = time.monotonic() + budget
+    for fraction in steps:
+        want = int(target * fraction)
+        fits, why = next_step_fits(samples[-1], samples[0], want, floor)
+        if not fits:
+            return samples[-1]["held"], why, rate
+        per = -(-want // len(clients))
+        start, before = time.monotonic(), total(clients, "open")
+        for c in clients:
+            c.send(target=min(per, c.size))
+        want = sum(min(per, c.size) for c in clients)
+        last_report = 0.0
+        while total(clients, "open") < want:
+            if time.monotonic() - start > STEP_SECONDS_MAX or time.monotonic() > deadline:
+                wall = (f"connect rate: {total(clients, 'open')} of {want} open after {time.monotonic() - start:.0f} s "
+                        f"of the step, the ramp's {budget:.0f} s spent")
+                break
+            available = kmem.parse_meminfo(Path("/proc/meminfo").read_text())["MemAvailable"]
+            if available < floor * 2 // 3:
+                wall = f"MemAvailable fell to {kmem.gib(available)} GiB during the step to {want}"
+                break
+            if time.monotonic() - last_report > 5:
+                last_report = time.monotonic()
+                log(f"  {total(clients, 'open')}/{want} open, {total(clients, 'refused')} refused (503), "
+                    f"{total(clients, 'failed')} failed, MemAvailable {kmem.gib(available)} GiB")
+            time.sleep(0.5)
+        seconds = time.monotonic() - start
+        held = total(clients, "open")
+        rate = round((held - before) / seconds, 1)
+        time.sleep(2)  # the daemons' and clients' allocations settle
+        samples.append(step_sample(system, clients, held))
+        s = samples[-1]
+        log(f"step {fraction:g}: {held} held in {seconds:.1f} s ({rate}/s); slab {s['slab_gib']} GiB, daemons "
+            f"{s['daemons_gib']} GiB, clients {s['clients_gib']} GiB, MemAvailable {s['available_gib']} GiB")
+        if wall:
+            return held, wall, rate
+    return samples[-1]["held"], None, rate
+
+
+def restart_one(system: System, clients: list[LoadProcess], at: float, out: dict) -> None:
+    """SIGTERM to one daemon, then starts it again; its clients reconnect with
+    `since`. Measures the seconds from the SIGTERM until every one is back."""
+    time.sleep(at)
+    proc = system.procs.pop("daemon_0")
+    sockets = len(os.listdir(f"/proc/{proc.pid}/fd"))
+    closed_before = total(clients, "closed")
+    mark = time.time()
+    for c in clients:
+        c.send(mark=mark)
+    proc.terminate()
+    stop(proc)
+    start_daemon(system, "daemon_0")
+    deadline = time.monotonic() + 120
+    time.sleep(1.5)
+    while time.monotonic() < deadline:
+        closed = total(clients, "closed") - closed_before
+        if total(clients, "back") >= closed and total(clients, "open") >= out["held"]:
+            break
+        time.sleep(0.5)
+    closed = total(clients, "closed") - closed_before
+    back = max((c.status.get("last_back", 0.0) for c in clients), default=0.0)
+    out.update(restart_closed=closed, restart_fds=sockets, restart_back=total(clients, "back"),
+               reconnect_seconds=round(back - mark, 2) if back and total(clients, "back") >= closed else None)
+    out["restart_clients"] = {k: total(clients, k) for k in ("failed", "refused", "timeouts", "waiting")}
+    out["restart_metrics"] = daemon_metrics(system)
+    log(f"restart: {closed} clients closed with 1012, all back in {out['reconnect_seconds']} s; "
+        f"{out['restart_clients']}, daemons: {out['restart_metrics']}")
+
+
+def verify(clients: list[LoadProcess], expected: dict[str, list[int]], tmp: Path) -> tuple[int, int, int]:
+    """Lost and duplicated (user, id) pairs, and frames received, from every client's record."""
+    got: dict[str, list[int]] = {}
+    for c in clients:
+        data = orjson.loads((tmp / f"{c.prefix}.json").read_bytes())
+        for slot, msg_id in zip(data["slots"], data["ids"], strict=True):
+            got.setdefault(f"{c.prefix}{slot}", []).append(msg_id)
+    lost = dup = 0
+    for user, ids in expected.items():
+        seen = got.pop(user, [])
+        lost += len(set(ids) - set(seen))
+        dup += len(seen) - len(set(seen))
+    dup += sum(len(v) for v in got.values())  # frames nobody was sent: as wrong as a repeat
+    return lost, dup, sum(len(v) for v in expected.values())
+
+
+def run(target: int, daemons: int, rate: float, seconds: float, steps: list[float], floor_gib: float,
+        env: dict[str, str], ramp_seconds: float = 480.0, idle_seconds: float = 10.0) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="million-"))
+    result: dict = {"target": target, "daemons": daemons, "rate": rate, "seconds": seconds, "env": env}
+    with databases(tmp / "dbs") as dbs, running_system(dbs, daemons=0, apis=1, writer=True, relay=True,
+                                                       **{**DAEMON_ENV, **env}) as system:
+        before = kmem.sample()
+        log(f"starting {daemons} daemons; MemAvailable {kmem.gib(before['meminfo']['MemAvailable'])} GiB")
+        start_daemons(system, daemons)
+        time.sleep(3)
+        idle = pss(daemon_pids(system))
+        result["daemon_idle_pss_mb"] = round(idle / daemons / 2**20, 1)
+        count = max(1, -(-target // PER_CLIENT_PROCESS))
+        sizes = [target // count + (i < target % count) for i in range(count)]
+        clients = [LoadProcess(i, n, system) for i, n in enumerate(sizes)]
+        try:
+            time.sleep(2)
+            samples = [step_sample(system, clients, 0)]
+            result["client_idle_pss_mb"] = round(samples[0]["clients_bytes"] / count / 2**20, 1)
+            log(f"daemon idle PSS {result['daemon_idle_pss_mb']} MB, client process idle PSS "
+                f"{result['client_idle_pss_mb']} MB, {count} client processes")
+            client_pids = [c.proc.pid for c in clients]
+            daemon_cpu, client_cpu = machine.ProcessCpu(daemon_pids(system)), machine.ProcessCpu(client_pids)
+            held, wall, connect_rate = ramp(system, clients, target, steps, int(floor_gib * 2**30), samples,
+                                             ramp_seconds)
+            result["cpu_us_per_connect"] = {"daemons": round(daemon_cpu.seconds() / max(1, held) * 1e6),
+                                            "clients": round(client_cpu.seconds() / max(1, held) * 1e6)}
+            first, last = samples[0], samples[-1]
+            idle = machine.CpuWindow()
+            daemon_cpu, client_cpu = machine.ProcessCpu(daemon_pids(system)), machine.ProcessCpu(client_pids)
+            time.sleep(idle_seconds)
+            # holding only: heartbeats and pings (the host's share includes whatever else runs on the box)
+            result["idle_cpu"] = {"host": idle.result(), "daemon_cores": daemon_cpu.cores(),
+                                  "client_cores": client_cpu.cores()}
+            result["per_daemon_sockets"] = sorted(len(os.listdir(f"/proc/{pid}/fd")) for pid in daemon_pids(system))
+            log(f"holding: {result['idle_cpu']}; sockets per daemon {result['per_daemon_sockets'][0]}.."
+                f"{result['per_daemon_sockets'][-1]}")
+            result.update(held=held, client_processes=count, connect_per_s=connect_rate, steps=[
+                {k: v for k, v in s.items() if k != "mem"} for s in samples])
+            if wall:
+                result["wall"] = wall
+            n = max(1, last["held"])
+            result["daemon_kb_per_conn"] = round((last["daemons_bytes"] - first["daemons_bytes"]) / n / 1024, 2)
+            result["client_kb_per_conn"] = round((last["clients_bytes"] - first["clients_bytes"]) / n / 1024, 2)
+            kernel = kmem.per_socket(first["mem"], last["mem"], 2 * n)
+            result["kernel_kb_per_socket"] = kernel.get("Slab")
+            result["kernel_per_socket_kb"] = kernel
+            result["host_kb_per_conn"] = round((first["mem"]["meminfo"]["MemAvailable"]
+                                                - last["mem"]["meminfo"]["MemAvailable"]) / n / 1024, 2)
+            result["accounted_kb_per_conn"] = round((accounted(last) - accounted(first)) / n / 1024, 2)
+            result["meminfo"] = {"before": before["meminfo"], "idle": first["mem"]["meminfo"],
+                                 "after": last["mem"]["meminfo"]}
+            users = [u for c in clients for u in c.users(c.status.get("target", 0))]
+            log(f"{held} held; sending {rate} msg/s for {seconds} s between random users, restarting a daemon")
+            restarter = threading.Thread(target=restart_one, args=(system, clients, seconds / 3, result))
+            host = machine.CpuWindow()
+            restarter.start()
+            expected, creation, errors, refused = asyncio.run(
+                wsload._send(system.api_url, system.secret, users, rate, seconds, False))
+            result["host_cpu"] = host.result()
+            restarter.join(240)
+            want, last_seen, still = sum(len(v) for v in expected.values()), -1, time.monotonic()
+            while total(clients, "received") < want and time.monotonic() - still < 20:
+                if total(clients, "received") != last_seen:
+                    last_seen, still = total(clients, "received"), time.monotonic()
+                time.sleep(0.5)
+            for c in clients:
+                c.send(stop=str(tmp / f"{c.prefix}.json"))
+            for c in clients:
+                c.done.wait(120)
+            lost, dup, frames = verify(clients, expected, tmp)
+            result.update(sent=len(creation), asked=int(rate * seconds), send_errors=errors, refused=len(refused),
+                          expected_frames=frames, lost=lost, duplicated=dup,
+                          creation_ms=wsload.percentiles(creation))
+            log(f"{len(creation)} messages sent, {frames} frames expected: {lost} lost, {dup} duplicated")
+        finally:
+            # SIGKILL: the kernel closes the sockets; a drain would send a million close frames first
+            for proc in [c.proc for c in clients] + [system.procs.pop(n) for n in list(system.procs)
+                                                     if n.startswith("daemon")]:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+    return result
+
+
+def publish(result: dict, out: Path) -> None:
+    result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                      cwd=ROOT).stdout.strip()
+    result["machine"] = machine.describe()
+    result["where"] = (f"{result['daemons']} daemons, {result.get('client_processes')} load processes, FerretDB 1.24 "
+                       "(SQLite) and MariaDB 10.11, all on one 2-core 24 GiB box over loopback")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    if result.get("steps"):
+        kmem.plot(result["steps"], out.with_suffix(".png"), result["where"])
+    log(f"wrote {out}")
+
+
+def check(result: dict) -> str | None:
+    """Why the run failed, or None: a message lost or repeated, connections
+    not held short of a named wall, or messages asked for and not stored."""
+    if result.get("lost") or result.get("duplicated"):
+        return f"{result['lost']} lost, {result['duplicated']} duplicated"
+    if result["held"] < result["target"] and not result.get("wall"):
+        return f"{result['held']} of {result['target']} held, no wall named"
+    if result.get("sent", 0) < result.get("asked", 0) or result.get("refused"):
+        return f"{result.get('sent')} of {result.get('asked')} messages stored"
+    if result.get("reconnect_seconds") is None:
+        return "the restarted daemon's clients did not all come back"
+    return None
+
+
+@app.command()
+def main(target: int = typer.Option(1_000_000, help="connections to hold"),
+         daemons: int = typer.Option(0, help="daemon processes (0: one per 17,000 connections, and one more)"),
+         rate: float = typer.Option(100.0, help="messages/s through the API once connected"),
+         seconds: float = typer.Option(60.0, help="how long messages are sent"),
+         steps: str = typer.Option("0.1,0.25,0.5,0.75,1", help="ramp steps, as fractions of the target"),
+         floor_gib: float = typer.Option(1.5, help="MemAvailable the ramp keeps, GiB"),
+         ping_seconds: float = typer.Option(20.0, help="CHAT_PING_INTERVAL_SECONDS of the daemons"),
+         ramp_seconds: float = typer.Option(480.0, help="the ramp stops here, and names the connect rate its wall"),
+         out: Path = typer.Option(RESULTS / "million-latest.json")) -> None:
+    daemons = daemons or 1 + -(-target // PER_DAEMON)
+    env = {"CHAT_PING_INTERVAL_SECONDS": f"{ping_seconds:g}"}
+    result = run(target, daemons, rate, seconds, [float(s) for s in steps.split(",")], floor_gib, env,
+                 ramp_seconds)
+    publish(result, out)
+    failed = check(result)
+    if failed:
+        raise SystemExit(f"FAILED million: {failed}")
+
+
+if __name__ == "__main__":
+    random.seed(1)
+    app()

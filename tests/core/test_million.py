@@ -1,0 +1,82 @@
+"""The million-connection bench's decisions and its lean client's wire, without I/O."""
+
+from __future__ import annotations
+
+import random
+
+from websockets.frames import Frame, Opcode
+
+from chat import auth
+from daemon.wire import FrameReader
+from loadtest import kmem
+from loadtest.million import next_step_fits
+from loadtest.millionclient import backoff, head_status, masked, mint, split_frames
+
+SECRET = "test-secret-0123456789abcdef0123456789"
+
+
+def test_its_tokens_are_what_the_daemon_verifies() -> None:
+    user, expires = auth.verify_until(SECRET, mint(SECRET.encode(), "m3x17", 600))
+    assert user == "m3x17" and expires > 0
+
+
+def test_a_token_signed_with_another_secret_is_refused() -> None:
+    try:
+        auth.verify_until(SECRET, mint(b"another-secret-0123456789abcdef01234", "m3x17", 600))
+    except auth.AuthError:
+        return
+    raise AssertionError("a forged token was accepted")
+
+
+def test_the_head_is_read_once_whole() -> None:
+    head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n"
+    assert head_status(head[:20]) == (None, head[:20])
+    assert head_status(head + b"\x81\x02{}") == (101, b"\x81\x02{}")
+    assert head_status(b"HTTP/1.1 503 Service Unavailable\r\n\r\n")[0] == 503
+
+
+def test_frames_of_every_length_form_split_where_they_end() -> None:
+    payloads = [b"x" * 5, b"y" * 300, b"z" * 70_000, b""]
+    wire = b"".join(Frame(Opcode.TEXT, p).serialize(mask=False) for p in payloads)
+    wire += Frame(Opcode.PING, b"").serialize(mask=False)
+    for cut in (1, 3, 7, 320, len(wire) - 1):
+        first, rest = split_frames(wire[:cut])
+        second, left = split_frames(rest + wire[cut:])
+        assert [p for _, p in first + second] == [*payloads, b""] and left == b""
+    assert split_frames(wire)[0][-1] == (9, b"")
+
+
+def test_its_client_frames_are_masked_frames_a_server_reads() -> None:
+    frames = FrameReader(max_size=125).feed(masked(0xA, b"ab") + masked(0x8, b""))
+    assert [(f.opcode, f.data) for f in frames] == [(Opcode.PONG, b"ab"), (Opcode.CLOSE, b"")]
+
+
+def test_backoff_doubles_to_two_seconds_jittered() -> None:
+    rng = random.Random(1)
+    assert all(0.05 <= backoff(0, rng) <= 0.15 for _ in range(100))
+    assert all(1.0 <= backoff(9, rng) <= 3.0 for _ in range(100))
+
+
+def _sample(held: int, available_gib: float, used_gib: float) -> dict:
+    info = {"MemAvailable": int(available_gib * 2**30), "Slab": int(used_gib * 2**30), "PageTables": 0,
+            "TcpBuffers": 0}
+    return {"held": held, "daemons_bytes": 0, "clients_bytes": 0, "mem": {"meminfo": info}}
+
+
+def test_the_ramp_stops_where_memory_would_run_short() -> None:
+    first = _sample(0, 20.0, 1.0)
+    last = _sample(100_000, 18.8, 2.2)  # 1.2 GiB for 100k: ~12.6 KB each
+    fits, _ = next_step_fits(last, first, 1_000_000, int(1.5 * 2**30))
+    assert fits  # 18.8 - 1.15 * 10.8 = 6.4 GiB left
+    fits, why = next_step_fits(last, first, 1_500_000, int(1.5 * 2**30))
+    assert not fits and "1500000" in why
+
+
+def test_kernel_bytes_per_socket_from_two_samples() -> None:
+    before = {"meminfo": {"Slab": 0, "SUnreclaim": 0, "PageTables": 0, "TcpBuffers": 0}, "slabs": {"TCP": 0}}
+    after = {"meminfo": {"Slab": 5 << 30, "SUnreclaim": 3 << 30, "PageTables": 0, "TcpBuffers": 0},
+             "slabs": {"TCP": 2 << 30}}
+    out = kmem.per_socket(before, after, 2 << 20)
+    assert out["Slab"] == 2.5 and out["caches"]["TCP"] == 1.0
+    assert kmem.parse_tcp_pages("TCP: inuse 5 orphan 0 tw 1 alloc 5 mem 238\n") == 238
+    assert kmem.parse_slabinfo("slabinfo - version: 2.1\n# name ...\nTCP 10 12 2560 12 8 : x\n") == {"TCP": 25600}
