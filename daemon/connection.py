@@ -296,8 +296,20 @@ class Connection(Subscriber, asyncio.Protocol):
         return self.window_count <= self.state.settings.ws_max_frames_per_second
 
     # --- WebSocket: keep-alive and closing ------------------------------------
+    def next_due(self) -> float:
+        """When ``heartbeat`` next has something to do: the token's expiry, the
+        unanswered ping's deadline, or the next ping. A pong only makes it
+        later, so the daemon, which visits the socket then (``daemon.lifecycle``),
+        need not hear of it. A ping out past ``next_ping`` (a timeout longer
+        than the interval) keeps it due, visited each tick until its pong, as
+        every socket used to be."""
+        due = min(self.expires, self.next_ping)
+        if self.ping_sent:
+            return min(due, self.ping_sent + self.state.settings.ping_timeout_seconds)
+        return due
+
     def heartbeat(self, now: float) -> None:
-        """Called about every second by the daemon for every WebSocket."""
+        """Called by the daemon once ``next_due`` has come (or up to a tick before)."""
         if now >= self.expires:  # the handshake checked the token; the heartbeat holds it to its `exp`
             metrics.CLOSES.labels("token_expired").inc()
             self.close(CloseCode.TOKEN_EXPIRED, "token expired: reconnect with a new token and since")

@@ -46,19 +46,24 @@ HEARTBEAT_SLICE = 256
 
 
 async def heartbeats(daemon: Daemon) -> None:
-    settings = daemon.settings
-    tick = max(0.1, min(1.0, settings.ping_interval_seconds / 4, settings.ping_timeout_seconds / 4))
+    """Each tick, visits the WebSockets whose heartbeat is due (``daemon.due``,
+    ``Connection.next_due``) and schedules each again at its next due time.
+    An idle socket is visited about once per ping interval, not every tick:
+    visiting every one every tick cost about 1 us per socket per second."""
+    sockets, wheel = daemon.sockets, daemon.due
     while True:
-        await asyncio.sleep(tick)
+        await asyncio.sleep(daemon.heartbeat_tick)
         close_idle_http(daemon, time.monotonic())
-        conns = list(daemon.sockets)
-        for start in range(0, len(conns), HEARTBEAT_SLICE):
+        due = wheel.pop_due(time.monotonic())
+        for start in range(0, len(due), HEARTBEAT_SLICE):
             if start:
                 await asyncio.sleep(0)  # deliveries go first
             now = time.monotonic()
-            for conn in conns[start:start + HEARTBEAT_SLICE]:
-                if conn in daemon.sockets:  # not closed while the loop ran
+            for conn in due[start:start + HEARTBEAT_SLICE]:
+                if conn in sockets:  # else closed since it was scheduled: dropped
                     conn.heartbeat(now)
+                    if conn in sockets:  # not closed by it (4001)
+                        wheel.schedule(conn, conn.next_due())
 
 
 def idle_too_long(idle_since: float | None, now: float, limit: float) -> bool:

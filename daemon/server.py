@@ -22,11 +22,21 @@ from chat.settings import Settings
 from daemon import admission, metrics
 from daemon.catchup import CatchUp
 from daemon.connection import Connection, ServerState
+from daemon.heartbeat_wheel import DueWheel
 from daemon.hub import Hub, Hubs, Subscriber
 from daemon.partitioning import cursor_text, resume_since, wrong_partition
 from daemon.stream import Stream
 
 FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
+# Heartbeat buckets a quarter of a tick wide: a socket visited before its due
+# time (it shares a bucket with the tick's time) is one in eight, not one in two.
+BUCKETS_PER_TICK = 4
+
+
+def heartbeat_tick(settings: Settings) -> float:
+    """How often the heartbeat looks for due WebSockets: often enough that a
+    ping, a pong's deadline or a token's `exp` is acted on within a second."""
+    return max(0.1, min(1.0, settings.ping_interval_seconds / 4, settings.ping_timeout_seconds / 4))
 
 
 class Behind(ChatError):
@@ -66,6 +76,9 @@ class Daemon:
         self.slot_map = slot_map or SlotMap.even(1)
         self.served = frozenset(self.hub.by_partition)
         self.sockets: set[Connection] = set()  # the WebSockets among the connections, for heartbeats
+        self.heartbeat_tick = heartbeat_tick(settings)
+        # The WebSockets by the time their heartbeat is next due; closed ones are dropped as they come out.
+        self.due: DueWheel[Connection] = DueWheel(self.heartbeat_tick / BUCKETS_PER_TICK)
         self.polls: set[PollWaiter] = set()
 
     @property
@@ -125,6 +138,11 @@ class Daemon:
             sub.last_id = position  # no message has that id: serve from here
             return _one(CatchUp(False, [])), position
         return stream.pages(sub.user, since, position, most, max_bytes), max(position, since)
+
+    def join(self, conn: Connection) -> None:
+        """A new WebSocket: among the sockets, due for its heartbeat at its first ping (or token expiry)."""
+        self.sockets.add(conn)
+        self.due.schedule(conn, conn.next_due())
 
     def forget(self, conn: Connection) -> None:
         """A WebSocket is gone (closed either way); idempotent."""

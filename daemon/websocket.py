@@ -54,7 +54,7 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
     conn.upgrade(user, response)
     # One number per socket; the heartbeat closes it with 4001 once it is past.
     conn.expires = time.monotonic() + (expires - time.time())
-    daemon.sockets.add(conn)
+    daemon.join(conn)  # due for its heartbeat at its first ping, or at exp if sooner
     metrics.WS_OPEN.inc()
     try:
         await serve_socket(daemon, conn, user, daemon.resume_point(query.get("since"), user))
