@@ -118,11 +118,9 @@ async function start(jwt) {
     return showLogin("the API refused this token");
   }
   sessionStorage.setItem(TOKEN_KEY, jwt);
-  $("login").hidden = true;
-  $("chat").hidden = false;
-  $("me").textContent = me;
-  showConversations((await reply.json()).conversations);
+  const conversations = (await reply.json()).conversations;
 
+  // The client exists before any conversation can be opened: opening one reads its outbox.
   const transport = new URLSearchParams(location.search).get("transport") || "auto";
   const renewToken = config.dev_login ? () => renewDevToken(me) : null;
   const partition = await myPartition();
@@ -138,6 +136,10 @@ async function start(jwt) {
     showLogin("the token expired: log in again");
   });
   window.chatApp.client = client;
+  $("login").hidden = true;
+  $("chat").hidden = false;
+  $("me").textContent = me;
+  showConversations(conversations);
   client.start();
 }
 

@@ -237,3 +237,30 @@ def test_older_history_comes_a_page_at_a_time(web, open_page, users):
     expect(b.locator("#older")).to_be_hidden()  # the conversation's start
     post(web, alice, bob, "live after paging")
     expect(bodies(b)).to_have_text([*sent, "live after paging"])
+
+
+def test_no_conversation_opens_before_the_client_exists(web, browser, users):
+    # Opening a conversation reads the client's outbox. Held in the gap while the
+    # client asks which partition it is in, a click used to throw there and leave
+    # the conversation empty for good: now the list shows only once the client exists.
+    alice, bob = users("alice"), users("bob")
+    post(web, alice, bob, "history before the start")
+    held = []
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.route("**/v1/client-config*", lambda route: held.append(route) if route.request.headers.get(
+            "authorization") else route.continue_())  # the page's config passes; the partition question waits
+        page.goto(f"{web.api_url}/app/")
+        page.fill("#dev-user", bob)
+        page.click("#dev-login button")
+        deadline = time.monotonic() + 10
+        while not held:  # Playwright calls route handlers only while it is called
+            assert time.monotonic() < deadline, "the client never asked for its partition"
+            page.wait_for_timeout(20)
+        assert not page.locator(f"#conversations li[data-peer='{alice}']").is_visible()
+        held[0].continue_()
+        page.click(f"#conversations li[data-peer='{alice}']")
+        expect(bodies(page)).to_have_text(["history before the start"])
+    finally:
+        context.close()
