@@ -42,6 +42,9 @@ LIVE_CASES = ["2.*", "3.*", "4.1.*", "4.2.*", "5.1", "5.2", "5.9", "5.10", "5.11
               "7.7.*", "7.9.*", "7.13.*"]
 LIVE_CASE_COUNT = 150
 SUITE_TIMEOUT = 120  # seconds; a run takes about 20 here
+# pytest-timeout counts a test's fixtures: the first test here also pays the suite's setup on a fresh
+# clone (Debian 11 packages and a Python 2.7 root, minutes on a busy machine), cached after that.
+pytestmark = pytest.mark.timeout(600 + 2 * SUITE_TIMEOUT)
 
 
 @pytest.fixture(scope="module")
