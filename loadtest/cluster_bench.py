@@ -32,6 +32,7 @@ from loadtest import machine
 from loadtest.cluster_traffic import ClientJob, Device, Sent, client_process, send
 
 RESULTS = Path(__file__).resolve().parent / "results"
+IDLE_SECONDS = 5.0  # the idle window before each run's traffic
 WHERE = ("FerretDB 1.24 (SQLite) and MariaDB 10.11 in one network namespace, 3 application hosts and nginx in "
          "namespaces of their own, Toxiproxy on every host-database link; all on 2 shared cores")
 
@@ -90,8 +91,14 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
             time.sleep(0.2)
         print(f"  {label}: {connected.value}/{len(devices)} devices connected in {time.monotonic() - t0:.1f} s",
               flush=True)
+        # An idle window first: what each stage spends with no traffic (polls, checkpoints, a
+        # partition's turns) is apart from what each message adds.
+        idle_before, idle_at = procs.snapshot(cluster.host_pids()), time.monotonic()
+        time.sleep(IDLE_SECONDS)
+        idle = procs.cpu_by_role(idle_before, procs.snapshot(cluster.host_pids()))
+        idle_seconds = time.monotonic() - idle_at
         cpu_before, (d_before, r_before) = procs.snapshot(cluster.host_pids()), counters(cluster)
-        started = time.time()
+        started, busy_at = time.time(), time.monotonic()
         sent = asyncio.run(_send_with_fault(cluster, users, traffic, fault, fault_at, fault_for, frames))
         sent_end = time.time()
         want = sum(2 * traffic.devices for s in sent if s.msg_id is not None)
@@ -101,6 +108,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
             if frames.value != last:
                 last, still = frames.value, time.monotonic()
         cpu_after, (d_after, r_after) = procs.snapshot(cluster.host_pids()), counters(cluster)
+        busy_seconds = time.monotonic() - busy_at
     finally:
         stop.set()
         client.join(30)
@@ -116,11 +124,15 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         "stored": stored, "delivery_p50_ms": fig.percentile(latencies, 0.5),
         "delivery_p99_ms": fig.percentile(latencies, 0.99),
         "cpu_us_per_msg": fig.cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after), stored),
+        "cpu_us_per_msg_past_idle": fig.marginal_cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after),
+                                                                busy_seconds, idle, idle_seconds, stored),
         # Rows each stored message costs the writers: 1, plus a copy when its two users' partitions differ.
         "writes_per_msg": fig.writes_per_message(
             sent, lambda user: partition_of(user, partitions) if partitioned else 0),
         "daemon_decoded_share": list(fig.decoded_shares(delta(d_before, d_after), delta(r_before, r_after),
                                                         host_of_daemon).values()),
+        "daemon_expected_share": list(fig.expected_shares(
+            {d.name: d.partitions for d in cluster.daemons}, partitions if partitioned else 1).values()),
         "daemons": [d.name for d in cluster.daemons],
         "lost": delivery.lost, "duplicated": delivery.duplicated, "expected_deliveries": delivery.expected,
         "devices": len(devices), "reconnects": data["reconnects"], "connect_failures": data["failures"],

@@ -100,6 +100,22 @@ def cpu_us_per_msg(cpu_seconds: dict[str, float], messages: int) -> dict[str, fl
     return {role: (round(s * 1e6 / messages, 1) if messages else None) for role, s in cpu_seconds.items()}
 
 
+def marginal_cpu_us_per_msg(busy: dict[str, float], busy_seconds: float, idle: dict[str, float],
+                            idle_seconds: float, messages: int) -> dict[str, float | None]:
+    """CPU per message past what each role spends idle: the busy window's CPU less the idle
+    window's rate over as long. A stage's fixed per-second work (polls, checkpoints, each
+    partition's turn) is paid per partition whatever the traffic; this is what a message adds."""
+    if not messages or idle_seconds <= 0:
+        return dict.fromkeys(busy)
+    return {role: round(max(0.0, s - idle.get(role, 0.0) / idle_seconds * busy_seconds) * 1e6 / messages, 1)
+            for role, s in busy.items()}
+
+
+def expected_shares(served: dict[str, tuple[int, ...]], partitions: int) -> dict[str, float]:
+    """The share of the stream each daemon should decode: the partitions it serves over all of them."""
+    return {name: round(len(parts) / partitions, 3) for name, parts in served.items()}
+
+
 def prometheus_value(text: str, name: str) -> float:
     """The sum of a counter's samples (every label set) in a /metrics page; 0 if absent."""
     total = 0.0

@@ -58,3 +58,16 @@ def test_a_message_between_partitions_costs_a_copy():
     partition = {"a": 0, "a2": 0, "b": 1}.__getitem__
     assert fig.writes_per_message(sent, partition) == 1.5  # one of the two stored messages crosses
     assert fig.writes_per_message(sent[2:], partition) is None
+
+
+def test_the_marginal_cost_leaves_out_what_a_stage_spends_idle():
+    # 2 s of writer CPU over a 10 s run with 0.1 s/s idle: 1 s is the messages'; 1000 messages
+    got = fig.marginal_cpu_us_per_msg({"writer": 2.0, "relay": 0.05}, 10.0, {"writer": 0.5, "relay": 0.5}, 5.0, 1000)
+    assert got == {"writer": 1000.0, "relay": 0.0}  # never below zero
+    assert fig.marginal_cpu_us_per_msg({"writer": 2.0}, 10.0, {}, 0.0, 1000) == {"writer": None}
+
+
+def test_each_daemon_is_expected_to_decode_its_partitions_share():
+    assert fig.expected_shares({"h1/daemon_0": (0, 2), "h1/daemon_1": (1, 3)}, 4) == {"h1/daemon_0": 0.5,
+                                                                                      "h1/daemon_1": 0.5}
+    assert fig.expected_shares({"h1/daemon_0": (0,)}, 1) == {"h1/daemon_0": 1.0}
