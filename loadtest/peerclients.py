@@ -1,0 +1,233 @@
+"""One load-client program for our daemons and for Centrifugo, so that a
+comparison measures the servers, not two different clients.
+
+A process holds its share of the clients on one source address. Everything
+but the few bytes of each protocol is the same code: the raw asyncio
+protocol, the frame parser (the daemon's own ``FrameReader``), one orjson
+parse per frame, and the accounting: every message id is for exactly one
+client, so a process keeps one byte per id of the whole run (seen or not)
+and counts a second arrival as a duplicate; it keeps each message's latency,
+from the wall-clock time the feed put in it (before the server's hop) to the
+frame's arrival.
+
+- ours: ``GET /v1/ws?token=`` (and ``&since=`` on a reconnect); a hello,
+  then a frame per message whose ``body`` starts with the feed's time.
+- Centrifugo: ``GET /connection/websocket``, then the connect command; its
+  memory engine subscribes the user to the personal channel ``#user``; each
+  publication's ``data`` carries ``id`` and ``t``. A server ping (``{}``) is
+  answered with ``{}``.
+
+A connection that closes is opened again after a jittered back-off, ours with
+the last cursor (our contract: nothing is lost), Centrifugo's plainly (its
+memory engine keeps no history to recover from).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import random
+import resource
+import time
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import uvloop
+from websockets.frames import Frame, Opcode
+
+from chat import auth
+from chatctl.client import Inbox
+from daemon.wire import FrameReader
+from loadtest import centrifugo
+
+KEY = base64.b64encode(os.urandom(16)).decode()
+HANDSHAKES_IN_FLIGHT = 200  # under somaxconn (4096), across the processes
+
+
+@dataclass
+class Job:
+    kind: str  # "ours" | "centrifugo"
+    users: list[str]
+    host: str
+    port: int
+    secret: str
+    source: str
+    count: int  # message ids of the whole run: 1..count
+    out: str
+
+
+class Tally:
+    """What one process received: a byte per message id, arrival latencies, repeats."""
+
+    def __init__(self, count: int):
+        self.seen = bytearray(count + 2)
+        self.ids = array("q")
+        self.latency_ms = array("f")
+        self.duplicates = 0
+        self.frames = 0
+
+    def record(self, msg_id: int, sent: float, now: float) -> None:
+        self.frames += 1
+        if self.seen[msg_id]:
+            self.duplicates += 1
+            return
+        self.seen[msg_id] = 1
+        self.ids.append(msg_id)
+        self.latency_ms.append((now - sent) * 1000)
+
+
+class PeerClient(asyncio.Protocol):
+    __slots__ = ("job", "user", "tally", "inbox", "transport", "status", "head", "reader", "opened", "lost",
+                 "close_code")
+
+    def __init__(self, job: Job, user: str, tally: Tally, inbox: Inbox):
+        self.job, self.user, self.tally, self.inbox = job, user, tally, inbox
+        self.transport: asyncio.Transport | None = None
+        self.status = 0
+        self.head = b""
+        self.reader: FrameReader | None = None
+        loop = asyncio.get_running_loop()
+        self.opened = loop.create_future()
+        self.lost = loop.create_future()
+        self.close_code: int | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.status != 101:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.status = int(self.head.split(b" ", 2)[1])
+            data, self.head = self.head[end + 4:], b""
+            if self.status != 101:
+                self._settle(False)
+                self.transport.close()  # type: ignore[union-attr]
+                return
+            if self.job.kind == "centrifugo":
+                self._send_text(centrifugo.connect_command(centrifugo.token(self.job.secret, self.user)))
+        if not data:
+            return
+        now = time.time()
+        if self.reader is None:
+            self.reader = FrameReader(None, mask=False)
+        for frame in self.reader.feed(data):
+            if frame.opcode is Opcode.TEXT:
+                self._text(frame.data, now)
+            elif frame.opcode is Opcode.PING:
+                self.transport.write(Frame(Opcode.PONG, frame.data).serialize(mask=True))  # type: ignore[union-attr]
+            elif frame.opcode is Opcode.CLOSE:
+                self.close_code = int.from_bytes(frame.data[:2], "big") if frame.data else 1005
+                self.transport.close()  # type: ignore[union-attr]
+        if self.reader.idle:
+            self.reader = None
+
+    def _text(self, payload: bytes, now: float) -> None:
+        if self.job.kind == "ours":
+            doc = orjson.loads(payload)
+            if doc.get("type") == "hello":
+                self.inbox.accept(doc)
+                self._settle(True)
+            elif "id" in doc:
+                self.inbox.since = doc.get("cursor", doc["id"])
+                self.tally.record(int(doc["id"]), float(doc["body"].split(" ", 1)[0]), now)
+            return
+        pubs, ping, connected = centrifugo.parse_frame(payload)
+        if connected is not None:
+            self._settle(connected)
+        if ping:
+            self._send_text(b"{}")
+        for data in pubs:
+            self.tally.record(int(data["id"]), float(data["t"]), now)
+
+    def _send_text(self, payload: bytes) -> None:
+        self.transport.write(Frame(Opcode.TEXT, payload).serialize(mask=True))  # type: ignore[union-attr]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._settle(False)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def _settle(self, ok: bool) -> None:
+        if not self.opened.done():
+            self.opened.set_result(ok)
+
+
+def request(job: Job, user: str, inbox: Inbox) -> bytes:
+    if job.kind == "ours":
+        query = f"token={auth.mint(job.secret, user, 7200)}" + (f"&since={inbox.since}" if inbox.since else "")
+        path = f"/v1/ws?{query}"
+    else:
+        path = "/connection/websocket"
+    return (f"GET {path} HTTP/1.1\r\nHost: {job.host}:{job.port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+
+
+async def run_clients(job: Job, connected, stop) -> None:
+    """Holds every user's connection until ``stop``; writes the tally to ``job.out``."""
+    tally = Tally(job.count)
+    gate = asyncio.Semaphore(HANDSHAKES_IN_FLIGHT)
+    loop = asyncio.get_running_loop()
+    reconnects, failures, close_codes = 0, 0, {}
+    rng = random.Random(job.source)
+
+    async def hold(user: str) -> None:
+        nonlocal reconnects, failures
+        inbox = Inbox()
+        attempt, first = 0, True
+        while True:
+            try:
+                async with gate:
+                    _, client = await loop.create_connection(lambda: PeerClient(job, user, tally, inbox), job.host,
+                                                             job.port, local_addr=(job.source, 0))
+                    client.transport.write(request(job, user, inbox))
+                    ok = await asyncio.wait_for(client.opened, 30)
+                if not ok:
+                    client.transport.abort()
+                    raise ConnectionError("refused")
+            except (OSError, ConnectionError, TimeoutError):
+                attempt += 1
+                failures += 1
+                await asyncio.sleep(min(5.0, 0.2 * 2 ** attempt) * rng.uniform(0.5, 1.5))
+                continue
+            if first:
+                with connected.get_lock():
+                    connected.value += 1
+                first = False
+            attempt = 0
+            await client.lost
+            code = str(client.close_code)
+            close_codes[code] = close_codes.get(code, 0) + 1
+            reconnects += 1
+            await asyncio.sleep(rng.uniform(0.1, 1.0))  # jittered: a closed daemon's clients do not return at once
+
+    tasks = [asyncio.create_task(hold(u)) for u in job.users]
+    while not stop.is_set():
+        await asyncio.sleep(0.1)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    base = Path(job.out)
+    base.with_suffix(".ids").write_bytes(tally.ids.tobytes())
+    base.with_suffix(".lat").write_bytes(tally.latency_ms.tobytes())
+    base.write_bytes(orjson.dumps({"duplicates": tally.duplicates, "frames": tally.frames, "reconnects": reconnects,
+                                   "connect_failures": failures, "close_codes": close_codes}))
+
+
+def client_proc(job: Job, connected, stop) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    uvloop.run(run_clients(job, connected, stop))
+
+
+def read_tally(out: str) -> tuple[dict, array, array]:
+    base = Path(out)
+    ids, lat = array("q"), array("f")
+    ids.frombytes(base.with_suffix(".ids").read_bytes())
+    lat.frombytes(base.with_suffix(".lat").read_bytes())
+    return orjson.loads(base.read_bytes()), ids, lat

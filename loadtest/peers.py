@@ -1,0 +1,279 @@
+"""Our daemon tier and Centrifugo v5.4.9 in one run, on the same cores, driven by the same clients.
+
+    .venv/bin/python -m loadtest.peers --clients 10000 --rounds 2
+
+Each side in turn (ours, Centrifugo; the next round the other way round):
+1. the server alone, then the same load clients (``loadtest.peerclients``)
+   connect ``--clients`` users to it: server memory per idle connection (PSS);
+2. a separate feed process follows the same schedule of rates, message for
+   message: ours is the host's relay on its Unix socket, each batch committed
+   to MySQL first (``loadtest.feeder``); Centrifugo's is its server HTTP API,
+   one batch request per tick (``loadtest.centrifugo_feed``);
+3. per step: delivered, lost, duplicated, latency p50/p99 from the feed's
+   clock to the client, and CPU per message of the server and of its feed.
+The sustained rate is the highest step with p99 < 100 ms and nothing lost,
+every step below it passing too. Steps past it are the overload: ours must
+lose nothing there either (what a daemon sheds is read back from MySQL).
+One daemon process against one Centrifugo process (which uses both cores).
+
+Writes loadtest/results/peers-latest.json. Exits non-zero if ours lost or
+duplicated a message in any step.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import bson
+import orjson
+import psutil
+import typer
+from sqlalchemy import text
+
+from db.sql import make_engine
+from loadtest import centrifugo, machine, peer_figures, peerclients
+from loadtest.feeder import parse_steps, step_ranges
+from loadtest.million import pss
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "loadtest" / "results"
+CLIENTS_PER_PROC = 5_000  # enough processes to spread the parsing over both cores
+DEFAULT_STEPS = "10000x4,20000x4,30000x4,40000x4,50000x4,60000x4,70000x4,80000x4,100000x4"
+
+
+def log(msg: str) -> None:
+    print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class CpuSampler(threading.Thread):
+    """Cumulative CPU seconds of named groups of processes, sampled every 0.2 s with the wall-clock time."""
+
+    def __init__(self, groups: dict[str, list[int]]):
+        super().__init__(daemon=True)
+        self.procs = {k: [psutil.Process(p) for p in pids] for k, pids in groups.items()}
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self.stopping = threading.Event()
+
+    def _used(self, procs: list[psutil.Process]) -> float:
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.2):
+            self.samples.append((time.time(), {k: self._used(v) for k, v in self.procs.items()}))
+
+
+def _clients(kind: str, users: list[str], host: str, port: int, secret: str, count: int, tmp: Path):
+    ctx = mp.get_context("spawn")
+    connected, stop = ctx.Value("i", 0), ctx.Event()
+    nprocs = max(1, -(-len(users) // CLIENTS_PER_PROC))
+    jobs = [peerclients.Job(kind, users[k::nprocs], host, port, secret, f"127.0.0.{2 + k}", count,
+                            str(tmp / f"{kind}-c{k}.json")) for k in range(nprocs)]
+    procs = [ctx.Process(target=peerclients.client_proc, args=(j, connected, stop), daemon=True) for j in jobs]
+    for p in procs:
+        p.start()
+    return jobs, procs, connected, stop
+
+
+def _wait_connected(connected, want: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while connected.value < want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return connected.value
+
+
+def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[str], feed_env: dict | None,
+             host: str, port: int, secret: str, clients: int, steps: list[tuple[float, float]], gap: float,
+             tmp: Path) -> dict:
+    """Memory, then the schedule: one side, its server already listening."""
+    ranges = step_ranges(steps)
+    count = ranges[-1][1]
+    users = [f"p{i}" for i in range(clients)]
+    time.sleep(1.0)
+    idle = pss(server)
+    jobs, procs, connected, stop = _clients(kind, users, host, port, secret, count, tmp)
+    held = _wait_connected(connected, clients, 60 + clients / 300)
+    time.sleep(3.0)
+    loaded = pss(server)
+    log(f"{kind}: {held} connected, {(loaded - idle) / max(held, 1) / 1024:.2f} KB each")
+    feed_out = tmp / f"{kind}-feed.json"
+    feeder = subprocess.Popen([*feed_cmd, "--out", str(feed_out)], env=feed_env, stdout=sys.stderr, stderr=sys.stderr)
+    deadline = time.monotonic() + 60
+    while not feed_out.with_suffix(".ready").exists():
+        if feeder.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the {kind} feed did not start")
+        time.sleep(0.1)
+    time.sleep(1.5)  # a daemon retries its relay at least every second
+    sampler = CpuSampler({"server": server, "feed": [feeder.pid, *feed_pids], "clients": [p.pid for p in procs]})
+    sampler.start()
+    feeder.send_signal(signal.SIGUSR1)
+    budget = time.monotonic() + sum(s for _, s in steps) + gap * len(steps) + 120
+    while not feed_out.exists() and time.monotonic() < budget and feeder.poll() is None:
+        time.sleep(0.2)
+    time.sleep(5.0)  # the last step drains (a backlog past the knee reads back from MySQL)
+    sampler.stopping.set()
+    sampler.join()
+    stop.set()
+    for p in procs:
+        p.join(60)
+    feeder.send_signal(signal.SIGTERM)
+    feeder.wait(30)
+    feed = orjson.loads(feed_out.read_bytes()) if feed_out.exists() else {"steps": []}
+    tallies = [peerclients.read_tally(j.out) for j in jobs]
+    figures = peer_figures.per_step(ranges, [(ids, lat) for _, ids, lat in tallies])
+    dups = sum(t["duplicates"] for t, _, _ in tallies)
+    for fig, mark, (rate, _) in zip(figures, feed["steps"] + [{}] * len(figures), steps, strict=False):
+        fig["rate"] = rate
+        if mark:
+            cpu = peer_figures.cpu_in(sampler.samples, mark["start"], mark["end"] + gap)
+            fig["feed_behind_ms"] = mark["behind_ms"]
+            fig["offered_per_s"] = mark["offered_per_s"]
+            fig["cpu_us_per_msg"] = {k: round(v / fig["messages"] * 1e6, 2) for k, v in cpu.items()}
+    best, knee = peer_figures.sustained(figures)
+    at_best = next((f for f in figures if f["rate"] == best), None)
+    return {
+        "side": kind, "clients": clients, "held": held, "kb_per_conn": round((loaded - idle) / max(held, 1) / 1024, 2),
+        "idle_server_mb": round(idle / 2**20, 1), "max_rate_p99_100ms": best, "knee_rate": knee,
+        "cpu_us_per_msg": (at_best or {}).get("cpu_us_per_msg"), "steps": figures,
+        "lost": sum(f["lost"] for f in figures), "duplicated": dups,
+        "reconnects": sum(t["reconnects"] for t, _, _ in tallies),
+        "close_codes": _merge(t["close_codes"] for t, _, _ in tallies),
+        "connect_failures": sum(t["connect_failures"] for t, _, _ in tallies),
+        **{k: v for k, v in feed.items() if k != "steps"},
+    }
+
+
+def _merge(dicts) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def run_ours(dbs, entries_file: Path, clients: int, steps_text: str, gap: float, tmp: Path) -> dict:
+    from tests.servers import env_for, free_port, stop, wait_port
+
+    engine = make_engine(dbs.mariadb.url(), 10)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE TABLE messages"))  # a daemon starts from MySQL's newest id
+    engine.dispose()
+    sock, port = tmp / "relay.sock", free_port()
+    env = env_for(dbs.mariadb, dbs.ferretdb, CHAT_DAEMON_PORT=str(port), CHAT_OPLOG_RELAY_SOCKET=str(sock),
+                  CHAT_LOG_LEVEL="WARNING", CHAT_MAX_CONNECTIONS="18000", CHAT_PING_INTERVAL_SECONDS="120",
+                  CHAT_METRICS_PORT=str(free_port()))
+    feed_cmd = [sys.executable, "-m", "loadtest.feeder", "--socket", str(sock), "--entries", str(entries_file),
+                "--mysql-url", dbs.mariadb.url(), "--clients", str(clients), "--steps", steps_text, "--gap", str(gap)]
+    # The relay must listen before the daemon starts: the feeder is started once for memory's sake
+    # (idle, it only holds its socket), and the schedule waits for SIGUSR1.
+    daemon = subprocess.Popen([sys.executable, "-m", "daemon"], env=env, stdout=sys.stderr, stderr=sys.stderr)
+    try:
+        wait_port(port, 30, daemon)
+        return _measure("ours", [daemon.pid], [dbs.mariadb.proc.pid], feed_cmd, env, "127.0.0.1", port,
+                        env["CHAT_JWT_SECRET"], clients, parse_steps(steps_text), gap, tmp)
+    finally:
+        stop(daemon, signal.SIGTERM)
+
+
+def run_centrifugo(clients: int, steps_text: str, gap: float, tmp: Path) -> dict:
+    from tests.servers import free_port, stop
+
+    port, secret, api_key = free_port(), "peer-secret-" + "0" * 32, "peer-api-key"
+    server = centrifugo.start(tmp / "centrifugo", port, secret, api_key)
+    feed_cmd = [sys.executable, "-m", "loadtest.centrifugo_feed", "--api", f"http://127.0.0.1:{port}",
+                "--api-key", api_key, "--clients", str(clients), "--steps", steps_text, "--gap", str(gap)]
+    try:
+        return _measure("centrifugo", [server.pid], [], feed_cmd, None, "127.0.0.1", port, secret, clients,
+                        parse_steps(steps_text), gap, tmp)
+    finally:
+        stop(server, signal.SIGTERM)
+
+
+def summarize(rounds: list[dict[str, dict]]) -> dict:
+    def med(side: str, key: str):
+        values = [r[side][key] for r in rounds if r[side].get(key) is not None]
+        return round(statistics.median(values), 2) if values else None
+
+    def med_cpu(side: str, part: str):
+        values = [r[side]["cpu_us_per_msg"][part] for r in rounds if (r[side].get("cpu_us_per_msg") or {}).get(part)]
+        return round(statistics.median(values), 2) if values else None
+
+    out = {
+        "peer": "centrifugo 5.4.9",
+        "ours_kb_per_conn": med("ours", "kb_per_conn"), "peer_kb_per_conn": med("centrifugo", "kb_per_conn"),
+        "ours_max_rate_p99_100ms": med("ours", "max_rate_p99_100ms"),
+        "peer_max_rate_p99_100ms": med("centrifugo", "max_rate_p99_100ms"),
+        "ours_cpu_us_per_msg": med_cpu("ours", "server"), "peer_cpu_us_per_msg": med_cpu("centrifugo", "server"),
+        "ours_feed_cpu_us_per_msg": med_cpu("ours", "feed"), "peer_feed_cpu_us_per_msg": med_cpu("centrifugo", "feed"),
+        "ours_lost_past_knee": sum(f["lost"] for r in rounds for f in r["ours"]["steps"]
+                                   if r["ours"]["knee_rate"] and f["rate"] >= r["ours"]["knee_rate"]),
+        "ours_lost": sum(r["ours"]["lost"] for r in rounds),
+        "ours_duplicated": sum(r["ours"]["duplicated"] for r in rounds),
+        "peer_lost": sum(r["centrifugo"]["lost"] for r in rounds),
+        "peer_duplicated": sum(r["centrifugo"]["duplicated"] for r in rounds),
+    }
+    out["memory_ratio"] = peer_figures.ratio(out["ours_kb_per_conn"], out["peer_kb_per_conn"])
+    out["rate_ratio"] = peer_figures.ratio(out["ours_max_rate_p99_100ms"], out["peer_max_rate_p99_100ms"])
+    out["cpu_ratio"] = peer_figures.ratio(out["ours_cpu_us_per_msg"], out["peer_cpu_us_per_msg"])
+    return out
+
+
+def run(clients: int, rounds: int, steps_text: str, gap: float) -> dict:
+    from loadtest import replay
+    from tests.system import databases
+
+    subprocess.run([str(ROOT / "scripts" / "install-centrifugo.sh")], check=True)
+    tmp = Path(tempfile.mkdtemp(prefix="peers-"))
+    results: list[dict[str, dict]] = []
+    with databases(tmp / "dbs") as dbs:
+        entries_file = tmp / "entries.bson"
+        entries_file.write_bytes(b"".join(bson.encode(e) for e in replay.record(dbs.ferretdb.url, 200)))
+        for r in range(rounds):
+            order = ["ours", "centrifugo"] if r % 2 == 0 else ["centrifugo", "ours"]
+            one: dict[str, dict] = {}
+            for side in order:
+                log(f"round {r + 1}/{rounds}: {side}")
+                one[side] = (run_ours(dbs, entries_file, clients, steps_text, gap, tmp) if side == "ours"
+                             else run_centrifugo(clients, steps_text, gap, tmp))
+                s = one[side]
+                log(f"{side}: {s['kb_per_conn']} KB/conn, sustained {s['max_rate_p99_100ms']} msg/s "
+                    f"(knee {s['knee_rate']}), lost {s['lost']}, duplicated {s['duplicated']}")
+            results.append(one)
+    return {**summarize(results), "clients": clients, "rounds": results, "steps": steps_text,
+            "where": "one machine, 2 cores shared by the server, its feed and the load clients (Python, the "
+                     "same program for both); ours: one daemon fed by the relay's Unix socket, each batch "
+                     "committed to MariaDB first; Centrifugo: its memory engine, fed through its HTTP batch API",
+            **machine.describe()}
+
+
+def main(clients: int = typer.Option(10_000), rounds: int = typer.Option(2), steps: str = typer.Option(DEFAULT_STEPS),
+         gap: float = typer.Option(3.0, help="seconds between steps"),
+         out: Path = typer.Option(RESULTS / "peers-latest.json")) -> None:
+    result = run(clients, rounds, steps, gap)
+    out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    keys = ("ours_kb_per_conn", "peer_kb_per_conn", "memory_ratio", "ours_max_rate_p99_100ms",
+            "peer_max_rate_p99_100ms", "rate_ratio", "ours_cpu_us_per_msg", "peer_cpu_us_per_msg", "cpu_ratio",
+            "ours_lost", "ours_duplicated", "ours_lost_past_knee")
+    for k in keys:
+        print(f"{k:28} {result[k]}")
+    print(f"wrote {out}")
+    if result["ours_lost"] or result["ours_duplicated"]:
+        raise SystemExit("ours lost or duplicated a message")
+
+
+if __name__ == "__main__":
+    typer.run(main)

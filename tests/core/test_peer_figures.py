@@ -1,0 +1,65 @@
+"""The peers benchmark's pure parts: the schedule, who gets what, and the figures per step."""
+
+from array import array
+
+import pytest
+
+from loadtest import peer_figures as pf
+from loadtest.centrifugo_feed import publications
+from loadtest.feeder import parse_steps, recipients, step_ranges, ticks
+
+
+def test_a_schedule_is_rate_x_seconds_steps_and_their_ids_run_on_without_a_gap():
+    steps = parse_steps("1000x2, 500x4")
+    assert steps == [(1000.0, 2.0), (500.0, 4.0)]
+    assert step_ranges(steps) == [(1, 2000), (2001, 4000)]
+    for bad in ("1000", "0x2", "100x0", "x3"):
+        with pytest.raises(ValueError):
+            parse_steps(bad)
+
+
+def test_ticks_carry_what_10_ms_brings_and_add_up_to_the_step():
+    assert list(ticks(1000, 25)) == [10, 10, 5]
+    assert list(ticks(50, 3)) == [1, 1, 1]  # under one message per tick: one a tick
+    assert sum(ticks(70_000, 280_000)) == 280_000
+
+
+def test_both_feeds_send_each_message_to_the_same_recipient():
+    to = recipients(100, 50)
+    assert to == recipients(100, 50) and all(0 <= k < 100 for k in to)
+    pubs = publications(3, 2, to, 12.5, "2026-01-01T00:00:00.000+00:00")
+    assert [p["publish"]["channel"] for p in pubs] == [f"#p{to[2]}", f"#p{to[3]}"]
+    assert [p["publish"]["data"]["id"] for p in pubs] == [3, 4]
+    assert pubs[0]["publish"]["data"]["t"] == 12.5
+
+
+def test_per_step_counts_lost_and_latency_from_ids_alone():
+    ranges = [(1, 4), (5, 8)]
+    # two client processes; id 3 and 8 never came
+    got = [(array("q", [1, 2, 5]), array("f", [1.0, 3.0, 50.0])),
+           (array("q", [4, 6, 7]), array("f", [2.0, 60.0, 70.0]))]
+    first, second = pf.per_step(ranges, got)
+    assert (first["delivered"], first["lost"], first["p50_ms"], first["p99_ms"]) == (3, 1, 2.0, 3.0)
+    assert (second["delivered"], second["lost"], second["p50_ms"]) == (3, 1, 60.0)
+
+
+def test_the_sustained_rate_is_the_last_step_passing_with_every_step_below_it():
+    steps = [{"rate": 10, "lost": 0, "p99_ms": 20.0}, {"rate": 20, "lost": 0, "p99_ms": 80.0},
+             {"rate": 30, "lost": 0, "p99_ms": 150.0}, {"rate": 40, "lost": 0, "p99_ms": 90.0}]
+    assert pf.sustained(steps) == (20, 30)  # 40 passes only after a failure: not counted
+    assert pf.sustained([{"rate": 10, "lost": 1, "p99_ms": 5.0}]) == (None, 10)
+    assert pf.sustained([{"rate": 10, "lost": 0, "p99_ms": 5.0}]) == (10, None)
+    assert pf.sustained([{"rate": 10, "lost": 0, "p99_ms": 5.0, "duplicated": 1}]) == (None, 10)
+    # the feed offered 9 of 10 per second: the step measured the feed, not the server
+    assert pf.sustained([{"rate": 10, "lost": 0, "p99_ms": 5.0, "offered_per_s": 9.0}]) == (None, 10)
+
+
+def test_cpu_in_a_window_is_the_difference_of_the_samples_inside_it():
+    samples = [(0.0, {"server": 1.0}), (1.0, {"server": 1.5}), (2.0, {"server": 2.5}), (3.0, {"server": 4.0})]
+    assert pf.cpu_in(samples, 0.5, 2.5) == {"server": 1.0}
+    assert pf.cpu_in(samples, 0.5, 1.5) == {}  # one sample inside: nothing to measure
+
+
+def test_ratios_need_both_sides():
+    assert pf.ratio(3.0, 2.0) == 1.5
+    assert pf.ratio(None, 2.0) is None and pf.ratio(3.0, 0) is None
