@@ -49,7 +49,7 @@ PAGE = 5000  # one read of the truth; FerretDB scans the whole collection per qu
 # and one cut off by the usual 10 s socket timeout is all work lost, retried
 # from scratch. Messages wait meanwhile; none is lost.
 FILL_TIMEOUT_SECONDS = 60.0
-TAIL_QUEUE_MAX = 20_000  # oplog entries waiting for the consumer
+TAIL_QUEUE_MAX = 20_000  # oplog entries waiting for the consumer; past it the reader waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +84,8 @@ class Stream(TruthFills):
         self._inbox: asyncio.Queue[tuple[Batch | FillRequest, float]] = asyncio.Queue()
         self._queued = 0
         self._queue_max = TAIL_QUEUE_MAX
+        self._room = asyncio.Event()  # set while the reader may queue more
+        self._room.set()
         self._fill_requested = False
         # After a failed read of the truth, wait before the next: on FerretDB each scans
         # all of `messages`, and a retry at once would make a busy FerretDB busier.
@@ -142,11 +144,11 @@ class Stream(TruthFills):
 
     # --- the loop ---------------------------------------------------------
     async def run(self) -> None:
-        """Three loops: the reader keeps the oplog cursor moving at all times
-        (a tail that pauses falls off a small oplog), the consumer releases,
+        """Three loops: the reader keeps the oplog cursor moving while the
+        consumer keeps up (a tail that pauses falls off a small oplog), the consumer releases,
         and does every read of the truth, the gap check covers what the oplog
         never shows. The reader and the consumer meet in a bounded queue; past
-        its bound entries are dropped and the hole is read back by query.
+        its bound the reader waits (``_read_oplog``).
         Each loop runs for the life of the stream: one that ends, by an error
         or otherwise, ends the stream with it (the daemon then exits, and
         supervisord starts a fresh one) instead of leaving the rest waiting."""
@@ -172,6 +174,8 @@ class Stream(TruthFills):
                 await self._fill_from_truth()
                 continue
             self._queued -= len(item.entries)
+            if self._queued <= self._queue_max // 2:
+                self._room.set()  # the reader takes the oplog again once half the queue is free
             self._take(item, received)
             if self._seq.hole:
                 await self._fill_from_truth()
@@ -219,12 +223,19 @@ class Stream(TruthFills):
                 # check) and is read back then, and only then.
                 continue
             size = len(event.entries)
-            if self._queued + size > self._queue_max:
-                log.warning("event=tail_backlog_full queued=%d action=catch_up_by_query", self._queued)
-                self._request_fill()  # what is dropped here is read back from the truth
-            else:
-                self._queued += size
-                self._inbox.put_nowait((event, time.perf_counter()))
+            if self._queued and self._queued + size > self._queue_max:
+                # Overload slows the tail down rather than shedding: while the consumer is this
+                # far behind, the oplog is not read. Through the relay the batches wait in its
+                # buffer for this daemon (32 MB), and a burst that fits is delivered late, with
+                # no read of the truth; past that the relay cuts us off, and what we then miss
+                # is a hole, read back from MySQL. A paused tail of a small oplog falls off it,
+                # with the same outcome.
+                metrics.TAIL_BACKPRESSURE.inc()
+                log.warning("event=tail_backpressure queued=%d action=wait_for_consumer", self._queued)
+                self._room.clear()
+                await self._room.wait()
+            self._queued += size
+            self._inbox.put_nowait((event, time.perf_counter()))
 
     def _request_fill(self) -> None:
         """Asks the consumer for one read of the truth; requests coalesce until it starts."""

@@ -7,6 +7,7 @@ path is forced, to show that it reads the same entries.
 """
 
 import asyncio
+import logging
 import contextlib
 import uuid
 
@@ -227,10 +228,12 @@ class _BurstTail(_SilentTail):
         await asyncio.Event().wait()
 
 
-async def test_a_burst_bigger_than_the_tail_queue_is_dropped_and_read_back_from_messages(dbs, caplog):
-    # The queue between the oplog reader and the consumer is bounded: past
-    # the bound, entries are dropped (memory stays bounded) and the consumer
-    # reads the hole back from `messages`. Every message still arrives once, in order.
+async def test_a_burst_bigger_than_the_tail_queue_waits_for_the_consumer_and_is_read_from_the_oplog(dbs, caplog):
+    # The queue between the oplog reader and the consumer is bounded: past the
+    # bound the reader waits for the consumer (memory stays bounded) instead of
+    # shedding entries to be read back by query. Every message arrives once, in
+    # order, each from the oplog: no read of the truth.
+    caplog.set_level(logging.INFO, logger="chat.stream")  # a fill would log event=stream_fill
     docs = [Message(i, "alice", "bob", f"m{i}", now_ms()).to_doc() for i in range(1, 101)]
     tail = _BurstTail(docs, batch=10)
     async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=1000, gap_check_seconds=30) as (db, stream, bob):
@@ -242,7 +245,8 @@ async def test_a_burst_bigger_than_the_tail_queue_is_dropped_and_read_back_from_
             while stream.position < 100:
                 await asyncio.sleep(0.05)
         assert bob.got == list(range(1, 101))
-        assert "event=tail_backlog_full" in caplog.text
+        assert "event=tail_backpressure" in caplog.text
+        assert "event=stream_fill" not in caplog.text
 
 
 async def test_a_resync_that_fails_while_ferretdb_is_down_is_retried_and_delivers_once_it_is_back(
