@@ -21,10 +21,11 @@ def quantile(sorted_values: Sequence[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def per_step(ranges: list[tuple[int, int]], received: Iterable[tuple[Sequence[int], Sequence[float]]]
-             ) -> list[dict]:
+def per_step(ranges: list[tuple[int, int]], received: Iterable[tuple[Sequence[int], Sequence[float]]],
+             copies: int = 1) -> list[dict]:
     """For each step's id range: delivered, lost, and latency p50/p99 (ms), from
-    (ids, latencies) arrays as each client process kept them (first arrivals only)."""
+    (ids, latencies) arrays as each client process kept them (first arrivals per
+    device only); each message is owed to ``copies`` devices (its user's)."""
     firsts = [a for a, _ in ranges]
     got: list[list[float]] = [[] for _ in ranges]
     for ids, lats in received:
@@ -36,7 +37,8 @@ def per_step(ranges: list[tuple[int, int]], received: Iterable[tuple[Sequence[in
     for (first, last), lats in zip(ranges, got, strict=True):
         lats.sort()
         p50, p99 = quantile(lats, 0.5), quantile(lats, 0.99)
-        out.append({"messages": last - first + 1, "delivered": len(lats), "lost": last - first + 1 - len(lats),
+        owed = copies * (last - first + 1)
+        out.append({"messages": last - first + 1, "frames": owed, "delivered": len(lats), "lost": owed - len(lats),
                     "p50_ms": None if p50 is None else round(p50, 1),
                     "p99_ms": None if p99 is None else round(p99, 1)})
     return out

@@ -5,8 +5,9 @@ A process holds its share of the clients on one source address. Everything
 but the few bytes of each protocol is the same code: the raw asyncio
 protocol, the frame parser (the daemon's own ``FrameReader``), one orjson
 parse per frame, and the accounting: every message id is for exactly one
-client, so a process keeps one byte per id of the whole run (seen or not)
-and counts a second arrival as a duplicate; it keeps each message's latency,
+user, and each of the user's devices gets them in id order, so a device keeps
+only its last id and counts one at or below it as a repeat; a process keeps
+each first arrival's id and latency,
 from the wall-clock time the feed put in it (before the server's hop) to the
 frame's arrival.
 
@@ -55,36 +56,46 @@ class Job:
     port: int
     secret: str
     source: str
-    count: int  # message ids of the whole run: 1..count
     out: str
 
 
-class Tally:
-    """What one process received: a byte per message id, arrival latencies, repeats."""
+class Device:
+    """One connection's user and what it has had, across its reconnects: a user's messages come
+    in id order on every device (one stream per user, resumed after the last), so an id at or
+    below the last one is a repeat."""
 
-    def __init__(self, count: int):
-        self.seen = bytearray(count + 2)
+    __slots__ = ("user", "last", "inbox")
+
+    def __init__(self, user: str):
+        self.user = user
+        self.last = 0
+        self.inbox = Inbox()  # ours: the resume cursor
+
+
+class Tally:
+    """What one process received: each first arrival's id and latency, and repeats."""
+
+    def __init__(self) -> None:
         self.ids = array("q")
         self.latency_ms = array("f")
         self.duplicates = 0
         self.frames = 0
 
-    def record(self, msg_id: int, sent: float, now: float) -> None:
+    def record(self, device: Device, msg_id: int, sent: float, now: float) -> None:
         self.frames += 1
-        if self.seen[msg_id]:
+        if msg_id <= device.last:
             self.duplicates += 1
             return
-        self.seen[msg_id] = 1
+        device.last = msg_id
         self.ids.append(msg_id)
         self.latency_ms.append((now - sent) * 1000)
 
 
 class PeerClient(asyncio.Protocol):
-    __slots__ = ("job", "user", "tally", "inbox", "transport", "status", "head", "reader", "opened", "lost",
-                 "close_code")
+    __slots__ = ("job", "device", "tally", "transport", "status", "head", "reader", "opened", "lost", "close_code")
 
-    def __init__(self, job: Job, user: str, tally: Tally, inbox: Inbox):
-        self.job, self.user, self.tally, self.inbox = job, user, tally, inbox
+    def __init__(self, job: Job, device: Device, tally: Tally):
+        self.job, self.device, self.tally = job, device, tally
         self.transport: asyncio.Transport | None = None
         self.status = 0
         self.head = b""
@@ -110,7 +121,7 @@ class PeerClient(asyncio.Protocol):
                 self.transport.close()  # type: ignore[union-attr]
                 return
             if self.job.kind == "centrifugo":
-                self._send_text(centrifugo.connect_command(centrifugo.token(self.job.secret, self.user)))
+                self._send_text(centrifugo.connect_command(centrifugo.token(self.job.secret, self.device.user)))
         if not data:
             return
         now = time.time()
@@ -131,11 +142,11 @@ class PeerClient(asyncio.Protocol):
         if self.job.kind == "ours":
             doc = orjson.loads(payload)
             if doc.get("type") == "hello":
-                self.inbox.accept(doc)
+                self.device.inbox.accept(doc)
                 self._settle(True)
             elif "id" in doc:
-                self.inbox.since = doc.get("cursor", doc["id"])
-                self.tally.record(int(doc["id"]), float(doc["body"].split(" ", 1)[0]), now)
+                self.device.inbox.since = doc.get("cursor", doc["id"])
+                self.tally.record(self.device, int(doc["id"]), float(doc["body"].split(" ", 1)[0]), now)
             return
         pubs, ping, connected = centrifugo.parse_frame(payload)
         if connected is not None:
@@ -143,7 +154,7 @@ class PeerClient(asyncio.Protocol):
         if ping:
             self._send_text(b"{}")
         for data in pubs:
-            self.tally.record(int(data["id"]), float(data["t"]), now)
+            self.tally.record(self.device, int(data["id"]), float(data["t"]), now)
 
     def _send_text(self, payload: bytes) -> None:
         self.transport.write(Frame(Opcode.TEXT, payload).serialize(mask=True))  # type: ignore[union-attr]
@@ -158,9 +169,10 @@ class PeerClient(asyncio.Protocol):
             self.opened.set_result(ok)
 
 
-def request(job: Job, user: str, inbox: Inbox) -> bytes:
+def request(job: Job, device: Device) -> bytes:
     if job.kind == "ours":
-        query = f"token={auth.mint(job.secret, user, 7200)}" + (f"&since={inbox.since}" if inbox.since else "")
+        since = device.inbox.since
+        query = f"token={auth.mint(job.secret, device.user, 7200)}" + (f"&since={since}" if since else "")
         path = f"/v1/ws?{query}"
     else:
         path = "/connection/websocket"
@@ -170,7 +182,7 @@ def request(job: Job, user: str, inbox: Inbox) -> bytes:
 
 async def run_clients(job: Job, connected, stop) -> None:
     """Holds every user's connection until ``stop``; writes the tally to ``job.out``."""
-    tally = Tally(job.count)
+    tally = Tally()
     gate = asyncio.Semaphore(HANDSHAKES_IN_FLIGHT)
     loop = asyncio.get_running_loop()
     reconnects, failures, close_codes = 0, 0, {}
@@ -178,14 +190,14 @@ async def run_clients(job: Job, connected, stop) -> None:
 
     async def hold(user: str) -> None:
         nonlocal reconnects, failures
-        inbox = Inbox()
+        device = Device(user)
         attempt, first = 0, True
         while True:
             try:
                 async with gate:
-                    _, client = await loop.create_connection(lambda: PeerClient(job, user, tally, inbox), job.host,
+                    _, client = await loop.create_connection(lambda: PeerClient(job, device, tally), job.host,
                                                              job.port, local_addr=(job.source, 0))
-                    client.transport.write(request(job, user, inbox))
+                    client.transport.write(request(job, device))
                     ok = await asyncio.wait_for(client.opened, 30)
                 if not ok:
                     client.transport.abort()

@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtest" / "results"
 CLIENTS_PER_PROC = 5_000  # enough processes to spread the parsing over both cores
 DEFAULT_STEPS = "10000x4,20000x4,30000x4,40000x4,50000x4,60000x4,70000x4,80000x4,100000x4"
+# Messages/s with 50 devices per user (50 frames each), the last steps past the knee and longer.
+OVERLOAD_STEPS = "500x4,1000x4,1500x4,2000x8,3000x8"
 
 
 def log(msg: str) -> None:
@@ -77,11 +79,11 @@ class CpuSampler(threading.Thread):
             self.samples.append((time.time(), {k: self._used(v) for k, v in self.procs.items()}))
 
 
-def _clients(kind: str, users: list[str], host: str, port: int, secret: str, count: int, tmp: Path):
+def _clients(kind: str, users: list[str], host: str, port: int, secret: str, tmp: Path):
     ctx = mp.get_context("spawn")
     connected, stop = ctx.Value("i", 0), ctx.Event()
     nprocs = max(1, -(-len(users) // CLIENTS_PER_PROC))
-    jobs = [peerclients.Job(kind, users[k::nprocs], host, port, secret, f"127.0.0.{2 + k}", count,
+    jobs = [peerclients.Job(kind, users[k::nprocs], host, port, secret, f"127.0.0.{2 + k}",
                             str(tmp / f"{kind}-c{k}.json")) for k in range(nprocs)]
     procs = [ctx.Process(target=peerclients.client_proc, args=(j, connected, stop), daemon=True) for j in jobs]
     for p in procs:
@@ -97,15 +99,16 @@ def _wait_connected(connected, want: int, timeout: float) -> int:
 
 
 def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[str], feed_env: dict | None,
-             host: str, port: int, secret: str, clients: int, steps: list[tuple[float, float]], gap: float,
-             tmp: Path) -> dict:
-    """Memory, then the schedule: one side, its server already listening."""
+             host: str, port: int, secret: str, clients: int, devices: int, steps: list[tuple[float, float]],
+             gap: float, tmp: Path) -> dict:
+    """Memory, then the schedule: one side, its server already listening. ``clients``
+    connections, ``devices`` of them per user (each message goes to every device of its user)."""
     ranges = step_ranges(steps)
-    count = ranges[-1][1]
-    users = [f"p{i}" for i in range(clients)]
+    tmp = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{kind}-"))  # this run's files only
+    users = [f"p{i}" for i in range(clients // devices) for _ in range(devices)]
     time.sleep(1.0)
     idle = pss(server)
-    jobs, procs, connected, stop = _clients(kind, users, host, port, secret, count, tmp)
+    jobs, procs, connected, stop = _clients(kind, users, host, port, secret, tmp)
     held = _wait_connected(connected, clients, 60 + clients / 300)
     time.sleep(3.0)
     loaded = pss(server)
@@ -134,7 +137,7 @@ def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[
     feeder.wait(30)
     feed = orjson.loads(feed_out.read_bytes()) if feed_out.exists() else {"steps": []}
     tallies = [peerclients.read_tally(j.out) for j in jobs]
-    figures = peer_figures.per_step(ranges, [(ids, lat) for _, ids, lat in tallies])
+    figures = peer_figures.per_step(ranges, [(ids, lat) for _, ids, lat in tallies], copies=devices)
     dups = sum(t["duplicates"] for t, _, _ in tallies)
     for fig, mark, (rate, _) in zip(figures, feed["steps"] + [{}] * len(figures), steps, strict=False):
         fig["rate"] = rate
@@ -143,10 +146,12 @@ def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[
             fig["feed_behind_ms"] = mark["behind_ms"]
             fig["offered_per_s"] = mark["offered_per_s"]
             fig["cpu_us_per_msg"] = {k: round(v / fig["messages"] * 1e6, 2) for k, v in cpu.items()}
+            fig["cpu_us_per_frame"] = {k: round(v / fig["frames"] * 1e6, 2) for k, v in cpu.items()}
     best, knee = peer_figures.sustained(figures)
     at_best = next((f for f in figures if f["rate"] == best), None)
     return {
-        "side": kind, "clients": clients, "held": held, "kb_per_conn": round((loaded - idle) / max(held, 1) / 1024, 2),
+        "side": kind, "clients": clients, "devices_per_user": devices, "held": held,
+        "kb_per_conn": round((loaded - idle) / max(held, 1) / 1024, 2),
         "idle_server_mb": round(idle / 2**20, 1), "max_rate_p99_100ms": best, "knee_rate": knee,
         "cpu_us_per_msg": (at_best or {}).get("cpu_us_per_msg"), "steps": figures,
         "lost": sum(f["lost"] for f in figures), "duplicated": dups,
@@ -165,7 +170,10 @@ def _merge(dicts) -> dict:
     return out
 
 
-def run_ours(dbs, entries_file: Path, clients: int, steps_text: str, gap: float, tmp: Path) -> dict:
+def run_ours(dbs, entries_file: Path, clients: int, devices: int, steps_text: str, gap: float, tmp: Path,
+             truth: bool) -> dict:
+    """``truth``: each batch is committed to MySQL before the relay has it, and what the daemon
+    misses is read back from there; without it, a batch the relay never hands over is lost."""
     from tests.servers import env_for, free_port, stop, wait_port
 
     engine = make_engine(dbs.mariadb.url(), 10)
@@ -175,30 +183,31 @@ def run_ours(dbs, entries_file: Path, clients: int, steps_text: str, gap: float,
     sock, port = tmp / "relay.sock", free_port()
     env = env_for(dbs.mariadb, dbs.ferretdb, CHAT_DAEMON_PORT=str(port), CHAT_OPLOG_RELAY_SOCKET=str(sock),
                   CHAT_LOG_LEVEL="WARNING", CHAT_MAX_CONNECTIONS="18000", CHAT_PING_INTERVAL_SECONDS="120",
-                  CHAT_METRICS_PORT=str(free_port()))
+                  CHAT_METRICS_PORT=str(free_port()), CHAT_FILL_HOLES_FROM_MYSQL=str(truth).lower())
     feed_cmd = [sys.executable, "-m", "loadtest.feeder", "--socket", str(sock), "--entries", str(entries_file),
-                "--mysql-url", dbs.mariadb.url(), "--clients", str(clients), "--steps", steps_text, "--gap", str(gap)]
-    # The relay must listen before the daemon starts: the feeder is started once for memory's sake
-    # (idle, it only holds its socket), and the schedule waits for SIGUSR1.
+                "--mysql-url", dbs.mariadb.url() if truth else "", "--clients", str(clients // devices),
+                "--steps", steps_text, "--gap", str(gap)]
     daemon = subprocess.Popen([sys.executable, "-m", "daemon"], env=env, stdout=sys.stderr, stderr=sys.stderr)
     try:
         wait_port(port, 30, daemon)
-        return _measure("ours", [daemon.pid], [dbs.mariadb.proc.pid], feed_cmd, env, "127.0.0.1", port,
-                        env["CHAT_JWT_SECRET"], clients, parse_steps(steps_text), gap, tmp)
+        result = _measure("ours", [daemon.pid], [dbs.mariadb.proc.pid] if truth else [], feed_cmd, env,
+                          "127.0.0.1", port, env["CHAT_JWT_SECRET"], clients, devices, parse_steps(steps_text),
+                          gap, tmp)
+        return {**result, "truth": "MySQL" if truth else None}
     finally:
         stop(daemon, signal.SIGTERM)
 
 
-def run_centrifugo(clients: int, steps_text: str, gap: float, tmp: Path) -> dict:
+def run_centrifugo(clients: int, devices: int, steps_text: str, gap: float, tmp: Path) -> dict:
     from tests.servers import free_port, stop
 
     port, secret, api_key = free_port(), "peer-secret-" + "0" * 32, "peer-api-key"
     server = centrifugo.start(tmp / "centrifugo", port, secret, api_key)
     feed_cmd = [sys.executable, "-m", "loadtest.centrifugo_feed", "--api", f"http://127.0.0.1:{port}",
-                "--api-key", api_key, "--clients", str(clients), "--steps", steps_text, "--gap", str(gap)]
+                "--api-key", api_key, "--clients", str(clients // devices), "--steps", steps_text, "--gap", str(gap)]
     try:
         return _measure("centrifugo", [server.pid], [], feed_cmd, None, "127.0.0.1", port, secret, clients,
-                        parse_steps(steps_text), gap, tmp)
+                        devices, parse_steps(steps_text), gap, tmp)
     finally:
         stop(server, signal.SIGTERM)
 
@@ -219,8 +228,6 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
         "peer_max_rate_p99_100ms": med("centrifugo", "max_rate_p99_100ms"),
         "ours_cpu_us_per_msg": med_cpu("ours", "server"), "peer_cpu_us_per_msg": med_cpu("centrifugo", "server"),
         "ours_feed_cpu_us_per_msg": med_cpu("ours", "feed"), "peer_feed_cpu_us_per_msg": med_cpu("centrifugo", "feed"),
-        "ours_lost_past_knee": sum(f["lost"] for r in rounds for f in r["ours"]["steps"]
-                                   if r["ours"]["knee_rate"] and f["rate"] >= r["ours"]["knee_rate"]),
         "ours_lost": sum(r["ours"]["lost"] for r in rounds),
         "ours_duplicated": sum(r["ours"]["duplicated"] for r in rounds),
         "peer_lost": sum(r["centrifugo"]["lost"] for r in rounds),
@@ -232,13 +239,19 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
     return out
 
 
-def run(clients: int, rounds: int, steps_text: str, gap: float) -> dict:
+def _line(side: str, s: dict) -> None:
+    log(f"{side}: {s['kb_per_conn']} KB/conn, sustained {s['max_rate_p99_100ms']} msg/s "
+        f"(knee {s['knee_rate']}), lost {s['lost']}, duplicated {s['duplicated']}")
+
+
+def run(clients: int, rounds: int, steps_text: str, gap: float, overload_steps: str, overload_devices: int) -> dict:
     from loadtest import replay
     from tests.system import databases
 
     subprocess.run([str(ROOT / "scripts" / "install-centrifugo.sh")], check=True)
     tmp = Path(tempfile.mkdtemp(prefix="peers-"))
     results: list[dict[str, dict]] = []
+    overload: dict[str, dict] = {}
     with databases(tmp / "dbs") as dbs:
         entries_file = tmp / "entries.bson"
         entries_file.write_bytes(b"".join(bson.encode(e) for e in replay.record(dbs.ferretdb.url, 200)))
@@ -247,32 +260,75 @@ def run(clients: int, rounds: int, steps_text: str, gap: float) -> dict:
             one: dict[str, dict] = {}
             for side in order:
                 log(f"round {r + 1}/{rounds}: {side}")
-                one[side] = (run_ours(dbs, entries_file, clients, steps_text, gap, tmp) if side == "ours"
-                             else run_centrifugo(clients, steps_text, gap, tmp))
-                s = one[side]
-                log(f"{side}: {s['kb_per_conn']} KB/conn, sustained {s['max_rate_p99_100ms']} msg/s "
-                    f"(knee {s['knee_rate']}), lost {s['lost']}, duplicated {s['duplicated']}")
+                one[side] = (run_ours(dbs, entries_file, clients, 1, steps_text, gap, tmp, truth=False)
+                             if side == "ours" else run_centrifugo(clients, 1, steps_text, gap, tmp))
+                _line(side, one[side])
             results.append(one)
-    return {**summarize(results), "clients": clients, "rounds": results, "steps": steps_text,
-            "where": "one machine, 2 cores shared by the server, its feed and the load clients (Python, the "
-                     "same program for both); ours: one daemon fed by the relay's Unix socket, each batch "
-                     "committed to MariaDB first; Centrifugo: its memory engine, fed through its HTTP batch API",
+        if overload_steps:
+            # Past the knee with the truth behind ours: each message to every one of its user's
+            # devices, so the knee comes at a message rate MySQL can commit here.
+            for side in ("ours", "centrifugo"):
+                log(f"overload, {overload_devices} devices per user: {side}")
+                overload[side] = (run_ours(dbs, entries_file, clients, overload_devices, overload_steps, gap, tmp,
+                                           truth=True) if side == "ours"
+                                  else run_centrifugo(clients, overload_devices, overload_steps, gap, tmp))
+                _line(side, overload[side])
+    summary = summarize(results)
+    if overload:
+        summary.update(overload_summary(overload))
+    return {**summary, "clients": clients, "rounds": results, "overload": overload, "steps": steps_text,
+            "where": "one machine, 2 cores shared by the server, its feed and the load clients (Python, the same "
+                     "program for both). Ours: one daemon fed oplog batches by the relay (its real code, in a "
+                     "separate process) over its Unix socket; in the overload run each batch is committed to "
+                     "MariaDB first. Centrifugo: its memory engine, fed through its HTTP batch API.",
             **machine.describe()}
+
+
+def overload_summary(overload: dict[str, dict]) -> dict:
+    """What the steps past each side's knee lost: ours must lose nothing there."""
+    def past(side: str) -> list[dict]:
+        knee = overload[side]["knee_rate"]
+        return [f for f in overload[side]["steps"] if knee is not None and f["rate"] >= knee]
+
+    ours, theirs = past("ours"), past("centrifugo")
+    return {"overload_devices_per_user": overload["ours"]["devices_per_user"],
+            "ours_overload_knee": overload["ours"]["knee_rate"],
+            "ours_overload_steps_past_knee": len(ours),
+            "ours_lost_past_knee": sum(f["lost"] for f in ours),
+            "ours_duplicated_overload": overload["ours"]["duplicated"],
+            "peer_overload_knee": overload["centrifugo"]["knee_rate"],
+            "peer_lost_past_knee": sum(f["lost"] for f in theirs)}
 
 
 def main(clients: int = typer.Option(10_000), rounds: int = typer.Option(2), steps: str = typer.Option(DEFAULT_STEPS),
          gap: float = typer.Option(3.0, help="seconds between steps"),
+         overload_steps: str = typer.Option(OVERLOAD_STEPS, help="empty: no overload run"),
+         overload_devices: int = typer.Option(50, help="devices per user in the overload run"),
          out: Path = typer.Option(RESULTS / "peers-latest.json")) -> None:
-    result = run(clients, rounds, steps, gap)
+    result = run(clients, rounds, steps, gap, overload_steps, overload_devices)
     out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     keys = ("ours_kb_per_conn", "peer_kb_per_conn", "memory_ratio", "ours_max_rate_p99_100ms",
             "peer_max_rate_p99_100ms", "rate_ratio", "ours_cpu_us_per_msg", "peer_cpu_us_per_msg", "cpu_ratio",
-            "ours_lost", "ours_duplicated", "ours_lost_past_knee")
+            "ours_lost", "ours_duplicated", "ours_overload_knee", "ours_lost_past_knee", "peer_lost_past_knee")
     for k in keys:
-        print(f"{k:28} {result[k]}")
+        print(f"{k:28} {result.get(k)}")
     print(f"wrote {out}")
-    if result["ours_lost"] or result["ours_duplicated"]:
-        raise SystemExit("ours lost or duplicated a message")
+    failed = check(result)
+    if failed:
+        raise SystemExit(failed)
+
+
+def check(result: dict) -> str | None:
+    """What makes the run fail: ours losing or repeating a message below its knee, or past it with the truth."""
+    if result["ours_duplicated"] or result.get("ours_duplicated_overload"):
+        return "ours duplicated a message"
+    below = [f for r in result["rounds"] for f in r["ours"]["steps"]
+             if r["ours"]["knee_rate"] is None or f["rate"] < r["ours"]["knee_rate"]]
+    if any(f["lost"] for f in below):
+        return "ours lost a message below its knee"
+    if result.get("ours_lost_past_knee"):
+        return "ours lost a message past its knee, with MySQL behind it"
+    return None
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ def test_per_step_counts_lost_and_latency_from_ids_alone():
     first, second = pf.per_step(ranges, got)
     assert (first["delivered"], first["lost"], first["p50_ms"], first["p99_ms"]) == (3, 1, 2.0, 3.0)
     assert (second["delivered"], second["lost"], second["p50_ms"]) == (3, 1, 60.0)
+    # two devices per user: each message is owed twice
+    assert [s["lost"] for s in pf.per_step(ranges, got, copies=2)] == [5, 5]
 
 
 def test_the_sustained_rate_is_the_last_step_passing_with_every_step_below_it():
