@@ -18,7 +18,7 @@ PUSHES = Counter("chat_daemon_pushes_total",
                  "Messages handed to connections: written to a WebSocket at once, or to a poll answer")
 OPLOG_ENTRIES = Counter("chat_daemon_oplog_entries_total", "Oplog entries read")
 TAIL_BACKPRESSURE = Counter("chat_daemon_tail_backpressure_total",
-                            "Times the oplog reader waited for the consumer (overload: delivery slows, nothing is shed)")
+                            "Times the oplog reader waited for the consumer (overload: delivery slows, none is shed)")
 # Only the served partitions' entries reach a daemon (the relay, or its own
 # tail, filters the rest out), so each daemon decodes its share of the oplog.
 OPLOG_DECODED = Counter("chat_daemon_oplog_entries_decoded_total",

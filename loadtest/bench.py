@@ -21,7 +21,7 @@ import httpx
 import orjson
 import typer
 
-from loadtest import ab, machine, million, replay, scrape, wsload
+from loadtest import ab, machine, million, peers, replay, scrape, wsload
 from loadtest.report import DOCS, write_report
 from tests.system import databases, running_system
 
@@ -65,7 +65,8 @@ def check(result: dict, what: str) -> None:
 
 def failures(results: dict) -> list[str]:
     runs = [*results["replay"], *results["ws"], *results.get("rates", []),
-            *([results["hold"]] if "hold" in results else []), *([results["million"]] if "million" in results else [])]
+            *([results["hold"]] if "hold" in results else []), *([results["million"]] if "million" in results else []),
+            *([results["peers"]] if "peers" in results else [])]
     return [run["failed"] for run in runs if "failed" in run]
 
 
@@ -270,13 +271,25 @@ def million_run(target: int, seconds: float, ping_seconds: float, out: Path) -> 
     return {k: v for k, v in result.items() if k not in ("steps", "machine")}
 
 
+def peers_run(clients: int, rounds: int, steps: str, overload_steps: str, out: Path) -> dict:
+    """``loadtest.peers``: our daemon and Centrifugo 5.4.9 in one run, the same clients; its own JSON at ``out``."""
+    log(f"peers: ours and Centrifugo 5.4.9, {clients} clients, {rounds} rounds, then overload")
+    result = peers.run(clients, rounds, steps, 3.0, overload_steps, 50)
+    out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    failed = peers.check(result)
+    if failed:
+        result["failed"] = f"FAILED peers: {failed}"
+        log(result["failed"])
+    return {k: v for k, v in result.items() if k not in ("rounds", "overload")}
+
+
 @app.command()
 def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option(False, "--full"),
          out_dir: Path = typer.Option(RESULTS),
          only: list[str] = typer.Option([], "--only", help="rerun just these sections (replay, ws, rates, ab, "
-                                        "post_alone, hold, million) into the existing latest.json; the report says "
-                                        "which and when")) -> None:
-    sections = set(only) or {"replay", "ws", "rates", "ab", "post_alone", "hold", "million"}
+                                        "post_alone, hold, million, peers) into the existing latest.json; "
+                                        "the report says which and when")) -> None:
+    sections = set(only) or {"replay", "ws", "rates", "ab", "post_alone", "hold", "million", "peers"}
     if full:
         levels, seconds, iterations = [10, 100, 500, 1000], 20, 5
         sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, DEPLOYED_DAEMONS
@@ -287,6 +300,7 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         # connections, seconds of messages, ping interval: at 20 s, a million sockets' pings alone
         # would take more than the 2 cores (docs/decisions/million-connections.md)
         million_args = (1_000_000, 60.0, 120.0, RESULTS / "million-latest.json")
+        peers_args = (10_000, 2, peers.DEFAULT_STEPS, peers.OVERLOAD_STEPS, RESULTS / "peers-latest.json")
     else:
         levels, seconds, iterations = [10, 100, 500, 1000], 5, 1
         sizes, rate, ws_seconds, daemons = [100, 1000], 200, 10, DEPLOYED_DAEMONS
@@ -295,6 +309,7 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         rates = None  # the full run's; the quick one keeps under 5 minutes
         post_alone_matrix = ([100], 5, 1)
         million_args = (10_000, 10.0, 20.0, out_dir / "million-quick.json")
+        peers_args = (2_000, 1, "5000x3,10000x3,20000x3", "200x3,500x3,1000x3", out_dir / "peers-quick.json")
     if only:
         results = orjson.loads((out_dir / "latest.json").read_bytes())
         results.setdefault("reruns", {}).update({name: machine.describe() for name in only})
@@ -330,6 +345,8 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
             results["hold"] = hold_run(dbs, *hold)
     if "million" in sections:
         results["million"] = million_run(*million_args)
+    if "peers" in sections:
+        results["peers"] = peers_run(*peers_args)
     results["failures"] = failures(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "latest.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
