@@ -200,6 +200,8 @@ async def serve(socket_path: Path, feed: ScheduledFeed, out: Path) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, feed.go.set)
     server = await asyncio.start_unix_server(relay.serve, sock=bind_owner_only(socket_path, "feeder"))
+    while not relay.subscribers:  # a batch made before a daemon listens would reach none
+        await asyncio.sleep(0.05)
     ready(out)
     tailing = asyncio.create_task(relay.run())
     try:

@@ -120,7 +120,7 @@ def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[
         if feeder.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the {kind} feed did not start")
         time.sleep(0.1)
-    time.sleep(1.5)  # a daemon retries its relay at least every second
+    time.sleep(0.5)
     sampler = CpuSampler({"server": server, "feed": [feeder.pid, *feed_pids], "clients": [p.pid for p in procs]})
     sampler.start()
     feeder.send_signal(signal.SIGUSR1)

@@ -12,7 +12,8 @@ relay -> daemon:        ``{"resumed": bool}``: true, every entry after
                         ``since`` follows; false, some may be missing
                         ``{"b": [entry, ...]}``: the entries of one oplog
                         batch in one namespace, in order (a batch of
-                        several namespaces is one such frame each)
+                        several namespaces is one such frame each), each
+                        with only the fields a daemon reads (``slim``)
                         ``{"restarted": true}``: the relay's own tail re-opened
                         and may have missed entries
 
@@ -36,6 +37,18 @@ LENGTH = struct.Struct("<i")
 # A batch is at most one getMore reply (16 MB on MongoDB) plus our key.
 FRAME_MAX = 32 << 20
 HELLO_MAX = 4096
+
+
+# What a daemon reads of an oplog entry: op, ns and o (chat.messages.inserted_docs, an
+# applyOps entry's inner entries included) and ts (where it resumes). The rest is left out
+# of the frames: FerretDB's ObjectId _id and the `wall` datetime alone took two thirds of a
+# daemon's BSON decode of an entry (6.3 against 18.2 us, measured), in every daemon.
+ENTRY_FIELDS = ("op", "ns", "o", "ts")
+
+
+def slim(entry: dict) -> dict:
+    """An oplog entry as a daemon gets it: only ``ENTRY_FIELDS``."""
+    return {k: entry[k] for k in ENTRY_FIELDS if k in entry}
 
 
 def frame(doc: dict) -> bytes:

@@ -42,7 +42,7 @@ from chat.partitions import MAX_PARTITIONS
 from oplog.events import OplogSource, Restarted
 from oplog.namespaces import partition_namespaces, split_by_namespace
 from oplog.tail import OplogTail
-from relay.protocol import HELLO_MAX, BadFrame, frame, read_frame
+from relay.protocol import HELLO_MAX, BadFrame, frame, read_frame, slim
 
 log = logging.getLogger("chat.relay")
 
@@ -71,6 +71,11 @@ class Relay:
         # each daemon, and the namespaces it wants (None: all of them)
         self._subscribers: dict[asyncio.StreamWriter, frozenset[str] | None] = {}
 
+    @property
+    def subscribers(self) -> int:
+        """Daemons connected now."""
+        return len(self._subscribers)
+
     async def run(self) -> None:
         """The tail, for the life of the process. Its first open is a restart
         too: from there on, the ring covers what the tail shows."""
@@ -87,7 +92,8 @@ class Relay:
             batch = event.entries
             if namespaces is None:
                 namespaces = frozenset(getattr(self._tail, "namespaces", None) or (self._tail.namespace,))
-            frames = {ns: frame({"b": part}) for ns, part in split_by_namespace(batch, namespaces).items()}
+            frames = {ns: frame({"b": [slim(e) for e in part]})
+                      for ns, part in split_by_namespace(batch, namespaces).items()}
             ENTRIES.inc(len(batch))
             self._remember(batch[-1]["ts"], frames, len(batch))
             self._publish(frames)
