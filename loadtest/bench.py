@@ -21,7 +21,7 @@ import httpx
 import orjson
 import typer
 
-from loadtest import ab, machine, million, peers, replay, scrape, wsload
+from loadtest import ab, machine, million, peer_report, peers, replay, scrape, wsload
 from loadtest.report import DOCS, write_report
 from tests.system import databases, running_system
 
@@ -276,6 +276,7 @@ def peers_run(clients: int, rounds: int, steps: str, overload_steps: str, out: P
     log(f"peers: ours and Centrifugo 5.4.9, {clients} clients, {rounds} rounds, then overload")
     result = peers.run(clients, rounds, steps, 3.0, overload_steps, 50)
     out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    peer_report.plot(result, out.with_suffix(".png"))
     failed = peers.check(result)
     if failed:
         result["failed"] = f"FAILED peers: {failed}"
@@ -309,7 +310,7 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         rates = None  # the full run's; the quick one keeps under 5 minutes
         post_alone_matrix = ([100], 5, 1)
         million_args = (10_000, 10.0, 20.0, out_dir / "million-quick.json")
-        peers_args = (2_000, 1, "5000x3,10000x3,20000x3", "200x3,500x3,1000x3", out_dir / "peers-quick.json")
+        peers_args = (2_000, 1, "2000x3,5000x3,10000x3", "100x3,200x3,400x3", out_dir / "peers-quick.json")
     if only:
         results = orjson.loads((out_dir / "latest.json").read_bytes())
         results.setdefault("reruns", {}).update({name: machine.describe() for name in only})

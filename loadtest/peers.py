@@ -39,16 +39,16 @@ import typer
 from sqlalchemy import text
 
 from db.sql import make_engine
-from loadtest import centrifugo, machine, peer_figures, peerclients
+from loadtest import centrifugo, machine, peer_figures, peer_report, peerclients
 from loadtest.feeder import parse_steps, step_ranges
 from loadtest.million import pss
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtest" / "results"
 CLIENTS_PER_PROC = 5_000  # enough processes to spread the parsing over both cores
-DEFAULT_STEPS = "10000x4,20000x4,30000x4,40000x4,50000x4,60000x4,70000x4,80000x4,100000x4"
+DEFAULT_STEPS = "5000x4,10000x4,15000x4,20000x4,25000x4,30000x4,40000x4"
 # Messages/s with 50 devices per user (50 frames each), the last steps past the knee and longer.
-OVERLOAD_STEPS = "500x4,1000x4,1500x4,2000x8,3000x8"
+OVERLOAD_STEPS = "200x4,400x4,600x4,800x4,1200x8,1800x8"
 
 
 def log(msg: str) -> None:
@@ -81,14 +81,15 @@ class CpuSampler(threading.Thread):
 
 def _clients(kind: str, users: list[str], host: str, port: int, secret: str, tmp: Path):
     ctx = mp.get_context("spawn")
-    connected, stop = ctx.Value("i", 0), ctx.Event()
+    connected, frames, stop = ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event()
     nprocs = max(1, -(-len(users) // CLIENTS_PER_PROC))
     jobs = [peerclients.Job(kind, users[k::nprocs], host, port, secret, f"127.0.0.{2 + k}",
                             str(tmp / f"{kind}-c{k}.json")) for k in range(nprocs)]
-    procs = [ctx.Process(target=peerclients.client_proc, args=(j, connected, stop), daemon=True) for j in jobs]
+    procs = [ctx.Process(target=peerclients.client_proc, args=(j, connected, frames, stop), daemon=True)
+             for j in jobs]
     for p in procs:
         p.start()
-    return jobs, procs, connected, stop
+    return jobs, procs, connected, frames, stop
 
 
 def _wait_connected(connected, want: int, timeout: float) -> int:
@@ -108,7 +109,7 @@ def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[
     users = [f"p{i}" for i in range(clients // devices) for _ in range(devices)]
     time.sleep(1.0)
     idle = pss(server)
-    jobs, procs, connected, stop = _clients(kind, users, host, port, secret, tmp)
+    jobs, procs, connected, frames, stop = _clients(kind, users, host, port, secret, tmp)
     held = _wait_connected(connected, clients, 60 + clients / 300)
     time.sleep(3.0)
     loaded = pss(server)
@@ -127,7 +128,14 @@ def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[
     budget = time.monotonic() + sum(s for _, s in steps) + gap * len(steps) + 120
     while not feed_out.exists() and time.monotonic() < budget and feeder.poll() is None:
         time.sleep(0.2)
-    time.sleep(5.0)  # the last step drains (a backlog past the knee reads back from MySQL)
+    # Past the knee a backlog drains after the schedule: wait for every frame, or until none
+    # has come for 10 s (what is still missing then is lost), 180 s at most.
+    want, last, still, hard = devices * ranges[-1][1], -1, time.monotonic(), time.monotonic() + 180
+    while frames.value < want and time.monotonic() - still < 10 and time.monotonic() < hard:
+        if frames.value != last:
+            last, still = frames.value, time.monotonic()
+        time.sleep(0.2)
+    drained = time.time()
     sampler.stopping.set()
     sampler.join()
     stop.set()
@@ -148,13 +156,14 @@ def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[
             fig["cpu_us_per_msg"] = {k: round(v / fig["messages"] * 1e6, 2) for k, v in cpu.items()}
             fig["cpu_us_per_frame"] = {k: round(v / fig["frames"] * 1e6, 2) for k, v in cpu.items()}
     best, knee = peer_figures.sustained(figures)
+    drain = round(drained - feed["steps"][-1]["end"], 1) if feed["steps"] else None
     at_best = next((f for f in figures if f["rate"] == best), None)
     return {
         "side": kind, "clients": clients, "devices_per_user": devices, "held": held,
         "kb_per_conn": round((loaded - idle) / max(held, 1) / 1024, 2),
         "idle_server_mb": round(idle / 2**20, 1), "max_rate_p99_100ms": best, "knee_rate": knee,
         "cpu_us_per_msg": (at_best or {}).get("cpu_us_per_msg"), "steps": figures,
-        "lost": sum(f["lost"] for f in figures), "duplicated": dups,
+        "lost": sum(f["lost"] for f in figures), "duplicated": dups, "drained_s_after_schedule": drain,
         "reconnects": sum(t["reconnects"] for t, _, _ in tallies),
         "close_codes": _merge(t["close_codes"] for t, _, _ in tallies),
         "connect_failures": sum(t["connect_failures"] for t, _, _ in tallies),
@@ -307,6 +316,7 @@ def main(clients: int = typer.Option(10_000), rounds: int = typer.Option(2), ste
          out: Path = typer.Option(RESULTS / "peers-latest.json")) -> None:
     result = run(clients, rounds, steps, gap, overload_steps, overload_devices)
     out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    peer_report.plot(result, out.with_suffix(".png"))
     keys = ("ours_kb_per_conn", "peer_kb_per_conn", "memory_ratio", "ours_max_rate_p99_100ms",
             "peer_max_rate_p99_100ms", "rate_ratio", "ours_cpu_us_per_msg", "peer_cpu_us_per_msg", "cpu_ratio",
             "ours_lost", "ours_duplicated", "ours_overload_knee", "ours_lost_past_knee", "peer_lost_past_knee")

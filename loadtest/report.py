@@ -13,6 +13,7 @@ import orjson
 import typer
 
 from loadtest.report_tables import comparison_tables
+from loadtest.peer_report import peers_tables
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -82,7 +83,7 @@ def write_report(r: dict, out: Path, docs: Path | None = None) -> None:
         if GENERATED not in text:
             raise SystemExit(f"{docs} lacks the line {GENERATED!r} below which the tables go")
         images = os.path.relpath(out, docs.parent) + "/"
-        generated = sections(r, images, level="###") + comparison_tables(out)
+        generated = sections(r, images, level="###") + peers_tables(out) + comparison_tables(out)
         docs.write_text(text[:text.index(GENERATED) + len(GENERATED)] + "\n\n" + "\n".join(generated))
 
 

@@ -65,3 +65,22 @@ def test_cpu_in_a_window_is_the_difference_of_the_samples_inside_it():
 def test_ratios_need_both_sides():
     assert pf.ratio(3.0, 2.0) == 1.5
     assert pf.ratio(None, 2.0) is None and pf.ratio(3.0, 0) is None
+
+
+def test_the_load_clients_parse_whole_unfragmented_and_fragmented_server_messages():
+    from loadtest.peerclients import split_messages
+
+    def frame(first: int, payload: bytes) -> bytes:
+        n = len(payload)
+        head = bytes([first, n]) if n < 126 else bytes([first, 126]) + n.to_bytes(2, "big")
+        return head + payload
+
+    big = b"x" * 300
+    data = frame(0x81, b'{"id":1}') + frame(0x01, b"ab") + frame(0x89, b"p") + frame(0x80, b"cd") + frame(0x81, big)
+    got, rest, partial = split_messages(data + frame(0x81, b"tail")[:3], None)
+    assert got == [(1, b'{"id":1}'), (9, b"p"), (1, b"abcd"), (1, big)]
+    assert rest == frame(0x81, b"tail")[:3] and partial is None
+    got, rest, partial = split_messages(frame(0x01, b"open"), None)
+    assert got == [] and rest == b"" and partial == (1, [b"open"])
+    got, _, partial = split_messages(frame(0x80, b"ed"), partial)
+    assert got == [(1, b"opened")] and partial is None
