@@ -193,14 +193,14 @@ def _insert(conn, rows: list[tuple]) -> None:  # type: ignore[no-untyped-def]
     conn.commit()
 
 
-async def serve(socket_path: Path, feed: ScheduledFeed, out: Path) -> None:
+async def serve(socket_path: Path, feed: ScheduledFeed, out: Path, subscribers: int = 1) -> None:
     relay = Relay(feed, CodecOptions(tz_aware=False))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, feed.go.set)
     server = await asyncio.start_unix_server(relay.serve, sock=bind_owner_only(socket_path, "feeder"))
-    while not relay.subscribers:  # a batch made before a daemon listens would reach none
+    while relay.subscribers < subscribers:  # a batch made before a daemon listens would miss it
         await asyncio.sleep(0.05)
     ready(out)
     tailing = asyncio.create_task(relay.run())
@@ -228,10 +228,11 @@ def ready(out: Path) -> None:
 def main(socket: Path = typer.Option(...), entries: Path = typer.Option(..., help="recorded oplog entries (BSON)"),
          mongo_db: str = typer.Option("chat"), mysql_url: str = typer.Option("", help="empty: no MySQL commit"),
          clients: int = typer.Option(10_000), steps: str = typer.Option("20000x5"),
-         gap: float = typer.Option(3.0, help="seconds between steps"), out: Path = typer.Option(...)) -> None:
+         gap: float = typer.Option(3.0, help="seconds between steps"), out: Path = typer.Option(...),
+         subscribers: int = typer.Option(1, help="daemons to wait for before the schedule may start")) -> None:
     recorded = bson.decode_all(entries.read_bytes())
     feed = ScheduledFeed(recorded, f"{mongo_db}.messages", clients, parse_steps(steps), gap, mysql_url or None)
-    uvloop.run(serve(socket, feed, out))
+    uvloop.run(serve(socket, feed, out, subscribers))
 
 
 if __name__ == "__main__":

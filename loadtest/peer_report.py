@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-SIDES = (("ours", "ours (one daemon)"), ("centrifugo", "Centrifugo 5.4.9"))
+SIDES = (("ours", "ours"), ("centrifugo", "Centrifugo 5.4.9"))
 
 
 def _v(value) -> str:

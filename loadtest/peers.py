@@ -14,7 +14,8 @@ Each side in turn (ours, Centrifugo; the next round the other way round):
 The sustained rate is the highest step with p99 < 100 ms and nothing lost,
 every step below it passing too. Steps past it are the overload: ours must
 lose nothing there either (what a daemon sheds is read back from MySQL).
-One daemon process against one Centrifugo process (which uses both cores).
+Ours as this box deploys it, two daemon processes on one SO_REUSEPORT port (``--ours-daemons``),
+against one Centrifugo process, which uses both cores.
 
 Writes loadtest/results/peers-latest.json. Exits non-zero if ours lost or
 duplicated a message in any step.
@@ -45,6 +46,9 @@ from loadtest.million import pss
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtest" / "results"
+# As this box runs them (supervisord.conf: numprocs = 2): two processes for two cores, as
+# Centrifugo's one process uses both.
+DEPLOYED_DAEMONS = 2
 CLIENTS_PER_PROC = 5_000  # enough processes to spread the parsing over both cores
 DEFAULT_STEPS = "5000x4,10000x4,15000x4,20000x4,25000x4,30000x4,40000x4"
 # Messages/s with 50 devices per user (50 frames each), the last steps past the knee and longer.
@@ -180,10 +184,12 @@ def _merge(dicts) -> dict:
 
 
 def run_ours(dbs, entries_file: Path, clients: int, devices: int, steps_text: str, gap: float, tmp: Path,
-             truth: bool) -> dict:
+             truth: bool, daemons: int = 1) -> dict:
     """``truth``: each batch is committed to MySQL before the relay has it, and what the daemon
-    misses is read back from there; without it, a batch the relay never hands over is lost."""
-    from tests.servers import env_for, free_port, stop, wait_port
+    misses is read back from there; without it, a batch the relay never hands over is lost.
+    ``daemons``: processes on the one SO_REUSEPORT port, each with its metrics port."""
+    from tests.servers import env_for, free_port, stop
+    from tests.system import wait_listening
 
     engine = make_engine(dbs.mariadb.url(), 10)
     with engine.begin() as conn:
@@ -195,16 +201,19 @@ def run_ours(dbs, entries_file: Path, clients: int, devices: int, steps_text: st
                   CHAT_METRICS_PORT=str(free_port()), CHAT_FILL_HOLES_FROM_MYSQL=str(truth).lower())
     feed_cmd = [sys.executable, "-m", "loadtest.feeder", "--socket", str(sock), "--entries", str(entries_file),
                 "--mysql-url", dbs.mariadb.url() if truth else "", "--clients", str(clients // devices),
-                "--steps", steps_text, "--gap", str(gap)]
-    daemon = subprocess.Popen([sys.executable, "-m", "daemon"], env=env, stdout=sys.stderr, stderr=sys.stderr)
+                "--steps", steps_text, "--gap", str(gap), "--subscribers", str(daemons)]
+    procs = [subprocess.Popen([sys.executable, "-m", "daemon"], env={**env, "CHAT_METRICS_PORT": str(free_port())},
+                              stdout=sys.stderr, stderr=sys.stderr) for _ in range(daemons)]
     try:
-        wait_port(port, 30, daemon)
-        result = _measure("ours", [daemon.pid], [dbs.mariadb.proc.pid] if truth else [], feed_cmd, env,
+        for proc in procs:
+            wait_listening(proc, port, 30)
+        result = _measure("ours", [p.pid for p in procs], [dbs.mariadb.proc.pid] if truth else [], feed_cmd, env,
                           "127.0.0.1", port, env["CHAT_JWT_SECRET"], clients, devices, parse_steps(steps_text),
                           gap, tmp)
-        return {**result, "truth": "MySQL" if truth else None}
+        return {**result, "truth": "MySQL" if truth else None, "daemons": daemons}
     finally:
-        stop(daemon, signal.SIGTERM)
+        for proc in procs:
+            stop(proc, signal.SIGTERM)
 
 
 def run_centrifugo(clients: int, devices: int, steps_text: str, gap: float, tmp: Path) -> dict:
@@ -253,7 +262,8 @@ def _line(side: str, s: dict) -> None:
         f"(knee {s['knee_rate']}), lost {s['lost']}, duplicated {s['duplicated']}")
 
 
-def run(clients: int, rounds: int, steps_text: str, gap: float, overload_steps: str, overload_devices: int) -> dict:
+def run(clients: int, rounds: int, steps_text: str, gap: float, overload_steps: str, overload_devices: int,
+        ours_daemons: int = DEPLOYED_DAEMONS) -> dict:
     from loadtest import replay
     from tests.system import databases
 
@@ -269,7 +279,7 @@ def run(clients: int, rounds: int, steps_text: str, gap: float, overload_steps: 
             one: dict[str, dict] = {}
             for side in order:
                 log(f"round {r + 1}/{rounds}: {side}")
-                one[side] = (run_ours(dbs, entries_file, clients, 1, steps_text, gap, tmp, truth=False)
+                one[side] = (run_ours(dbs, entries_file, clients, 1, steps_text, gap, tmp, False, ours_daemons)
                              if side == "ours" else run_centrifugo(clients, 1, steps_text, gap, tmp))
                 _line(side, one[side])
             results.append(one)
@@ -279,7 +289,7 @@ def run(clients: int, rounds: int, steps_text: str, gap: float, overload_steps: 
             for side in ("ours", "centrifugo"):
                 log(f"overload, {overload_devices} devices per user: {side}")
                 overload[side] = (run_ours(dbs, entries_file, clients, overload_devices, overload_steps, gap, tmp,
-                                           truth=True) if side == "ours"
+                                           True, ours_daemons) if side == "ours"
                                   else run_centrifugo(clients, overload_devices, overload_steps, gap, tmp))
                 _line(side, overload[side])
     summary = summarize(results)
@@ -287,7 +297,7 @@ def run(clients: int, rounds: int, steps_text: str, gap: float, overload_steps: 
         summary.update(overload_summary(overload))
     return {**summary, "clients": clients, "rounds": results, "overload": overload, "steps": steps_text,
             "where": "one machine, 2 cores shared by the server, its feed and the load clients (Python, the same "
-                     "program for both). Ours: one daemon fed oplog batches by the relay (its real code, in a "
+                     "program for both). Ours: the daemons fed oplog batches by the relay (its real code, in a "
                      "separate process) over its Unix socket; in the overload run each batch is committed to "
                      "MariaDB first. Centrifugo: its memory engine, fed through its HTTP batch API.",
             **machine.describe()}
@@ -313,8 +323,9 @@ def main(clients: int = typer.Option(10_000), rounds: int = typer.Option(2), ste
          gap: float = typer.Option(3.0, help="seconds between steps"),
          overload_steps: str = typer.Option(OVERLOAD_STEPS, help="empty: no overload run"),
          overload_devices: int = typer.Option(50, help="devices per user in the overload run"),
+         ours_daemons: int = typer.Option(DEPLOYED_DAEMONS, help="our daemon processes"),
          out: Path = typer.Option(RESULTS / "peers-latest.json")) -> None:
-    result = run(clients, rounds, steps, gap, overload_steps, overload_devices)
+    result = run(clients, rounds, steps, gap, overload_steps, overload_devices, ours_daemons)
     out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     peer_report.plot(result, out.with_suffix(".png"))
     keys = ("ours_kb_per_conn", "peer_kb_per_conn", "memory_ratio", "ours_max_rate_p99_100ms",
