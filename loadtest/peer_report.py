@@ -22,6 +22,10 @@ def _v(value) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _r(ratio: float | None) -> str:
+    return "–" if ratio is None else f"{ratio:.2f}×"
+
+
 def steps_table(run: dict) -> list[str]:
     lines = ["| msg/s offered | frames | lost | duplicated over the run | p50 / p99 ms | server µs per msg | "
              "feed µs per msg |", "|---|---|---|---|---|---|---|"]
@@ -39,15 +43,15 @@ def peers_tables(results: Path) -> list[str]:
         return []
     data = json.loads(path.read_text())
     lines = ["## Beside Centrifugo 5.4.9 (`python -m loadtest.peers`, `make bench-full`)", "",
-             f"{data['date']}, commit {data['commit']}. {data['where']}", "",
+             f"{data['date']}, commit {data['commit']}. Where: {data['where']}", "",
              "| | ours | Centrifugo | ours / theirs |", "|---|---|---|---|",
              f"| server memory per idle connection, KB ({data['clients']:,} connections) | "
-             f"{_v(data['ours_kb_per_conn'])} | {_v(data['peer_kb_per_conn'])} | {_v(data['memory_ratio'])} |",
+             f"{_v(data['ours_kb_per_conn'])} | {_v(data['peer_kb_per_conn'])} | {_r(data['memory_ratio'])} |",
              f"| highest one-to-one rate with p99 < 100 ms and nothing lost, msg/s | "
              f"{_v(data['ours_max_rate_p99_100ms'])} | {_v(data['peer_max_rate_p99_100ms'])} | "
-             f"{_v(data['rate_ratio'])} |",
+             f"{_r(data['rate_ratio'])} |",
              f"| server CPU per message at that rate, µs | {_v(data['ours_cpu_us_per_msg'])} | "
-             f"{_v(data['peer_cpu_us_per_msg'])} | {_v(data['cpu_ratio'])} |",
+             f"{_v(data['peer_cpu_us_per_msg'])} | {_r(data['cpu_ratio'])} |",
              f"| its feed's CPU per message, µs | {_v(data['ours_feed_cpu_us_per_msg'])} | "
              f"{_v(data['peer_feed_cpu_us_per_msg'])} | |", "",
              "Medians over the rounds. Round by round, each step of the schedule:", ""]
