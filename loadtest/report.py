@@ -83,8 +83,14 @@ def write_report(r: dict, out: Path, docs: Path | None = None) -> None:
         if GENERATED not in text:
             raise SystemExit(f"{docs} lacks the line {GENERATED!r} below which the tables go")
         images = os.path.relpath(out, docs.parent) + "/"
-        generated = sections(r, images, level="###") + peers_tables(out) + comparison_tables(out)
+        generated = generated_tables(r, out, images)
         docs.write_text(text[:text.index(GENERATED) + len(GENERATED)] + "\n\n" + "\n".join(generated))
+
+
+def generated_tables(r: dict, results: Path, images: str) -> list[str]:
+    """What docs/benchmarks.md holds below its GENERATED marker: the run's sections, then the
+    peers run and the A/B comparisons kept in the results folder."""
+    return sections(r, images, level="###") + peers_tables(results) + comparison_tables(results)
 
 
 def sections(r: dict, images: str, level: str = "##") -> list[str]:

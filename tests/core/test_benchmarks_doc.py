@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.report import DOCS, GENERATED, RESULTS, sections, write_report
-from loadtest.report_tables import comparison_tables, compare_table
+from loadtest.report import DOCS, GENERATED, RESULTS, generated_tables, write_report
+from loadtest.report_tables import compare_table
 
 
 def test_the_page_holds_exactly_the_generated_tables():
     text = DOCS.read_text()
-    generated = sections(json.loads((RESULTS / "latest.json").read_text()), "../loadtest/results/", level="###")
-    generated += comparison_tables(RESULTS)
+    generated = generated_tables(json.loads((RESULTS / "latest.json").read_text()), RESULTS, "../loadtest/results/")
     assert text[text.index(GENERATED) + len(GENERATED):] == "\n\n" + "\n".join(generated)
 
 

@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, text
 from chat.drafts import Draft
 from chat.partitions import SlotMap, collection_name, lock_name, suffix
 from tests.e2e.helpers import post, running_writer
+from writer.mysql_steps import next_lock_name
 from tests.system import databases, running_system
 
 FOUR = SlotMap.even(4)
@@ -170,8 +171,12 @@ async def test_a_stalled_partition_holds_back_no_other_and_loses_nothing(hosted)
     engine = create_engine(hosted.dbs.mariadb.url())
     holder = engine.connect()
     try:
-        # Another connection holds partition 3's writer lock: its writer waits, the others go on.
-        assert holder.execute(text("SELECT GET_LOCK(:n, 0)"), {"n": lock_name(3)}).scalar() == 1
+        # Another connection takes partition 3's writer lock, queued as a writer queues (the
+        # next-lock first: the writer holding the lock hands it over when it sees that), and
+        # holds it: partition 3's writer waits, the others go on.
+        assert holder.execute(text("SELECT GET_LOCK(:n, 10)"), {"n": next_lock_name(3)}).scalar() == 1
+        assert holder.execute(text("SELECT GET_LOCK(:n, 10)"), {"n": lock_name(3)}).scalar() == 1
+        holder.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": next_lock_name(3)})
         async with httpx.AsyncClient(timeout=15) as c:
             stalled = asyncio.create_task(post(hosted, senders[3], user_in(3, "r"), "stalled", "st1", client=c))
             await asyncio.sleep(0.2)
