@@ -27,7 +27,7 @@ import typer
 import uvloop
 
 from loadtest import centrifugo
-from loadtest.feeder import TICK_SECONDS, ready, parse_steps, recipients, step_ranges, ticks
+from loadtest.feeder import parse_steps, ready, recipients, schedule, step_ranges, take_all
 
 
 def publications(first: int, n: int, to: list[int], wall: float, created: str) -> list[dict]:
@@ -55,12 +55,8 @@ async def feed(api: str, api_key: str, clients: int, steps: list[tuple[float, fl
     async def send(session: aiohttp.ClientSession) -> None:
         done = False
         while not done:
-            commands = [await made.get()]
-            while not made.empty():
-                commands.append(made.get_nowait())
-            if commands[-1] is None:
-                done, commands = True, commands[:-1]
-            flat = [c for batch in commands if batch for c in batch]
+            commands, done = await take_all(made)
+            flat = [c for batch in commands for c in batch]
             if not flat:
                 continue
             counts["requests"] += 1
@@ -75,24 +71,9 @@ async def feed(api: str, api_key: str, clients: int, steps: list[tuple[float, fl
     async with aiohttp.ClientSession(headers={"X-API-Key": api_key}) as session:
         sender = asyncio.create_task(send(session))
         await go.wait()
-        msg_id = 1
-        for (rate, _), (first, last) in zip(steps, ranges, strict=True):
-            start, behind = time.monotonic(), 0.0
-            mark = {"rate": rate, "first": first, "last": last, "start": time.time()}
-            for tick, n in enumerate(ticks(rate, last - first + 1)):
-                delay = start + tick * TICK_SECONDS - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    behind = max(behind, -delay)
-                    await asyncio.sleep(0)  # the sender posts what it was given
-                wall = time.time()
-                made.put_nowait(publications(msg_id, n, to, wall, datetime.now(UTC).isoformat(timespec="milliseconds")))
-                msg_id += n
-            offered = (last - first + 1) / max(time.monotonic() - start, 1e-9)
-            mark.update(end=time.time(), behind_ms=round(behind * 1000, 1), offered_per_s=round(offered, 1))
-            marks.append(mark)
-            await asyncio.sleep(gap)
+        async for first, n in schedule(steps, gap, marks):
+            wall = time.time()
+            made.put_nowait(publications(first, n, to, wall, datetime.now(UTC).isoformat(timespec="milliseconds")))
         made.put_nowait(None)
         await sender
     out.write_bytes(orjson.dumps({"steps": marks, "publish_errors": counts["errors"],

@@ -86,6 +86,38 @@ def ticks(rate: float, count: int) -> Iterator[int]:
         yield n
 
 
+async def schedule(steps: list[tuple[float, float]], gap: float, marks: list[dict]) -> AsyncIterator[tuple[int, int]]:
+    """(first id, count) of each tick's batch, on the schedule's own clock; each step's mark (when
+    it ran, how late the feed ran, the rate it offered) goes to ``marks``; ``gap`` s between steps."""
+    for (rate, _), (first, last) in zip(steps, step_ranges(steps), strict=True):
+        start, behind, msg_id = time.monotonic(), 0.0, first
+        mark = {"rate": rate, "first": first, "last": last, "start": time.time()}
+        for tick, n in enumerate(ticks(rate, last - first + 1)):
+            delay = start + tick * TICK_SECONDS - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                behind = max(behind, -delay)
+                await asyncio.sleep(0)  # whoever sends the batches sends what it was given
+            yield msg_id, n
+            msg_id += n
+        mark.update(end=time.time(), behind_ms=round(behind * 1000, 1),
+                    offered_per_s=round((last - first + 1) / max(time.monotonic() - start, 1e-9), 1))
+        marks.append(mark)
+        await asyncio.sleep(gap)
+
+
+async def take_all(queue: asyncio.Queue) -> tuple[list, bool]:
+    """Everything queued (waiting for the first), and whether the end (a None) came: a sender that
+    was busy takes what the ticks made meanwhile as one group, as the writer's group commit does."""
+    items = [await queue.get()]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    if items[-1] is None:
+        return items[:-1], True
+    return items, False
+
+
 class ScheduledFeed:
     """An ``oplog.events.OplogSource``: the schedule's messages as oplog batches, each committed to MySQL first."""
 
@@ -136,43 +168,25 @@ class ScheduledFeed:
                 t.cancel()
 
     async def _make(self, made: asyncio.Queue) -> None:
-        msg_id, seconds = 0, int(time.time())
-        for (rate, _), (first, last) in zip(self._steps, step_ranges(self._steps), strict=True):
-            start, behind = time.monotonic(), 0.0
-            mark = {"rate": rate, "first": first, "last": last, "start": time.time()}
-            for tick, n in enumerate(ticks(rate, last - first + 1)):
-                delay = start + tick * TICK_SECONDS - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    behind = max(behind, -delay)
-                    await asyncio.sleep(0)  # the relay writes what it was given
-                wall, now = time.time(), datetime.now(UTC)
-                seconds = max(seconds, int(wall))
-                batch = []
-                for _ in range(n):
-                    msg_id += 1
-                    doc = {**self._entries[msg_id % len(self._entries)]["o"], "_id": msg_id,
-                           "from": f"x{msg_id % 997}", "to": f"{self._prefix}{self._to[msg_id - 1]}",
-                           "body": f"{wall:.6f} feed", "created_at": now}
-                    batch.append({**self._entries[0], "ns": self.namespace, "o": doc,
-                                  "ts": Timestamp(seconds, msg_id % 2**31), "wall": now})
-                made.put_nowait(batch)
-            mark.update(end=time.time(), behind_ms=round(behind * 1000, 1),
-                        offered_per_s=round((last - first + 1) / max(time.monotonic() - start, 1e-9), 1))
-            self.marks.append(mark)
-            await asyncio.sleep(self._gap)
+        seconds = int(time.time())
+        async for first, n in schedule(self._steps, self._gap, self.marks):
+            wall, now = time.time(), datetime.now(UTC)
+            seconds = max(seconds, int(wall))
+            batch = []
+            for msg_id in range(first, first + n):
+                doc = {**self._entries[msg_id % len(self._entries)]["o"], "_id": msg_id,
+                       "from": f"x{msg_id % 997}", "to": f"{self._prefix}{self._to[msg_id - 1]}",
+                       "body": f"{wall:.6f} feed", "created_at": now}
+                batch.append({**self._entries[0], "ns": self.namespace, "o": doc,
+                              "ts": Timestamp(seconds, msg_id % 2**31), "wall": now})
+            made.put_nowait(batch)
         made.put_nowait(None)
 
     async def _commit(self, made: asyncio.Queue, ready: asyncio.Queue) -> None:
         conn = self._connect() if self._mysql_url else None
         done = False
         while not done:
-            group = [await made.get()]
-            while not made.empty():
-                group.append(made.get_nowait())
-            if group[-1] is None:
-                done, group = True, group[:-1]
+            group, done = await take_all(made)
             if conn is not None and group:
                 rows = [(d["_id"], d["from"], d["to"], conversation_key(d["from"], d["to"]), d["body"],
                          d["created_at"].replace(tzinfo=None)) for batch in group for d in (e["o"] for e in batch)]

@@ -84,3 +84,33 @@ def test_the_load_clients_parse_whole_unfragmented_and_fragmented_server_message
     assert got == [] and rest == b"" and partial == (1, [b"open"])
     got, _, partial = split_messages(frame(0x80, b"ed"), partial)
     assert got == [(1, b"opened")] and partial is None
+
+
+def test_the_schedule_hands_out_every_id_once_in_ticks_and_marks_each_step():
+    import asyncio
+
+    from loadtest.feeder import schedule
+
+    async def run():
+        marks: list[dict] = []
+        got = [tick async for tick in schedule([(1000.0, 0.03), (500.0, 0.02)], 0.0, marks)]
+        return got, marks
+
+    got, marks = asyncio.run(run())
+    assert got == [(1, 10), (11, 10), (21, 10), (31, 5), (36, 5)]
+    assert [(m["first"], m["last"]) for m in marks] == [(1, 30), (31, 40)]
+    assert all(m["end"] >= m["start"] and m["offered_per_s"] > 0 for m in marks)
+
+
+def test_a_busy_sender_takes_what_queued_meanwhile_as_one_group_and_sees_the_end():
+    import asyncio
+
+    from loadtest.feeder import take_all
+
+    async def run():
+        q: asyncio.Queue = asyncio.Queue()
+        for item in ([1], [2], None):
+            q.put_nowait(item)
+        return await take_all(q)
+
+    assert asyncio.run(run()) == ([[1], [2]], True)
