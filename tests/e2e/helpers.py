@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 
 import httpx
 import orjson
@@ -82,12 +83,19 @@ async def receive(ws, count: int, timeout: float = 10) -> list[dict]:
     return frames
 
 
-async def nothing_more(ws, wait: float = 0.5) -> bool:
-    try:
-        await asyncio.wait_for(ws.recv(), wait)
-    except TimeoutError:
-        return True
-    return False
+async def nothing_more(system: System, ws, user: str, peer: str | None = None) -> list[dict]:
+    """The frames ``ws`` (a socket of ``user``) still had coming before a marker
+    message posted now from ``user`` to ``peer``; [] means nothing more. A barrier,
+    not a wait for silence: a user's frames come in order, so a duplicate or a
+    stray that was on its way comes before the marker. ``peer`` must share the
+    stream (the partition) of whatever the test waits not to see."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    r = await post(system, user, peer or "marker.peer", "marker", client_msg_id=marker)
+    assert r.status_code == 201, r.text
+    before = []
+    while (frame := (await receive(ws, 1))[0]).get("client_msg_id") != marker:
+        before.append(frame)
+    return before
 
 
 def mysql_rows(system: System, where: str, **params) -> list:
