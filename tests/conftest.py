@@ -24,8 +24,10 @@ def dbs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def system(dbs):
-    """The shared system: one API process, two daemons on one port."""
-    with running_system(dbs, daemons=2, apis=1, CHAT_RATE_LIMIT_PER_SECOND="0", CHAT_API_HEAD_TIMEOUT_SECONDS="2") as s:
+    """The shared system as supervisord.conf deploys it: one writer process,
+    one relay, one API process and two daemons on one port."""
+    with running_system(dbs, daemons=2, apis=1, writer=True, relay=True, CHAT_RATE_LIMIT_PER_SECOND="0",
+                        CHAT_API_HEAD_TIMEOUT_SECONDS="2") as s:
         yield s
 
 

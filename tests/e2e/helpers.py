@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 
 import httpx
@@ -18,6 +17,7 @@ from db import mongo
 from db.sql import make_engine
 from writer.message_writer import MessageWriter
 from tests.system import System
+from tests.timing import PATIENCE, eventually
 
 
 @contextlib.asynccontextmanager
@@ -62,7 +62,7 @@ async def post(system: System, sender: str, to: str, body: str, client_msg_id: s
     headers = {"Authorization": f"Bearer {system.token(sender)}"}
     if client is not None:
         return await client.post(f"{system.api_url}/v1/messages", json=payload, headers=headers)
-    async with httpx.AsyncClient(timeout=10) as c:
+    async with httpx.AsyncClient(timeout=PATIENCE) as c:
         return await c.post(f"{system.api_url}/v1/messages", json=payload, headers=headers)
 
 
@@ -70,12 +70,12 @@ async def connect(system: System, user: str, since: str | None = None, **kwargs)
     """Opens /v1/ws as ``user``; returns (websocket, hello frame)."""
     url = f"{system.ws_url}/v1/ws?token={system.token(user)}" + (f"&since={since}" if since else "")
     ws = await websockets.connect(url, **kwargs)
-    hello = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+    hello = orjson.loads(await asyncio.wait_for(ws.recv(), PATIENCE))
     assert hello["type"] == "hello"
     return ws, hello
 
 
-async def receive(ws, count: int, timeout: float = 10) -> list[dict]:
+async def receive(ws, count: int, timeout: float = PATIENCE) -> list[dict]:
     frames = []
     async with asyncio.timeout(timeout):
         while len(frames) < count:
@@ -115,13 +115,11 @@ def mongo_docs(system: System, query: dict) -> list[dict]:
         client.close()
 
 
-async def mongo_docs_soon(system: System, query: dict, count: int, timeout: float = 5.0) -> list[dict]:
+async def mongo_docs_soon(system: System, query: dict, count: int, timeout: float = PATIENCE) -> list[dict]:
     """The documents once ``count`` of them are in Mongo: a 201 means stored
     in MySQL, and the copy to the fast store follows within milliseconds."""
-    deadline = time.monotonic() + timeout
-    while len(docs := mongo_docs(system, query)) < count and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    return docs
+    await eventually(lambda: len(mongo_docs(system, query)) >= count, f"{count} documents match {query}", timeout)
+    return mongo_docs(system, query)
 
 
 @contextlib.asynccontextmanager
@@ -147,9 +145,7 @@ async def api_in_process(settings):
 
     lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
     try:
-        async with asyncio.timeout(10):
-            while not sent:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: sent, "the app's lifespan answered its start-up")
         assert sent[0]["type"] == "lifespan.startup.complete", sent
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
             yield client
