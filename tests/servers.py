@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,10 +23,30 @@ ROOT = Path(__file__).resolve().parent.parent
 FERRETDB = ROOT / ".cache/ferretdb/bin/ferretdb"
 
 
+# Ports handed out below the kernel's ephemeral range (32768-60999 by
+# default), so that no outgoing connection can take a port between the moment
+# it is chosen and the moment its server binds it. Each pytest-xdist worker
+# counts through a range of its own, so two workers never choose the same one;
+# the count starts at a random place, for two runs side by side.
+_PORTS_PER_WORKER = 2_000
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+_FIRST_PORT = 20_000 + (int(_worker) if _worker.isdigit() else 0) % 6 * _PORTS_PER_WORKER
+_offset = random.randrange(_PORTS_PER_WORKER)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing is bound to, for a server about to start."""
+    global _offset
+    for _ in range(_PORTS_PER_WORKER):
+        port = _FIRST_PORT + _offset
+        _offset = (_offset + 1) % _PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {_FIRST_PORT}-{_FIRST_PORT + _PORTS_PER_WORKER - 1}")
 
 
 def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None, host: str = "127.0.0.1") -> None:
