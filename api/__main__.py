@@ -11,4 +11,4 @@ if __name__ == "__main__":
     setup_logging(settings.log_level)
     require_safe_auth(settings, "api", serves_dev_login=True)
     serve(create_app(settings), settings.api_host, settings.api_port, settings.api_head_timeout_seconds,
-          limit_concurrency=4000, timeout_keep_alive=75)
+          settings.http_idle_seconds, limit_concurrency=settings.api_max_connections, timeout_keep_alive=75)

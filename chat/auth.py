@@ -1,7 +1,8 @@
 """Who is speaking: user ids and the HS256 tokens that carry them.
 
 The embedding app owns its users; we only trust a JWT signed with the shared
-secret whose ``sub`` is a user id and whose ``exp`` is set.
+secret whose ``sub`` is a user id and whose ``exp`` is set; ``exp``, ``nbf``
+and ``iat`` must be JSON numbers between 1970 and the year 9999.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from functools import lru_cache
 from typing import TypeGuard
 
 import jwt
+from jwt.types import Options
 
 from chat.errors import ChatError
 
@@ -22,6 +24,16 @@ ALGORITHM = "HS256"
 # CPU per message. Each distinct token is checked once; a hit still checks
 # `exp`, the one claim that turns a valid token invalid with time.
 VERIFIED_CACHE_MAX = 16_384
+# The latest NumericDate taken (9999-12-31T23:59:59Z). `exp`, `nbf` and `iat`
+# are JSON numbers of seconds (RFC 7519, section 2): JSON integers have no
+# bound (10**400 is one, and no float holds it), and no date a client means
+# lies past this.
+NUMERIC_DATE_MAX = 253_402_300_799
+# PyJWT reads a time claim with int(): "9999999999" and true pass as numbers
+# there. Its time checks are off and done here, after the types are.
+DECODE_OPTIONS: Options = {
+    "require": ["exp", "sub"], "verify_exp": False, "verify_nbf": False, "verify_iat": False,
+}
 
 
 class AuthError(ChatError):
@@ -60,15 +72,35 @@ def _verified(secret: str, token: str) -> tuple[str, float]:
     otherwise (and an exception is never cached: a bad token is checked anew)."""
     try:
         # Pinning algorithms rejects `alg: none` and key-confusion tokens.
-        claims = jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": ["exp", "sub"]})
-    except jwt.ExpiredSignatureError:
-        raise AuthError("token expired") from None
+        claims = jwt.decode(token, secret, algorithms=[ALGORITHM], options=DECODE_OPTIONS)
     except jwt.PyJWTError as exc:
         raise AuthError(f"invalid token: {exc}") from None
     user = claims["sub"]
     if not is_user_id(user):
         raise AuthError("token sub is not a valid user id")
-    return user, float(claims["exp"])
+    exp, nbf, iat = numeric_date(claims, "exp"), numeric_date(claims, "nbf"), numeric_date(claims, "iat")
+    now = time.time()
+    if exp is None or exp <= now:  # (None: never, `require` has it)
+        raise AuthError("token expired")
+    # As PyJWT checks them, with no leeway: a token issued "later" is not valid yet either.
+    for name, value in (("nbf", nbf), ("iat", iat)):
+        if value is not None and value > now:
+            raise AuthError(f"invalid token: not yet valid ({name})")
+    return user, exp
+
+
+def numeric_date(claims: dict[str, object], name: str) -> float | None:
+    """The claim ``name`` as Unix time, None if absent; AuthError unless it is
+    a JSON number (not a string, not a boolean) from 0 to ``NUMERIC_DATE_MAX``."""
+    if name not in claims:
+        return None
+    value = claims[name]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AuthError(f"invalid token: {name} is not a number")
+    # Compared before any conversion (float() of a huge int overflows); NaN compares false.
+    if not 0 <= value <= NUMERIC_DATE_MAX:
+        raise AuthError(f"invalid token: {name} out of range")
+    return float(value)
 
 
 def bearer(header: str | None) -> str | None:

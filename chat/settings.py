@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     # --- write API ------------------------------------------------------------
     api_host: str = Field("127.0.0.1", description="Write API listen address.")
     api_port: int = Field(8000, description="Write API port, shared by all API processes (SO_REUSEPORT).")
+    api_max_connections: int = Field(
+        4000, ge=1, description="Connections (idle too) or requests in hand at which an API process answers 503 "
+        "`overloaded`, probes excepted.",
+    )
     body_max_chars: int = Field(4000, ge=1, description="Longest message body, in characters.")
     request_max_bytes: int = Field(16 * 1024, description="Largest request body; larger gets 413.")
     rate_limit_per_second: float = Field(
@@ -95,7 +99,8 @@ class Settings(BaseSettings):
         10.0, gt=0, description="A write-API request head not complete this long after its first byte gets 408.",
     )
     http_idle_seconds: float = Field(
-        30.0, gt=0, description="A daemon connection with no whole HTTP request for this long is closed.",
+        30.0, gt=0, description="A connection with no whole HTTP request (daemon) or no byte (API) for this long "
+        "is closed.",
     )
     send_buffer_max_bytes: int = Field(
         256 * 1024, ge=1024,

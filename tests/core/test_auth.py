@@ -1,6 +1,7 @@
 import time
 
 import jwt
+import orjson
 import pytest
 
 from chat import auth
@@ -65,3 +66,65 @@ def test_the_verified_cache_is_bounded_and_an_evicted_token_is_checked_again():
     assert info.currsize == auth.VERIFIED_CACHE_MAX  # the first token was evicted, never more held
     assert auth.verify(SECRET, tokens[0]) == "u0"  # and is simply verified again
     assert auth._verified.cache_info().misses == info.misses + 1
+
+
+def signed(payload: str) -> str:
+    """An HS256 token over this exact JSON text: numbers no encoder writes
+    from a Python value (1e400, NaN) included."""
+    return jwt.api_jws.encode(payload.encode(), SECRET, algorithm="HS256")
+
+
+GOOD = {"sub": '"alice"', "exp": "{soon}"}
+
+
+# (claim, its JSON text, whether the token is accepted); the other claims are
+# GOOD's. {soon} is an hour from now, {ago} a minute ago (the ids stay the same).
+CLAIMS = [
+    ("exp", "{soon}", True),
+    ("exp", "{soon}.5", True),  # a NumericDate may have a fraction
+    ("exp", str(auth.NUMERIC_DATE_MAX), True),  # the year 9999's last second
+    ("exp", str(auth.NUMERIC_DATE_MAX + 1), False),
+    ("exp", str(10**400), False),  # a JSON integer no float holds
+    ("exp", "1e400", False),  # read as infinity
+    ("exp", "1e300", False),
+    ("exp", "Infinity", False), ("exp", "-Infinity", False), ("exp", "NaN", False),
+    ("exp", "-1", False), ("exp", "0", False), ("exp", "{ago}", False),
+    ("exp", '"{soon}"', False), ("exp", '"9999999999"', False),  # a numeric string is no NumericDate
+    ("exp", "true", False), ("exp", "false", False), ("exp", "null", False),
+    ("exp", "[{soon}]", False), ("exp", '{"n": {soon}}', False),
+    ("nbf", "{ago}", True), ("nbf", "0", True), ("nbf", "{ago}.25", True),
+    ("nbf", "{soon}", False),  # not valid yet
+    ("nbf", str(10**400), False), ("nbf", "-1", False), ("nbf", "1e400", False), ("nbf", "NaN", False),
+    ("nbf", '"0"', False), ("nbf", "true", False), ("nbf", "false", False), ("nbf", "null", False),
+    ("nbf", "[0]", False),
+    ("iat", "{ago}", True), ("iat", "0", True),
+    ("iat", "{soon}", False),  # issued in the future
+    ("iat", str(10**400), False), ("iat", "-1", False), ("iat", "-Infinity", False), ("iat", "NaN", False),
+    ("iat", '"0"', False), ("iat", "false", False), ("iat", "true", False), ("iat", "null", False),
+    ("iat", "{}", False),
+    ("sub", '"' + "a" * 64 + '"', True), ("sub", '"A.b-c_9"', True),
+    ("sub", '"' + "a" * 65 + '"', False), ("sub", '""', False), ("sub", "42", False), ("sub", "null", False),
+    ("sub", '["alice"]', False), ("sub", '{"$ne": ""}', False), ("sub", '"alice\\n"', False),
+    ("sub", '"al ice"', False), ("sub", "true", False),
+]
+
+
+@pytest.mark.parametrize(("claim", "text", "accepted"), CLAIMS,
+                         ids=[f"{c}={t if len(t) <= 24 else f'{t[:4]}...({len(t)} chars)'}" for c, t, _ in CLAIMS])
+def test_time_claims_are_numbers_in_range_and_sub_a_user_id(claim, text, accepted):
+    now = int(time.time())
+    claims = {name: value.replace("{soon}", str(now + 3600)).replace("{ago}", str(now - 60))
+              for name, value in {**GOOD, claim: text}.items()}
+    token = signed("{" + ", ".join(f'"{name}": {value}' for name, value in claims.items()) + "}")
+    if accepted:
+        assert auth.verify_until(SECRET, token)[0] == orjson.loads(claims["sub"])
+    else:
+        with pytest.raises(auth.AuthError):
+            auth.verify_until(SECRET, token)
+
+
+def test_a_refused_claim_is_refused_again_not_cached():
+    token = signed(f'{{"sub": "alice", "exp": {10**400}}}')
+    for _ in range(2):
+        with pytest.raises(auth.AuthError, match="exp out of range"):
+            auth.verify(SECRET, token)

@@ -1,12 +1,21 @@
+import re
 from pathlib import Path
 
-from chat.settings import markdown_table
+from chat.settings import Settings, markdown_table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+SETTINGS_DOC = ROOT / "docs" / "settings.md"
 
 
-def test_readme_settings_table_matches_the_code():
-    assert markdown_table() in README.read_text()
+def test_the_settings_page_s_table_matches_the_code():
+    assert markdown_table() in SETTINGS_DOC.read_text()
+
+
+def test_every_setting_the_readme_names_exists():
+    named = set(re.findall(r"`(CHAT_[A-Z_]+)`", README.read_text()))
+    known = {f"CHAT_{name.upper()}" for name in Settings.model_fields}
+    assert named and named <= known, named - known
 
 
 def test_readme_shows_the_two_commands():
