@@ -55,3 +55,5 @@ class CloseCode(IntEnum):
     TRY_AGAIN = 1013  # this daemon is behind your since: retry
     TOKEN_EXPIRED = 4001  # the token's exp passed: reconnect with a new token and since
     SLOW_CONSUMER = 4008  # fell CHAT_SEND_BUFFER_MAX_BYTES behind
+    UNAUTHORIZED = 4401  # no valid `auth` frame first (the handshake's 401, after the upgrade)
+    WRONG_PARTITION = 4421  # the auth frame's user is served elsewhere (the 421); reason: {"partition": k}

@@ -108,6 +108,13 @@ class Settings(BaseSettings):
     )
     ping_interval_seconds: float = Field(20.0, gt=0, description="Server WebSocket ping period.")
     ping_timeout_seconds: float = Field(20.0, gt=0, description="Time for a pong before the peer is dropped.")
+    ws_auth_seconds: float = Field(
+        10.0, gt=0, description="A /v1/ws opened without a token must send its `auth` frame within this (else 4401).",
+    )
+    url_tokens_allowed: bool = Field(
+        False, description="Accept `?token=` on /v1/ws and /v1/poll. Off: a URL lands in proxies' error logs and "
+        "browsers' history; clients send `Authorization: Bearer` or, on /v1/ws, an `auth` frame.",
+    )
     ws_max_frame_bytes: int = Field(4096, ge=64, description="Largest inbound WebSocket frame (1009 past it).")
     ws_max_frames_per_second: float = Field(10.0, gt=0, description="Inbound frames per second (1008 past it).")
     allowed_origins: list[str] = Field(

@@ -19,6 +19,21 @@ from daemon import metrics
 MAX_ID = 2**63 - 1  # BSON's widest integer: a larger `since` cannot be looked up, so it is unknown
 
 
+def credential(settings: Settings, query: dict[str, str], authorization: str | None) -> str | None:
+    """The token a request carries: ``Authorization: Bearer``, else ``?token=``
+    where ``url_tokens_allowed``; None when it carries none (a WebSocket then
+    sends it in its first frame). A URL is written whole to proxies' error logs
+    and browsers' history, so a token there is refused by default: 401."""
+    token = auth.bearer(authorization)
+    if token is not None or "token" not in query:
+        return token
+    if not settings.url_tokens_allowed:
+        metrics.REJECTS.labels("auth").inc()
+        raise Refused(401, "unauthorized", "a token in the URL is refused (proxies and browsers log URLs): send "
+                      "`Authorization: Bearer`, or on /v1/ws an auth frame", headers={"WWW-Authenticate": "Bearer"})
+    return query["token"]
+
+
 def admit(settings: Settings, token: str | None, origin: str | None, *, open_connections: int,
           accepting: bool) -> tuple[str, float]:
     """The user and the token's ``exp`` (Unix time), decided before anything
@@ -26,11 +41,23 @@ def admit(settings: Settings, token: str | None, origin: str | None, *, open_con
     socket, this one included: handshakes under way and idle keep-alives hold
     file descriptors as much as WebSockets do. ``accepting``: the daemon is
     neither draining nor starting."""
+    user, expires = verify(settings, token)
+    admit_connection(settings, origin, open_connections=open_connections, accepting=accepting)
+    return user, expires
+
+
+def verify(settings: Settings, token: str | None) -> tuple[str, float]:
+    """The user and the token's ``exp``, or ``Refused`` 401."""
     try:
-        user, expires = auth.verify_until(settings.jwt_secret.get_secret_value(), token)
+        return auth.verify_until(settings.jwt_secret.get_secret_value(), token)
     except auth.AuthError as exc:
         metrics.REJECTS.labels("auth").inc()
         raise Refused(401, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
+
+
+def admit_connection(settings: Settings, origin: str | None, *, open_connections: int, accepting: bool) -> None:
+    """The checks that need no token (a WebSocket that sends its token in its
+    first frame passes these at the handshake): its origin and the daemon's room."""
     if origin is not None and not origin_allowed(settings, origin):
         metrics.REJECTS.labels("origin").inc()
         raise Refused(403, "origin_not_allowed", f"origin {origin!r} is not allowed")
@@ -40,7 +67,17 @@ def admit(settings: Settings, token: str | None, origin: str | None, *, open_con
         metrics.REJECTS.labels("capacity").inc()
         raise Refused(503, "try_again_later", "this daemon is full, starting or restarting; retry",
                       headers={"Retry-After": "1"})
-    return user, expires
+
+
+def preflight_headers(settings: Settings, origin: str | None) -> dict[str, str] | None:
+    """The answer to a browser's CORS preflight of /v1/poll (it sends
+    ``Authorization``, which is not a simple request's header); None: the
+    origin is not allowed."""
+    allowed = cors_headers(settings, origin)
+    if not allowed:
+        return None
+    return allowed | {"Access-Control-Allow-Methods": "GET", "Access-Control-Allow-Headers": "Authorization",
+                      "Access-Control-Max-Age": "600"}
 
 
 def origin_allowed(settings: Settings, origin: str) -> bool:
@@ -50,7 +87,7 @@ def origin_allowed(settings: Settings, origin: str) -> bool:
 
 def cors_headers(settings: Settings, origin: str | None) -> dict[str, str]:
     """Lets an allowed web page read poll answers (its fallback when a
-    WebSocket cannot be held); a token in the query keeps it a simple request."""
+    WebSocket cannot be held)."""
     if origin is None or not origin_allowed(settings, origin):
         return {}
     return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}

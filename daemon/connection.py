@@ -77,7 +77,7 @@ class Handler(Protocol):
 
 class Connection(Subscriber, asyncio.Protocol):
     __slots__ = ("state", "handler", "transport", "http", "reader", "ping_sent", "next_ping",
-                 "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires")
+                 "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires", "first")
     # Set by connection_made: a connection counted in ``ServerState.conns``
     # may not have one yet, those in ``http_conns`` or among the WebSockets do.
     transport: asyncio.Transport
@@ -96,6 +96,8 @@ class Connection(Subscriber, asyncio.Protocol):
         self.write_paused = False  # the transport holds more than its high-water mark
         self.drain_waiter: asyncio.Future | None = None  # a paged catch-up waiting for it to drain
         self.expires = math.inf  # monotonic time the WebSocket's token expires (set at the upgrade)
+        # A WebSocket that sends its token in its first message waits for it here (None: not waiting)
+        self.first: asyncio.Future[bytes | None] | None = None
         # Counted from the moment it exists, not from connection_made: the
         # acceptor counts a socket until its protocol is made, and the two
         # counts must meet with no gap (a burst of accepts slipped through it).
@@ -115,6 +117,8 @@ class Connection(Subscriber, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self._wake_drain_waiter()
+        if self.first is not None and not self.first.done():
+            self.first.set_result(None)
         self.state.conns.discard(self)
         self.state.http_conns.discard(self)
         if self.http is not None:
@@ -214,8 +218,12 @@ class Connection(Subscriber, asyncio.Protocol):
             if not keep_alive:
                 self.transport.close()
 
-    def upgrade(self, user: str, response: bytes) -> None:
-        """Switches to WebSocket: the 101 goes out, the HTTP state is dropped."""
+    def upgrade(self, user: str, response: bytes, identify: bool = False) -> None:
+        """Switches to WebSocket: the 101 goes out, the HTTP state is dropped.
+        ``identify``: the user is not known yet, and the first message will say
+        (``first_message``)."""
+        if identify:
+            self.first = asyncio.get_running_loop().create_future()
         http = self.http
         assert http is not None, "an upgrade is answered in the HTTP phase"
         rest = http.rest
@@ -254,12 +262,27 @@ class Connection(Subscriber, asyncio.Protocol):
 
     # --- WebSocket: what the client sends -------------------------------------
     def new_inbound(self) -> Inbound:
-        return Inbound(self.state.settings.ws_max_frame_bytes)
+        max_frame = self.state.settings.ws_max_frame_bytes
+        if self.first is not None:  # the first message is read whole: it carries the token
+            return Inbound(max_frame, max_frame, keep_messages=True)
+        return Inbound(max_frame)
+
+    async def first_message(self) -> bytes | None:
+        """The payload of the first data message (after ``upgrade(identify=True)``);
+        None if the connection ends first."""
+        assert self.first is not None, "the upgrade said the first message identifies the user"
+        try:
+            return await self.first
+        finally:
+            self.first = None
 
     def on_message(self, message: Message) -> None:
-        """A client's whole data message. ``/v1/ws`` is push-only: messages are
-        read, checked (framing, UTF-8) and counted against the frame rate, then
-        dropped; the conformance testee echoes them."""
+        """A client's whole data message. ``/v1/ws`` is push-only past its
+        first message (the ``auth`` frame, where the handshake had no token):
+        messages are read, checked (framing, UTF-8) and counted against the
+        frame rate, then dropped; the conformance testee echoes them."""
+        if self.first is not None and not self.first.done():
+            self.first.set_result(message.data)
 
     def _ws_data(self, data: bytes) -> None:
         reader = self.reader
@@ -330,6 +353,8 @@ class Connection(Subscriber, asyncio.Protocol):
             return
         self.closing = True
         self._wake_drain_waiter()
+        if self.first is not None and not self.first.done():
+            self.first.set_result(None)
         self.handler.forget(self)
         transport = self.transport
         if transport.is_closing():

@@ -18,9 +18,8 @@ from collections.abc import Awaitable, Callable
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from chat import auth
 from chat.errors import Refused, error_body
-from daemon import metrics, websocket
+from daemon import admission, metrics, websocket
 from daemon.admission import (
     cors_headers,
     poll_limit,
@@ -54,9 +53,11 @@ class Router:
         route = ROUTES.get(path)
         if route is None:
             conn.respond(404, error_body("not_found", f"no route {path}"), keep)
+        elif request.method == "OPTIONS" and path == "/v1/poll":
+            preflight(self.daemon, conn, request)
         elif request.method != "GET":
             conn.respond(405, error_body("method_not_allowed", f"{request.method} is not allowed here"), keep,
-                         {"Allow": "GET"})
+                         {"Allow": "GET, OPTIONS" if path == "/v1/poll" else "GET"})
         else:
             await route(self.daemon, conn, request, query)
 
@@ -68,7 +69,7 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
     settings, keep = daemon.settings, request.keep_alive
     headers = cors_headers(settings, request.headers.get("origin"))
     try:
-        token = auth.bearer(request.headers.get("authorization")) or query.get("token")
+        token = admission.credential(settings, query, request.headers.get("authorization"))
         # The WebSocket's checks, origin included. A poll is short: its token need only be valid now.
         user, _expires = daemon.admit(token, request.headers.get("origin"))
         partition = daemon.partition_of(user, query.get("partition"))
@@ -120,6 +121,15 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
             + daemon.cursor(partition, last).encode() + b'","recovered":'
             + (b"true" if catch.recovered else b"false") + b"}")
     conn.respond(200, body, keep, headers)
+
+
+def preflight(daemon: Daemon, conn: Connection, request: Request) -> None:
+    """A browser asks whether its page may send ``Authorization`` to /v1/poll."""
+    headers = admission.preflight_headers(daemon.settings, request.headers.get("origin"))
+    if headers is None:
+        conn.respond(403, error_body("origin_not_allowed", "this origin may not read /v1/poll"), request.keep_alive)
+    else:
+        conn.respond(204, b"", request.keep_alive, headers)
 
 
 async def healthz(daemon: Daemon, conn: Connection, request: Request, query: dict[str, str]) -> None:

@@ -91,6 +91,15 @@ class Daemon:
         return admission.admit(self.settings, token, origin, open_connections=len(self.state.conns),
                                accepting=accepting)
 
+    def admit_connection(self, origin: str | None) -> None:
+        """A handshake's checks that need no token: its origin and the daemon's room (or ``Refused``)."""
+        accepting = not self.state.draining and self.ready
+        admission.admit_connection(self.settings, origin, open_connections=len(self.state.conns), accepting=accepting)
+
+    def verify(self, token: str | None) -> tuple[str, float]:
+        """The user and ``exp`` of a token sent after the upgrade, or ``Refused`` 401."""
+        return admission.verify(self.settings, token)
+
     @property
     def ready(self) -> bool:
         return all(stream.ready.is_set() for stream in self.streams.values())

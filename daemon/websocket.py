@@ -2,7 +2,8 @@
 at a time, then live frames.
 
 A client of a partition this daemon does not serve gets 421 and its
-partition, before any upgrade. A daemon that has not reached the client's
+partition, before any upgrade (or 4421 after it, when its token came in its
+first frame). A daemon that has not reached the client's
 ``since`` within 2 s closes with 1013; a catch-up that meets expired messages closes with 1013 too (the
 client resumes and is told ``recovered: false``); a WebSocket whose token
 expires is closed with 4001 by the heartbeat (``daemon.lifecycle``).
@@ -10,14 +11,14 @@ expires is closed with 4001 by the heartbeat (``daemon.lifecycle``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 import orjson
 
-from chat import auth
 from chat.errors import CloseCode, Refused, error_body
-from daemon import handshake, metrics
+from daemon import admission, handshake, metrics
 from daemon.admission import split_target
 from daemon.connection import Connection
 from daemon.http_phase import Request
@@ -33,7 +34,12 @@ CATCH_UP_PAGE = 1000
 
 
 async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> bool:
-    """The WebSocket handshake; True once the connection is a WebSocket."""
+    """The WebSocket handshake; True once the connection is a WebSocket.
+
+    The token comes in ``Authorization`` (clients that can set headers), or,
+    for browsers, which cannot, in the first frame after the upgrade:
+    ``{"type": "auth", "token": "<jwt>"}``. Never in the URL by default: a
+    URL is written whole to proxies' error logs."""
     path, query = split_target(request.target)
     if path != "/v1/ws":
         conn.respond(404, error_body("not_found", f"no route {path}"), False)
@@ -41,17 +47,29 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
     response = handshake.accept(conn, path, request)
     if response is None:
         return False
+    origin = request.headers.get("origin")
     try:
-        token = query.get("token") or auth.bearer(request.headers.get("authorization"))
-        user, expires = daemon.admit(token, request.headers.get("origin"))
-        partition = daemon.partition_of(user, query.get("partition"))
+        token = admission.credential(daemon.settings, query, request.headers.get("authorization"))
+        if token is None:
+            daemon.admit_connection(origin)
+        else:
+            user, expires = daemon.admit(token, origin)
+            partition = daemon.partition_of(user, query.get("partition"))
     except Refused as refusal:
         conn.respond(refusal.status, refusal.body(), False, refusal.headers)
         return False
     if conn.closing:
         return True
+    if token is None:
+        conn.upgrade("", response, identify=True)
+        identified = await identify(daemon, conn, query.get("partition"))
+        if identified is None:
+            return True
+        user, expires, partition = identified
+        conn.user = user
+    else:
+        conn.upgrade(user, response)
     conn.partition = partition  # before it is registered: its hub is its partition's
-    conn.upgrade(user, response)
     # One number per socket; the heartbeat closes it with 4001 once it is past.
     conn.expires = time.monotonic() + (expires - time.time())
     daemon.join(conn)  # due for its heartbeat at its first ping, or at exp if sooner
@@ -65,6 +83,43 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
         log.exception("event=ws_error user=%s", user)
         conn.close(CloseCode.SERVER_ERROR, "server error")
     return True
+
+
+async def identify(daemon: Daemon, conn: Connection, asked_partition: str | None) -> tuple[str, float, int] | None:
+    """The user, the token's ``exp`` and the partition of a socket's first
+    message, an ``auth`` frame; None once the socket is closed instead: 4401
+    for no such frame within ``ws_auth_seconds`` or a bad token, 4421 and the
+    user's partition for a user this daemon does not serve."""
+    try:
+        first = await asyncio.wait_for(conn.first_message(), daemon.settings.ws_auth_seconds)
+    except TimeoutError:
+        first = None
+        reason = f"no auth frame within {daemon.settings.ws_auth_seconds:g} s"
+    if conn.closing:
+        return None
+    try:
+        if first is None:
+            raise Refused(401, "unauthorized", reason)
+        user, expires = daemon.verify(auth_frame_token(first))
+        return user, expires, daemon.partition_of(user, asked_partition)
+    except Refused as refusal:
+        if refusal.status == 421:
+            conn.close(CloseCode.WRONG_PARTITION, orjson.dumps(refusal.extra).decode())
+        else:
+            metrics.CLOSES.labels("unauthorized").inc()
+            conn.close(CloseCode.UNAUTHORIZED, refusal.message[:120])
+        return None
+
+
+def auth_frame_token(data: bytes) -> str:
+    """The token of an ``auth`` frame's payload, or ``Refused`` 401 saying what is wrong with it."""
+    try:
+        frame = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        frame = None
+    if not isinstance(frame, dict) or frame.get("type") != "auth" or not isinstance(frame.get("token"), str):
+        raise Refused(401, "unauthorized", 'the first frame must be {"type": "auth", "token": "<jwt>"}')
+    return frame["token"]
 
 
 async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int | None) -> None:

@@ -161,7 +161,10 @@ def fresh_dir(base: Path, name: str) -> Path:
 
 def env_for(mariadb: MariaDB, ferretdb: FerretDB, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHAT_")}
+    # URL tokens on: many tests' raw clients and Autobahn's wstest (which can set no
+    # header) put the token in the URL. The default refuses them: the tests of
+    # that default, the web client's and chatctl's set it to false.
     env.update({"CHAT_MYSQL_URL": mariadb.url(), "CHAT_MONGO_URL": ferretdb.url,
-                "CHAT_JWT_SECRET": "test-secret-0123456789abcdef0123456789"})
+                "CHAT_JWT_SECRET": "test-secret-0123456789abcdef0123456789", "CHAT_URL_TOKENS_ALLOWED": "true"})
     env.update(extra)
     return env
