@@ -32,13 +32,15 @@
 //   exactly once. One key per message, so two tabs of one user never overwrite
 //   each other's outbox; both may resend a message, and the API keeps one.
 
-import { SeenIds, backoffDelay, partitionOf } from "./connection-rules.js";
+import { SeenIds, backoffDelay, partitionOf, partitionOfClose } from "./connection-rules.js";
 import { StoredOutbox } from "./stored-outbox.js";
 
-export { SeenIds, backoffDelay, partitionOf };
+export { SeenIds, backoffDelay, partitionOf, partitionOfClose };
 
 const STATES = ["sending", "retrying", "stored", "delivered"]; // an entry only moves right, or to "failed"
 const TOKEN_EXPIRED = 4001; // the daemon's close when a socket's token passes its exp
+const UNAUTHORIZED = 4401; // the auth frame's token was refused (expired, or not valid)
+const WRONG_PARTITION = 4421; // the user is served by another partition's daemons: the reason names it
 
 export class ChatClient extends EventTarget {
   constructor({
@@ -187,7 +189,7 @@ export class ChatClient extends EventTarget {
   }
 
   withSince(base, params) {
-    const query = new URLSearchParams({ token: this.token, ...params });
+    const query = new URLSearchParams(params); // never the token: proxies and history keep URLs
     if (this.since !== null) query.set("since", this.since);
     if (this.partition !== null) query.set("partition", String(this.partition));
     return `${base}?${query}`;
@@ -210,15 +212,19 @@ export class ChatClient extends EventTarget {
   async askPartition() {
     const abort = new AbortController();
     const timer = setTimeout(() => abort.abort(), this.helloTimeoutMs);
-    const query = new URLSearchParams({ token: this.token, partition: String(this.partition), timeout: "0" });
+    const query = new URLSearchParams({ partition: String(this.partition), timeout: "0" });
     try {
-      const reply = await this.fetchImpl(`${this.pollUrl}?${query}`, { signal: abort.signal, cache: "no-store" });
+      const reply = await this.fetchImpl(`${this.pollUrl}?${query}`, this.pollInit(abort));
       return await partitionOf(reply);
     } catch {
       return null;
     } finally {
       clearTimeout(timer);
     }
+  }
+
+  pollInit(abort) {
+    return { signal: abort.signal, cache: "no-store", headers: { Authorization: `Bearer ${this.token}` } };
   }
 
   connectWs() {
@@ -234,6 +240,8 @@ export class ChatClient extends EventTarget {
       return;
     }
     this.ws = ws;
+    // A browser cannot set headers on a WebSocket: the token goes in the first frame.
+    ws.onopen = () => ws.send(JSON.stringify({ type: "auth", token: this.token }));
     const helloTimer = setTimeout(() => { if (!hello) ws.close(); }, this.helloTimeoutMs);
     ws.onmessage = (event) => {
       if (gen !== this.generation) return;
@@ -253,7 +261,8 @@ export class ChatClient extends EventTarget {
       clearTimeout(helloTimer);
       if (gen !== this.generation) return; // we closed it on purpose
       this.ws = null;
-      if (event?.code === TOKEN_EXPIRED) this.renew(gen);
+      if (event?.code === TOKEN_EXPIRED || event?.code === UNAUTHORIZED) this.renew(gen);
+      else if (event?.code === WRONG_PARTITION && this.follow(partitionOfClose(event.reason), gen)) return;
       else if (!hello) this.wsRefused(gen);
       else this.retryLater(); // 1012, 4008, 1011, a dropped network: resume with since
     };
@@ -298,13 +307,14 @@ export class ChatClient extends EventTarget {
     this.setStatus("polling");
     const abort = new AbortController();
     this.pollAbort = abort;
-    // A CORS "simple request": GET, token in the query, no custom headers, so no preflight.
+    // The token in Authorization, not the URL: the browser asks the daemon first (a CORS
+    // preflight, which it then caches for the 600 s the daemon allows).
     // No timeout by default: the daemon then waits 25 s, or its cap if that is lower
     // (CHAT_POLL_MAX_TIMEOUT_SECONDS). Asking for 25 got a 422 from a daemon capped lower.
     const wait = this.pollTimeoutSeconds === null ? {} : { timeout: String(this.pollTimeoutSeconds) };
     const url = this.withSince(this.pollUrl, wait);
     try {
-      const reply = await this.fetchImpl(url, { signal: abort.signal, cache: "no-store" });
+      const reply = await this.fetchImpl(url, this.pollInit(abort));
       if (reply.status === 401) {
         if (gen === this.generation) this.renew(gen);
         return;

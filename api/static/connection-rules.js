@@ -30,3 +30,14 @@ export async function partitionOf(reply) {
   const body = await reply.json().catch(() => null);
   return Number.isInteger(body?.partition) && body.partition >= 0 ? body.partition : null;
 }
+
+// The user's partition that a 4421 close's reason names (`{"partition": k}`), else null.
+export function partitionOfClose(reason) {
+  let body = null;
+  try {
+    body = JSON.parse(reason);
+  } catch {
+    return null;
+  }
+  return Number.isInteger(body?.partition) && body.partition >= 0 ? body.partition : null;
+}

@@ -7,7 +7,9 @@ import { ChatClient, backoffDelay } from "../../api/static/chat-client.js";
 
 class FakeSocket {
   static all = [];
-  constructor(url) { this.url = url; this.closed = false; FakeSocket.all.push(this); }
+  constructor(url) { this.url = url; this.closed = false; this.sent = []; FakeSocket.all.push(this); }
+  open() { this.onopen?.(); }
+  send(data) { this.sent.push(JSON.parse(data)); }
   close() { if (!this.closed) { this.closed = true; this.onclose?.({ code: 1000 }); } }
   hello(cursor, recovered = false) { this.frame({ type: "hello", cursor, recovered, user: "bob" }); }
   frame(obj) { this.onmessage({ data: JSON.stringify(obj) }); }
@@ -71,7 +73,7 @@ test("recovered: false after a since asks the page to reload", () => {
   client.stop();
 });
 
-test("falls back to the long poll after N WebSocket failures, as a simple GET", async () => {
+test("falls back to the long poll after N WebSocket failures, the token in Authorization", async () => {
   const calls = [];
   const fetchImpl = (url, init) => {
     calls.push({ url, init });
@@ -88,10 +90,10 @@ test("falls back to the long poll after N WebSocket failures, as a simple GET", 
   assert.equal(calls.length, 1);
   const url = new URL(calls[0].url);
   assert.equal(url.origin + url.pathname, "http://d/v1/poll");
-  assert.equal(url.searchParams.get("token"), "t");
+  assert.equal(url.searchParams.has("token"), false); // a URL ends up in proxies' logs
   // no timeout: the daemon's default fits its own cap (asking for 25 s got a 422 from one capped lower)
   assert.equal(url.searchParams.has("timeout"), false);
-  assert.equal(calls[0].init.headers, undefined); // no custom headers: no CORS preflight
+  assert.deepEqual(calls[0].init.headers, { Authorization: "Bearer t" });
   assert.equal(statuses.at(-1), "polling");
   client.stop();
 });
@@ -235,7 +237,8 @@ test("an expired token (close 4001) is renewed and the client resumes at once wi
   await tick();
   assert.equal(asked, 1);
   const second = FakeSocket.all[1];
-  assert.equal(new URL(second.url).searchParams.get("token"), "fresh1");
+  second.open();
+  assert.deepEqual(second.sent, [{ type: "auth", token: "fresh1" }]);
   assert.equal(since(second.url), "11");
   second.hello("11", true);
   second.frame(msg("12"));
@@ -259,8 +262,10 @@ test("without renewToken an expired token is said to the page, and the client re
 
 test("a poll answered 401 renews the token and polls again with since", async () => {
   const urls = [];
-  const fetchImpl = async (url) => {
+  const tokens = [];
+  const fetchImpl = async (url, init) => {
     urls.push(url);
+    tokens.push(init.headers.Authorization);
     if (urls.length === 1) return { ok: false, status: 401, json: async () => ({}) };
     return new Promise(() => {}); // the next poll waits
   };
@@ -268,7 +273,7 @@ test("a poll answered 401 renews the token and polls again with since", async ()
   client.start();
   await tick();
   assert.equal(urls.length, 2);
-  assert.equal(new URL(urls[1]).searchParams.get("token"), "fresh");
+  assert.deepEqual(tokens, ["Bearer t", "Bearer fresh"]);
   assert.equal(since(urls[1]), "7");
   client.stop();
 });
@@ -361,5 +366,41 @@ test("after recovered: false the ids seen before are new messages (a slot moved)
   assert.equal(resets, 1);
   assert.deepEqual(got, ["1", "2", "1"]);
   assert.equal(client.since, "1.1.1");
+  client.stop();
+});
+
+test("the token goes in the first frame once the socket opens, never in the URL", async () => {
+  const { client } = makeClient({ since: "5" });
+  client.start();
+  const ws = FakeSocket.all[0];
+  assert.equal(new URL(ws.url).searchParams.has("token"), false);
+  assert.deepEqual(ws.sent, []);
+  ws.open();
+  assert.deepEqual(ws.sent, [{ type: "auth", token: "t" }]);
+  client.stop();
+});
+
+test("a refused auth frame (close 4401) renews the token and reconnects", async () => {
+  let asked = 0;
+  const { client } = makeClient({ renewToken: async () => `fresh${++asked}` });
+  client.start();
+  FakeSocket.all[0].open();
+  FakeSocket.all[0].closed = true;
+  FakeSocket.all[0].onclose({ code: 4401, reason: "token expired" });
+  await tick();
+  assert.equal(asked, 1);
+  FakeSocket.all[1].open();
+  assert.deepEqual(FakeSocket.all[1].sent, [{ type: "auth", token: "fresh1" }]);
+  client.stop();
+});
+
+test("told by a 4421 close which partition serves the user, it connects there at once", async () => {
+  const { client } = makeClient({ partition: 0, backoffBaseMs: 5000, backoffMaxMs: 5000 });
+  client.start();
+  FakeSocket.all[0].closed = true;
+  FakeSocket.all[0].onclose({ code: 4421, reason: JSON.stringify({ partition: 1 }) });
+  await tick();
+  assert.equal(FakeSocket.all.length, 2); // at once: not after the 5 s backoff
+  assert.equal(param(FakeSocket.all[1].url, "partition"), "1");
   client.stop();
 });
