@@ -99,7 +99,8 @@ http {{
     keepalive_requests 100000;
     client_body_temp_path {paths.root}/client_body;
     proxy_temp_path {paths.root}/proxy;
-    # no query string in the log: it carries tokens
+    # No query string in the access log. Clients send no token in URLs (the daemons refuse
+    # one by default), and the error log, which writes the request line whole, would keep it.
     log_format chat '$remote_addr [$time_local] "$request_method $uri" $status $request_time $upstream_addr';
     access_log {paths.access_log} chat buffer=64k flush=2s;
 

@@ -89,10 +89,12 @@ async def connect(host: str, port: int, token: str, inbox: Inbox, on_frame: Call
     """Opens /v1/ws and waits for the hello; raises ConnectionError with the status if refused.
     ``query``: more parameters for the handshake's query string (``partition=2``)."""
     loop = asyncio.get_running_loop()
-    query = f"token={token}" + (f"&since={inbox.since}" if inbox.since else "") + (f"&{query}" if query else "")
+    query = "&".join(part for part in (f"since={inbox.since}" if inbox.since else "", query) if part)
     _, client = await loop.create_connection(lambda: LeanClient(inbox, on_frame), host, port,
                                              local_addr=(source, 0) if source else None)
+    # The token in a header, as the daemons require by default: a URL lands in proxies' error logs.
     client.transport.write((f"GET /v1/ws?{query} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+                            f"Authorization: Bearer {token}\r\n"
                             f"Connection: Upgrade\r\nSec-WebSocket-Key: {KEY}\r\n"
                             "Sec-WebSocket-Version: 13\r\n\r\n").encode())
     try:

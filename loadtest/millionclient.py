@@ -81,8 +81,9 @@ def masked(opcode: int, payload: bytes) -> bytes:
 
 
 def request(host: str, port: int, token: str, since: int) -> bytes:
-    query = f"token={token}" + (f"&since={since}" if since != NO_SINCE else "")
+    query = f"since={since}" if since != NO_SINCE else ""
     return (f"GET /v1/ws?{query} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+            f"Authorization: Bearer {token}\r\n"
             "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
             "Sec-WebSocket-Version: 13\r\n\r\n").encode()
 

@@ -11,7 +11,7 @@ each first arrival's id and latency,
 from the wall-clock time the feed put in it (before the server's hop) to the
 frame's arrival.
 
-- ours: ``GET /v1/ws?token=`` (and ``&since=`` on a reconnect); a hello,
+- ours: ``GET /v1/ws`` with ``Authorization`` (and ``?since=`` on a reconnect); a hello,
   then a frame per message whose ``body`` starts with the feed's time.
 - Centrifugo: ``GET /connection/websocket``, then the connect command; its
   memory engine subscribes the user to the personal channel ``#user``; each
@@ -209,11 +209,12 @@ class PeerClient(asyncio.Protocol):
 def request(job: Job, device: Device) -> bytes:
     if job.kind == "ours":
         since = device.inbox.since
-        query = f"token={auth.mint(job.secret, device.user, 7200)}" + (f"&since={since}" if since else "")
-        path = f"/v1/ws?{query}"
+        path = f"/v1/ws?since={since}" if since else "/v1/ws"
+        credential = f"Authorization: Bearer {auth.mint(job.secret, device.user, 7200)}\r\n"
     else:
-        path = "/connection/websocket"
+        path, credential = "/connection/websocket", ""
     return (f"GET {path} HTTP/1.1\r\nHost: {job.host}:{job.port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"{credential}"
             f"Sec-WebSocket-Key: {KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
 
 
