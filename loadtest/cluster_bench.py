@@ -30,6 +30,7 @@ from cluster.up import Cluster
 from loadtest import cluster_figures as fig
 from loadtest import machine
 from loadtest.cluster_traffic import ClientJob, Device, Sent, client_process, send
+from loadtest.log_scan import tokens_in_logs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IDLE_SECONDS = 5.0  # the idle window before each run's traffic
@@ -248,6 +249,9 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
                 cluster.stop_hosts()
             if faults:
                 result["faults"] = run_faults(cluster, max(plist), traffic, fault_seconds)
+            state = cluster.state
+        # After the cluster stopped: every process has flushed its logs.
+        result["tokens_in_logs"] = tokens_in_logs(state)
     finally:
         signal.alarm(0)
         result["seconds_total"] = round(time.monotonic() - began, 1)
@@ -260,6 +264,9 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
     bad = [r for r in result["runs"] + result["faults"] if r["lost"] or r["duplicated"]]
     if bad:
         raise SystemExit(f"FAILED: messages lost or duplicated in {len(bad)} run(s)")
+    if result.get("tokens_in_logs"):
+        raise SystemExit(f"FAILED: tokens in log files: {result['tokens_in_logs']}")
+    print("no token in any log file of the run (nginx's included)")
 
 
 def run_faults(cluster: Cluster, partitions: int, traffic: Traffic, seconds: float) -> list[dict]:
