@@ -19,13 +19,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Scope
 
 from api import metrics
 from api.errors import ApiError
-from api.openapi import OPENAPI
+from api.openapi import document
 from api.post_message import PostMessage, front, read_body
 from api.ratelimit import RateLimiter
 from api.state import State
@@ -207,7 +207,7 @@ async def metrics_endpoint(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return json_response(OPENAPI)
+    return Response(request.app.state.openapi, media_type="application/json")
 
 
 async def api_error(request: Request, exc: Exception) -> Response:
@@ -221,7 +221,27 @@ async def not_found(request: Request, exc: Exception) -> Response:
 
 
 async def method_not_allowed(request: Request, exc: Exception) -> Response:
-    return ApiError(405, "method_not_allowed", f"{request.method} is not allowed here").response()
+    # RFC 9110 wants the methods the resource takes in `Allow`. Starlette's own 405 names
+    # only the first route that matched the path, and /v1/messages has two.
+    allow = ", ".join(allowed_methods(request.app.routes, request.scope))
+    return ApiError(405, "method_not_allowed", f"{request.method} is not allowed here",
+                    headers={"Allow": allow}).response()
+
+
+def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> list[str]:
+    """The methods the routes at the request's path take, sorted."""
+    # The path as routing saw it: a Mount the request went through has moved root_path.
+    probe = {"type": "http", "path": scope["path"], "method": scope["method"],
+             "root_path": scope.get("app_root_path", scope.get("root_path", ""))}
+    methods: set[str] = set()
+    for route in routes:
+        if route.matches(probe)[0] is Match.NONE:
+            continue
+        if isinstance(route, Route) and route.methods:
+            methods |= route.methods
+        elif isinstance(route, Mount) and isinstance(route.app, StaticFiles):
+            methods |= {"GET", "HEAD"}  # all StaticFiles serves
+    return sorted(methods)
 
 
 POST_MESSAGE = PostMessage()
@@ -308,5 +328,7 @@ def create_app(settings: Settings) -> ASGIApp:
 
     app = Starlette(routes=[*ROUTES, *PAGE_ROUTES], lifespan=lifespan,
                     exception_handlers={ApiError: api_error, 404: not_found, 405: method_not_allowed})
+    # The document of this process's limits, serialised once.
+    app.state.openapi = orjson.dumps(document(settings.body_max_chars, settings.request_max_bytes))
     app.add_middleware(metrics.MetricsMiddleware)
     return front(app, POST_MESSAGE)

@@ -20,9 +20,18 @@ from chat.auth import is_user_id
 from chat.drafts import Draft
 from chat.parsing import is_decimal
 
+# The rules below are also what /openapi.json states (api.openapi builds its
+# schemas from these names), so a change here changes the document with it.
 MAX_DEPTH = 16
+USER_ID = auth.USER_ID  # 1-64 chars of [A-Za-z0-9_.-]: the same rule as a token's `sub`
 CLIENT_MSG_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 MESSAGE_FIELDS = ("to", "body", "client_msg_id")
+DEV_LOGIN_FIELDS = ("user",)
+# GET /v1/messages: its query parameters, and the ranges of the two numbers.
+HISTORY_PARAMS = ("with", "before", "limit")
+HISTORY_LIMIT_MIN, HISTORY_LIMIT_MAX, HISTORY_LIMIT_DEFAULT = 1, 200, 50
+BEFORE_MIN, BEFORE_MAX = 1, 2**63 - 1  # a message id: MySQL's BIGINT
+NUMBER_DIGITS = len(str(BEFORE_MAX))  # 19: a longer decimal is out of range (leading zeros aside)
 
 
 def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict:
@@ -117,7 +126,7 @@ def parse_dev_login(raw: bytes) -> str:
     obj = parse_json(raw)
     if not isinstance(obj, dict):
         raise ApiError(422, "invalid_body", "request body must be a JSON object")
-    unknown = sorted(set(obj) - {"user"})
+    unknown = sorted(set(obj) - set(DEV_LOGIN_FIELDS))
     if unknown:
         raise ApiError(422, "invalid_field", f"unknown field `{unknown[0]}`; allowed: user", field=unknown[0])
     user = _string(obj, "user", required=True)
@@ -126,22 +135,23 @@ def parse_dev_login(raw: bytes) -> str:
     return user
 
 
-def parse_history_query(params: Mapping[str, str], max_limit: int = 200) -> tuple[str, int | None, int]:
-    unknown = sorted(set(params.keys()) - {"with", "before", "limit"})
+def parse_history_query(params: Mapping[str, str],
+                        max_limit: int = HISTORY_LIMIT_MAX) -> tuple[str, int | None, int]:
+    unknown = sorted(set(params.keys()) - set(HISTORY_PARAMS))
     if unknown:
         raise ApiError(422, "invalid_field", f"unknown parameter `{unknown[0]}`", field=unknown[0])
     peer = params.get("with")
     if not is_user_id(peer):
         raise ApiError(422, "invalid_field", "`with` must be a user id: 1-64 chars of [A-Za-z0-9_.-]", field="with")
-    before = _int_param(params, "before", 1, 2**63 - 1)
-    limit = _int_param(params, "limit", 1, max_limit)
-    return peer, before, limit if limit is not None else 50
+    before = _int_param(params, "before", BEFORE_MIN, BEFORE_MAX)
+    limit = _int_param(params, "limit", HISTORY_LIMIT_MIN, max_limit)
+    return peer, before, limit if limit is not None else HISTORY_LIMIT_DEFAULT
 
 
 def _int_param(params: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:
     value = params.get(name)
     if value is None:
         return None
-    if not is_decimal(value, 19) or not lo <= int(value) <= hi:
+    if not is_decimal(value, NUMBER_DIGITS) or not lo <= int(value) <= hi:
         raise ApiError(422, "invalid_field", f"`{name}` must be an integer from {lo} to {hi}", field=name)
     return int(value)
