@@ -86,9 +86,11 @@ class MariaDB:
     def start(self) -> None:
         data = self.dir / "data"
         if not data.exists():
-            subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
-                            "--auth-root-authentication-method=normal", "--skip-test-db"],
-                           check=True, capture_output=True)
+            made = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+                                   "--auth-root-authentication-method=normal", "--skip-test-db"],
+                                  capture_output=True, text=True)
+            if made.returncode != 0:  # say why: its output is the only record
+                raise RuntimeError(f"mariadb-install-db exited {made.returncode}:\n{made.stdout}\n{made.stderr}")
         log = open(self.dir / "mariadb.log", "ab")
         self.proc = subprocess.Popen(
             ["mariadbd", "--no-defaults", f"--datadir={data}", f"--socket={self.socket}", f"--port={self.port}",
