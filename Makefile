@@ -7,8 +7,10 @@ bootstrap:
 run:
 	@scripts/run.sh
 
+# The slowest tests are printed in every run. CHAT_TESTS_TIMEOUT_FACTOR=2 doubles every wait
+# of the tests on a slow machine (docs/testing.md).
 test: bootstrap lint
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=15
 
 # ruff and mypy, configured in pyproject.toml; `make test` runs it first.
 lint: bootstrap
