@@ -273,7 +273,8 @@ class Cluster:
                   "    export CHAT_JWT_SECRET=$(cat var/cluster/secret)",
                   "    BOB=$(.venv/bin/chatctl token bob); ALICE=$(.venv/bin/chatctl token alice)",
                   f"    ip netns exec {p.edge.namespace} curl -s {p.edge_url}/readyz",
-                  f"    ip netns exec {p.edge.namespace} curl -sN {p.edge_url}/v1/poll -H \"Authorization: Bearer $BOB\" &",
+                  f"    ip netns exec {p.edge.namespace} curl -sN {p.edge_url}/v1/poll "
+                  "-H \"Authorization: Bearer $BOB\" &",
                   f"    curl -s -X POST {p.edge_url}/v1/messages -H \"Authorization: Bearer $ALICE\" "
                   "-H 'Content-Type: application/json' -d '{\"to\": \"bob\", \"body\": \"hello\"}'",
                   f"  Faults: curl -s -X POST {p.toxiproxy_api}/proxies/chat-h1-mysql -d '{{\"enabled\": false}}'",

@@ -17,6 +17,7 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 
 from chat.errors import CloseCode
 from chat.metrics_port import serve_metrics
@@ -45,20 +46,23 @@ SHUTDOWN_GRACE_SECONDS = 3.0
 HEARTBEAT_SLICE = 256
 
 
-async def heartbeats(daemon: Daemon) -> None:
+async def heartbeats(daemon: Daemon, clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
     """Each tick, visits the WebSockets whose heartbeat is due (``daemon.due``,
     ``Connection.next_due``) and schedules each again at its next due time.
     An idle socket is visited about once per ping interval, not every tick:
-    visiting every one every tick cost about 1 us per socket per second."""
+    visiting every one every tick cost about 1 us per socket per second.
+    ``clock`` and ``sleep`` are the time it reads and the wait between ticks
+    (a monotonic clock, and ``asyncio.sleep``): the tests pass a fake pair."""
     sockets, wheel = daemon.sockets, daemon.due
     while True:
-        await asyncio.sleep(daemon.heartbeat_tick)
-        close_idle_http(daemon, time.monotonic())
-        due = wheel.pop_due(time.monotonic())
+        await sleep(daemon.heartbeat_tick)
+        close_idle_http(daemon, clock())
+        due = wheel.pop_due(clock())
         for start in range(0, len(due), HEARTBEAT_SLICE):
             if start:
-                await asyncio.sleep(0)  # deliveries go first
-            now = time.monotonic()
+                await asyncio.sleep(0)  # deliveries go first: a yield to the loop, not a wait for time
+            now = clock()
             for conn in due[start:start + HEARTBEAT_SLICE]:
                 if conn in sockets:  # else closed since it was scheduled: dropped
                     conn.heartbeat(now)

@@ -7,12 +7,13 @@ import orjson
 import pytest
 
 from tests.system import System
+from tests.timing import PATIENCE
 
 
 def answer(system: System, request: bytes) -> tuple[bytes, dict[str, str], dict]:
     """Sends raw bytes; returns the status line, headers and JSON body of the
     answer, once the daemon has closed the connection."""
-    with socket.create_connection(("127.0.0.1", system.daemon_port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", system.daemon_port), timeout=PATIENCE) as sock:
         sock.sendall(request)
         data = b""
         while chunk := sock.recv(65536):
@@ -36,7 +37,7 @@ def test_a_websocket_handshake_by_post_gets_405_allow_get(system, users):
 
 
 def test_a_websocket_handshake_by_get_still_switches(system, users):
-    with socket.create_connection(("127.0.0.1", system.daemon_port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", system.daemon_port), timeout=PATIENCE) as sock:
         sock.sendall(handshake("GET", system.token(users("u"))))
         assert sock.recv(65536).startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
 

@@ -5,9 +5,13 @@ import asyncio
 
 import httpx
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.helpers import connect, nothing_more, post, receive
 from tests.system import running_system
+from tests.timing import PATIENCE, eventually
+
+LONGEST_POLL = 30  # the longest wait a poll may ask for (CHAT_POLL_MAX_TIMEOUT_SECONDS): it answers on a message
 
 
 async def test_concurrent_senders_every_device_gets_each_message_once_in_order(system, users):
@@ -19,21 +23,22 @@ async def test_concurrent_senders_every_device_gets_each_message_once_in_order(s
     s0_other_device, _ = await connect(system, senders[0])
     try:
         async def send_all(sender):
-            async with httpx.AsyncClient(timeout=10) as c:
+            async with httpx.AsyncClient(timeout=PATIENCE) as c:
                 for i in range(per_sender):  # each sender waits for its 201: that is send order
                     r = await post(system, sender, bob, f"{sender}:{i}", client=c)
                     assert r.status_code == 201
 
         await asyncio.gather(*(send_all(s) for s in senders))
         total = len(senders) * per_sender
-        for device in (bob_phone, bob_laptop):
+        for earlier_markers, device in enumerate((bob_phone, bob_laptop)):
             frames = await receive(device, total)
             assert len({f["id"] for f in frames}) == total  # no duplicate
             ids = [int(f["id"]) for f in frames]
             assert ids == sorted(ids)
             for s in senders:  # per-conversation send order
                 assert [f["body"] for f in frames if f["from"] == s] == [f"{s}:{i}" for i in range(per_sender)]
-            assert await nothing_more(device)
+            # nothing more but the marker bob's other device posted before
+            assert [f["body"] for f in await nothing_more(system, device, bob)] == ["marker"] * earlier_markers
         mine = await receive(s0_other_device, per_sender)
         assert [f["body"] for f in mine] == [f"{senders[0]}:{i}" for i in range(per_sender)]
     finally:
@@ -58,7 +63,7 @@ async def test_reconnect_with_since_gets_exactly_what_was_missed_then_live(syste
         await post(system, alice, bob, "live")
         [live] = await receive(ws, 1)
         assert live["body"] == "live"
-        assert await nothing_more(ws)
+        assert await nothing_more(system, ws, bob) == []
     finally:
         await ws.close()
 
@@ -74,7 +79,7 @@ async def test_client_that_never_received_anything_resumes_from_the_hello_cursor
     try:
         assert hello2["recovered"] is True
         assert [f["body"] for f in await receive(ws, 4)] == [f"b{i}" for i in range(4)]
-        assert await nothing_more(ws)
+        assert await nothing_more(system, ws, bob) == []
     finally:
         await ws.close()
 
@@ -82,24 +87,27 @@ async def test_client_that_never_received_anything_resumes_from_the_hello_cursor
 async def test_messages_that_commit_while_catch_up_runs_are_not_lost(system, users):
     alice, bob = users("alice"), users("bob")
     first = (await post(system, alice, bob, "c0")).json()["id"]
+    stored = [0]
 
     async def keep_sending():
-        async with httpx.AsyncClient(timeout=10) as c:
+        async with httpx.AsyncClient(timeout=PATIENCE) as c:
             for i in range(1, 40):
-                await post(system, alice, bob, f"c{i}", client=c)
+                assert (await post(system, alice, bob, f"c{i}", client=c)).status_code == 201
+                stored[0] = i
 
     sender = asyncio.create_task(keep_sending())
     sockets = []
     try:
-        for _ in range(5):  # reconnect repeatedly while messages commit
-            await asyncio.sleep(0.03)
+        for after in (1, 8, 16, 24, 32):  # reconnect repeatedly while messages commit: each after the n-th 201
+            await eventually(lambda after=after: stored[0] >= after, f"message c{after} stored")
             ws, _ = await connect(system, bob, since=first)
             sockets.append(ws)
         await sender
-        for ws in sockets:
+        for earlier_markers, ws in enumerate(sockets):
             frames = await receive(ws, 39)
             assert [f["body"] for f in frames] == [f"c{i}" for i in range(1, 40)]
-            assert await nothing_more(ws, 0.2)
+            # nothing more but the markers of bob's sockets checked before this one
+            assert [f["body"] for f in await nothing_more(system, ws, bob)] == ["marker"] * earlier_markers
     finally:
         for ws in sockets:
             await ws.close()
@@ -116,22 +124,30 @@ async def test_unknown_since_says_recovered_false_and_serves_from_the_cursor(sys
         await ws.close()
 
 
+def polls_waiting(system) -> float:
+    """The polls held by whichever daemon answers (the port is shared: a new connection each time)."""
+    text = httpx.get(f"http://127.0.0.1:{system.daemon_port}/metrics", timeout=PATIENCE).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "chat_daemon_connections" and s.labels.get("kind") == "poll")
+
+
 async def test_long_poll_answers_at_once_waits_for_new_and_times_out_empty(system, users):
     alice, bob = users("alice"), users("bob")
     headers = {"Authorization": f"Bearer {system.token(bob)}"}
-    async with httpx.AsyncClient(timeout=40) as c:
+    async with httpx.AsyncClient(timeout=PATIENCE + LONGEST_POLL) as c:
         start = (await c.get(system.poll_url, params={"timeout": 0}, headers=headers)).json()
         assert start["messages"] == [] and start["recovered"] is False
         await post(system, alice, bob, "p0")
-        got = (await c.get(system.poll_url, params={"since": start["cursor"], "timeout": 5}, headers=headers)).json()
+        got = (await c.get(system.poll_url, params={"since": start["cursor"], "timeout": LONGEST_POLL},
+                           headers=headers)).json()
         assert [m["body"] for m in got["messages"]] == ["p0"] and got["recovered"] is True
 
-        waiting = asyncio.create_task(c.get(system.poll_url, params={"since": got["cursor"], "timeout": 10},
-                                            headers=headers))
-        await asyncio.sleep(0.3)
+        waiting = asyncio.create_task(c.get(system.poll_url, params={"since": got["cursor"],
+                                                                     "timeout": LONGEST_POLL}, headers=headers))
+        await eventually(lambda: polls_waiting(system) >= 1, "a daemon holds the poll")  # no other test polls now
         assert not waiting.done()
         await post(system, alice, bob, "p1")
-        woke = (await asyncio.wait_for(waiting, 5)).json()
+        woke = (await waiting).json()
         assert [m["body"] for m in woke["messages"]] == ["p1"]
 
         empty = await c.get(system.poll_url, params={"since": woke["cursor"], "timeout": 0.5}, headers=headers)
@@ -150,9 +166,9 @@ async def test_poll_and_websocket_see_the_same_stream(system, users):
         # A poll may reach the other daemon, a few ms behind this one: like any
         # client, follow the cursor until the stream has caught up.
         got, cursor = [], hello["cursor"]
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(PATIENCE):
             while len(got) < len(ids):
-                r = httpx.get(system.poll_url, params={"since": cursor, "timeout": 2},
+                r = httpx.get(system.poll_url, params={"since": cursor, "timeout": 2}, timeout=PATIENCE,
                               headers={"Authorization": f"Bearer {system.token(bob)}"})
                 page = orjson.loads(r.content)
                 got += [m["id"] for m in page["messages"]]
@@ -162,19 +178,25 @@ async def test_poll_and_websocket_see_the_same_stream(system, users):
         await ws.close()
 
 
+async def daemon_at(system, position: int) -> None:
+    def there() -> bool:
+        return int(httpx.get(f"http://127.0.0.1:{system.daemon_port}/healthz", timeout=PATIENCE)
+                   .json()["position"]) >= position
+    await eventually(there, f"the daemon's stream at {position}")
+
+
 async def test_poll_answers_are_capped_and_the_cursor_pages_through_the_rest(dbs, users):
     with running_system(dbs, daemons=1, apis=1, CHAT_POLL_MAX_MESSAGES=5, CHAT_RATE_LIMIT_PER_SECOND=0) as s:
         alice, bob = users("alice"), users("bob")
         headers = {"Authorization": f"Bearer {s.token(bob)}"}
         cursor = start = httpx.get(s.poll_url, params={"timeout": 0}, headers=headers).json()["cursor"]
         ids = [(await post(s, alice, bob, f"n{i}")).json()["id"] for i in range(12)]
-        async with asyncio.timeout(10):  # the daemon holds all 12 before the first poll
-            while int(httpx.get(f"http://127.0.0.1:{s.daemon_port}/healthz").json()["position"]) < int(ids[-1]):
-                await asyncio.sleep(0.05)
+        await daemon_at(s, int(ids[-1]))  # the daemon holds all 12 before the first poll
         pages = []
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(PATIENCE):
             while sum(pages, []) != ids:
-                page = httpx.get(s.poll_url, params={"since": cursor, "timeout": 2}, headers=headers).json()
+                page = httpx.get(s.poll_url, params={"since": cursor, "timeout": 2}, headers=headers,
+                                 timeout=PATIENCE).json()
                 assert len(page["messages"]) <= 5
                 pages.append([m["id"] for m in page["messages"]])
                 cursor = page["cursor"]
@@ -206,10 +228,13 @@ async def test_a_poll_answer_is_capped_in_bytes_and_the_cursor_pages_through_the
     start = httpx.get(system.poll_url, params={"timeout": 0}, headers=headers).json()["cursor"]
     ids = [(await post(system, alice, bob, f"{i:02d}" + "€" * 3998)).json()["id"] for i in range(30)]
     positions: dict[int, int] = {}
-    async with asyncio.timeout(15):  # both daemons hold all 30 before the first poll
-        while len(positions) < 2 or min(positions.values()) < int(ids[-1]):
-            health = httpx.get(f"http://127.0.0.1:{system.daemon_port}/healthz").json()
-            positions[health["pid"]] = int(health["position"])
+
+    def both_daemons_hold_them() -> bool:  # a new connection each time: either daemon may answer
+        health = httpx.get(f"http://127.0.0.1:{system.daemon_port}/healthz", timeout=PATIENCE).json()
+        positions[health["pid"]] = int(health["position"])
+        return len(positions) == 2 and min(positions.values()) >= int(ids[-1])
+
+    await eventually(both_daemons_hold_them, "both daemons hold all 30 before the first poll")
     answers, cursor = [], start
     while sum((a["messages"] for a in answers), []) == [] or answers[-1]["messages"]:
         r = httpx.get(system.poll_url, params={"since": cursor, "timeout": 0}, headers=headers)

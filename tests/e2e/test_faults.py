@@ -1,7 +1,10 @@
 """Faults under traffic, counted by reconnecting clients: a daemon killed
 with SIGKILL and FerretDB restarted while two API processes write
 concurrently (the case where FerretDB's own oplog skips, reorders and
-repeats entries). Zero loss, zero duplicates, per-recipient order."""
+repeats entries). Zero loss, zero duplicates, per-recipient order.
+
+Each fault comes once traffic has gone on since the one before (messages
+stored, counted), and the traffic goes on after the last one."""
 
 import asyncio
 import random
@@ -13,6 +16,10 @@ import pytest
 from chatctl.client import Inbox, listen
 from tests.e2e.helpers import post
 from tests.system import private_system
+from tests.timing import PATIENCE, eventually
+
+MESSAGES = 400  # at least; more if the faults take longer than these take to send
+BETWEEN_FAULTS = 50  # messages stored after one fault before the next
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +29,10 @@ def faulty(tmp_path_factory):
         yield system
 
 
-async def run_traffic(system, users, messages: int, rate: float, faults):
+async def run_traffic(system, users, rate: float, faults):
+    """Posts at ``rate`` to 12 listening receivers from the moment all of them
+    hold a cursor, while ``faults(stored)`` runs (``stored``: how many messages
+    have been stored so far), until it is over and MESSAGES have been sent."""
     receivers = [users(f"r{i}") for i in range(12)]
     senders = [users(f"s{i}") for i in range(6)]
     inboxes, tasks = {}, []
@@ -30,10 +40,11 @@ async def run_traffic(system, users, messages: int, rate: float, faults):
         inboxes[r] = Inbox()
         tasks.append(asyncio.create_task(listen(system.ws_url, system.token(r), None, lambda f: None,
                                                 max_backoff=0.5, inbox=inboxes[r])))
-    await asyncio.sleep(1.0)  # everyone connected and holding a cursor
+    await eventually(lambda: all(inboxes[r].hellos for r in receivers), "every receiver connected, holding a cursor")
     expected: dict[str, list[int]] = {r: [] for r in receivers}
     rng = random.Random(7)
-    fault_task = asyncio.create_task(faults())
+    stored = [0]
+    fault_task = asyncio.create_task(faults(stored))
 
     async def one(i, client):
         to = rng.choice(receivers)
@@ -41,49 +52,51 @@ async def run_traffic(system, users, messages: int, rate: float, faults):
             try:
                 r = await post(system, rng.choice(senders), to, f"m{i}", f"id-{i}", client=client)
                 if r.status_code in (200, 201):
+                    stored[0] += 1
                     return to, int(r.json()["id"])
             except httpx.HTTPError:
                 pass
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # pacing: a client's back-off before its retry
         raise AssertionError(f"message {i} was never accepted")
 
-    async with httpx.AsyncClient(timeout=10) as client:
-        pending = []
-        for i in range(messages):
-            pending.append(asyncio.create_task(one(i, client)))
-            await asyncio.sleep(1 / rate)
+    async with httpx.AsyncClient(timeout=PATIENCE) as client:
+        pending: list[asyncio.Task] = []
+        while len(pending) < MESSAGES or not fault_task.done():
+            assert len(pending) < 20 * MESSAGES, "the faults never ended"
+            pending.append(asyncio.create_task(one(len(pending), client)))
+            await asyncio.sleep(1 / rate)  # pacing: the traffic's rate
         for to, msg_id in await asyncio.gather(*pending):
             expected[to].append(msg_id)
     await fault_task
-    return receivers, expected, inboxes, tasks
-
-
-async def wait_delivered(expected, inboxes, timeout=40):
-    async with asyncio.timeout(timeout):
-        while not all(set(expected[r]) <= inboxes[r].seen for r in expected):
-            await asyncio.sleep(0.2)
+    return receivers, expected, inboxes, tasks, len(pending)
 
 
 async def test_daemon_sigkill_and_ferretdb_restart_under_traffic_lose_and_repeat_nothing(faulty, users):
-    async def faults():
-        await asyncio.sleep(1.5)
-        faulty.stop("daemon_0", signal.SIGKILL)
-        await asyncio.sleep(1.0)
-        faulty.start("daemon_0")
-        await asyncio.sleep(1.0)
-        faulty.dbs.ferretdb.stop()
-        await asyncio.sleep(1.0)
-        faulty.dbs.ferretdb.start()
+    async def more_stored(stored: list[int], what: str) -> None:
+        mark = stored[0]
+        await eventually(lambda: stored[0] >= mark + BETWEEN_FAULTS, f"{BETWEEN_FAULTS} messages stored {what}")
 
-    receivers, expected, inboxes, tasks = await run_traffic(faulty, users, messages=400, rate=80, faults=faults)
+    async def faults(stored: list[int]) -> None:
+        await more_stored(stored, "before the first fault")
+        faulty.stop("daemon_0", signal.SIGKILL)
+        await more_stored(stored, "with daemon_0 dead")
+        await asyncio.to_thread(faulty.start, "daemon_0")  # until it is ready; the traffic goes on
+        await more_stored(stored, "with daemon_0 back")
+        await asyncio.to_thread(faulty.dbs.ferretdb.stop)
+        await more_stored(stored, "with FerretDB down")  # MySQL is the truth: POSTs are answered
+        await asyncio.to_thread(faulty.dbs.ferretdb.start)
+        await more_stored(stored, "with FerretDB back")
+
+    receivers, expected, inboxes, tasks, sent = await run_traffic(faulty, users, rate=80, faults=faults)
     try:
-        await wait_delivered(expected, inboxes)
+        await eventually(lambda: all(set(expected[r]) <= inboxes[r].seen for r in expected),
+                         "every stored message delivered")
         for r in receivers:
             inbox = inboxes[r]
             assert inbox.duplicates == 0, f"{r} got a message twice"
             assert sorted(inbox.ids) == sorted(expected[r]), f"{r} lost messages"
             assert inbox.ids == sorted(inbox.ids), f"{r} got messages out of order"
-        assert sum(len(v) for v in expected.values()) == 400
+        assert sum(len(v) for v in expected.values()) == sent >= MESSAGES
     finally:
         for t in tasks:
             t.cancel()

@@ -11,6 +11,7 @@ import pytest
 from daemon.wire import FrameReader, Opcode
 from tests.core.test_inbound import BINARY, CLOSE, CONT, PING, TEXT, close, frame
 from tests.system import running_system
+from tests.timing import PATIENCE
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +35,14 @@ class RawClient:
         writer.write(f"GET /v1/ws?token={system.token(user)} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
                      f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
                      .encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), PATIENCE)
         assert head.startswith(b"HTTP/1.1 101"), head
         client = cls(reader, writer)
         hello = await client.next()
         assert hello.opcode is Opcode.TEXT and b'"hello"' in hello.data
         return client
 
-    async def next(self, timeout: float = 5):
+    async def next(self, timeout: float = PATIENCE):
         while not self.pending:
             data = await asyncio.wait_for(self.reader.read(65536), timeout)
             assert data, "the server closed the socket without a close frame"

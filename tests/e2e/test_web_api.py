@@ -7,6 +7,7 @@ import asyncio
 import httpx
 
 from tests.e2e.helpers import post
+from tests.timing import PATIENCE
 
 
 async def test_conversations_newest_first_with_the_last_message(system, users):
@@ -25,7 +26,7 @@ async def test_conversations_newest_first_with_the_last_message(system, users):
 
 async def test_conversations_are_capped_at_50_and_need_a_token(system, users):
     alice = users("alice")
-    async with httpx.AsyncClient(timeout=10) as c:
+    async with httpx.AsyncClient(timeout=PATIENCE) as c:
         replies = await asyncio.gather(*(post(system, alice, users(f"p{i}"), "hi", client=c) for i in range(52)))
     assert all(r.status_code == 201 for r in replies)
     reply = httpx.get(f"{system.api_url}/v1/conversations", headers={"Authorization": f"Bearer {system.token(alice)}"})
