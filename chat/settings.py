@@ -107,6 +107,10 @@ class Settings(BaseSettings):
         description="Unsent bytes one client may fall behind by before it is closed (4008, slow consumer).",
     )
     ping_interval_seconds: float = Field(20.0, gt=0, description="Server WebSocket ping period.")
+    close_stall_seconds: float = Field(
+        10.0, gt=0, description="A WebSocket being closed whose client reads nothing for this long (or for the "
+        "ping timeout, if longer) is cut off.",
+    )
     ping_timeout_seconds: float = Field(20.0, gt=0, description="Time for a pong before the peer is dropped.")
     ws_auth_seconds: float = Field(
         10.0, gt=0, description="A /v1/ws opened without a token must send its `auth` frame within this (else 4401).",

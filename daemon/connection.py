@@ -42,7 +42,6 @@ HEAD_TOO_LARGE = error_body("headers_too_large", "request head over 16 KiB")
 SERVER_ERROR = error_body("server_error", "internal error")
 REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
 PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
-CLOSE_STALL_SECONDS = 10.0  # a closing peer that reads nothing for this long is cut off (websockets' close_timeout)
 
 
 class ServerState:
@@ -361,7 +360,8 @@ class Connection(Subscriber, asyncio.Protocol):
             return
         transport.write(close_frame(code, reason))
         transport.close()
-        _reap_if_stalled(transport, max(CLOSE_STALL_SECONDS, self.state.settings.ping_timeout_seconds),
+        settings = self.state.settings
+        _reap_if_stalled(transport, max(settings.close_stall_seconds, settings.ping_timeout_seconds),
                          transport.get_write_buffer_size())
 
 

@@ -1,15 +1,14 @@
 """A WebSocket being closed keeps flushing for as long as its client reads,
 and one whose client reads nothing is cut off after the close stall
-(``daemon.connection.CLOSE_STALL_SECONDS``, or the ping timeout if longer),
+(``close_stall_seconds``, or the ping timeout if longer),
 on a transport that reports its unsent bytes as the test says. The stall is
 shortened here; the check it schedules is the daemon's."""
 
-import pytest
 
 from chat.errors import CloseCode
 from chat.settings import Settings
 from daemon import connection
-from daemon.connection import CLOSE_STALL_SECONDS, Connection, ServerState
+from daemon.connection import Connection, ServerState
 from daemon.wire import close_frame
 from tests.timing import eventually
 
@@ -46,17 +45,12 @@ class Forgets:
 
 
 def closing(transport: Unsent, ping_timeout: float = 0.01) -> Connection:
-    settings = Settings(_env_file=None, ping_timeout_seconds=ping_timeout)
+    settings = Settings(_env_file=None, ping_timeout_seconds=ping_timeout, close_stall_seconds=STALL)
     conn = Connection(ServerState(settings), Forgets())  # type: ignore[arg-type]
     conn.transport = transport  # type: ignore[assignment]
     conn.http = None
     conn.close(CloseCode.SLOW_CONSUMER, "slow consumer: reconnect with since")
     return conn
-
-
-@pytest.fixture(autouse=True)
-def short_stall(monkeypatch):
-    monkeypatch.setattr(connection, "CLOSE_STALL_SECONDS", STALL)
 
 
 async def test_a_client_that_reads_nothing_of_its_close_is_cut_off_after_the_stall():
@@ -86,5 +80,5 @@ def test_the_stall_is_never_shorter_than_the_ping_timeout(monkeypatch):
     periods = []
     monkeypatch.setattr(connection, "_reap_if_stalled", lambda transport, period, unsent: periods.append(period))
     closing(Unsent(1))  # a ping timeout shorter than the stall
-    closing(Unsent(1), ping_timeout=CLOSE_STALL_SECONDS * 3)
-    assert periods == [STALL, CLOSE_STALL_SECONDS * 3]
+    closing(Unsent(1), ping_timeout=STALL * 3)
+    assert periods == [STALL, STALL * 3]
