@@ -78,15 +78,21 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
            count: int = typer.Option(0, help="Stop after this many messages (0: never)"),
            token_ttl: str = typer.Option("1d", help="Lifetime of each token it mints: 90s, 15m, 1h, 7d")) -> None:
     """Print incoming messages as JSON lines; reconnects and resumes with the last cursor, follows a 421 to
-    the user's partition, and mints a new token when the daemon closes with 4001 (token expired)."""
-    from chatctl.client import listen as run_listen
+    the user's partition, and mints a new token when the daemon closes with 4001 (token expired) or
+    refuses one with 401 (it expired while away), saying so on stderr."""
+    from chatctl.client import Inbox, listen as run_listen
 
     settings = signing_settings()
     base = url or f"ws://{settings.daemon_host}:{settings.daemon_port}"
     ttl = parse_ttl(token_ttl)
+    inbox = Inbox(since)
 
     def mint() -> str:
         return auth.mint(settings.jwt_secret.get_secret_value(), user, ttl)
+
+    def renew(why: str) -> str:
+        typer.echo(f"chatctl listen: token {why}: minted a new one, resuming from {inbox.since}", err=True)
+        return mint()
 
     def show(frame: dict) -> None:
         sys.stdout.write(orjson.dumps(frame).decode() + "\n")
@@ -96,7 +102,7 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
         tok = mint()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--as") from None
-    asyncio.run(run_listen(base, tok, since, show, count or None, renew=mint))
+    asyncio.run(run_listen(base, tok, since, show, count or None, inbox=inbox, renew=renew))
 
 
 @partitions_app.command("show")

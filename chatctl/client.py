@@ -8,13 +8,19 @@ client connects again at once with ``?partition=k`` (the proxy's route to that
 partition's daemons). It resumes with the last ``cursor`` it saw (a frame's
 ``cursor`` when it has one, else its id): ids are positions in one partition
 only, and a cursor also says which partition and epoch it was made in.
+
+Tokens: the daemon closes a socket with 4001 once its token's ``exp`` has
+passed; the client mints a new one and reconnects at once. A token that
+expired while the client was away (a daemon restart, a backoff) is refused at
+the handshake with 401: the client mints a new one too, and backs off as after
+any refusal, so that a secret that is wrong is not asked again and again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 
 import orjson
@@ -22,6 +28,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 TOKEN_EXPIRED = 4001  # the daemon's close once a socket's token passes its exp
+UNAUTHORIZED = 401  # the daemon's handshake answer to a token that is expired (or forged)
 WRONG_PARTITION = 421
 
 
@@ -83,9 +90,12 @@ def partition_of_refusal(refused: InvalidStatus) -> int | None:
 
 async def listen(base_url: str, token: str, since: str | None, on_message: Callable[[dict], None],
                  count: int | None = None, max_backoff: float = 5.0, inbox: Inbox | None = None,
-                 renew: Callable[[], str] | None = None) -> Inbox:
+                 renew: Callable[[str], str] | None = None,
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> Inbox:
     """Receives until ``count`` messages (or forever); ``inbox`` lets the caller watch progress.
-    ``renew``: a new token when the daemon closes with 4001 (without it, the same one is tried again)."""
+    ``renew(why)``: a new token, when the daemon closes with 4001 (``why`` = "closed with 4001")
+    or refuses the handshake with 401 ("refused with 401"); without it, the same one is tried again.
+    ``sleep``: how it waits out a backoff."""
     inbox = inbox or Inbox(since)
     attempt = 0
     while count is None or len(inbox.ids) < count:
@@ -101,8 +111,10 @@ async def listen(base_url: str, token: str, since: str | None, on_message: Calla
                             return inbox
         except ConnectionClosed as closed:
             if closed.rcvd is not None and closed.rcvd.code == TOKEN_EXPIRED and renew is not None:
-                token, at_once = renew(), True
+                token, at_once = renew(f"closed with {TOKEN_EXPIRED}"), True
         except InvalidStatus as refused:
+            if refused.response.status_code == UNAUTHORIZED and renew is not None:
+                token = renew(f"refused with {UNAUTHORIZED}")  # then back off: the secret may be what is wrong
             partition = partition_of_refusal(refused)
             # At once to the partition named, unless we were sent there already (a stale route: back off).
             if partition is not None and partition != inbox.partition:
@@ -112,5 +124,5 @@ async def listen(base_url: str, token: str, since: str | None, on_message: Calla
         if at_once:
             continue
         attempt += 1
-        await asyncio.sleep(min(max_backoff, 0.05 * 2 ** attempt) * random.uniform(0.5, 1))
+        await sleep(min(max_backoff, 0.05 * 2 ** attempt) * random.uniform(0.5, 1))
     return inbox

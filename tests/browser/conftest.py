@@ -15,13 +15,14 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.servers import ROOT, free_port
 from tests.system import Databases, System, running_system
+from tests.timing import PATIENCE
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = ROOT / "test-artifacts"
 
-expect.set_options(timeout=10_000)
+expect.set_options(timeout=PATIENCE * 1000)  # ms
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from playwright.sync_api import Locator, Page, expect
 from websockets.sync.client import connect
 
 from tests.system import System
+from tests.timing import PATIENCE, POLL_SECONDS, S
 
 
 def open_chat(page: Page, peer: str) -> None:
@@ -35,7 +36,7 @@ def witness(system: System, user: str) -> Iterator[list[dict]]:
     """Another connection of ``user`` (no browser): the message frames it receives."""
     frames: list[dict] = []
     with connect(f"{system.ws_url}/v1/ws?token={system.token(user)}") as ws:
-        assert orjson.loads(ws.recv(10))["type"] == "hello"
+        assert orjson.loads(ws.recv(PATIENCE))["type"] == "hello"
 
         def read():
             with contextlib.suppress(Exception):
@@ -45,18 +46,22 @@ def witness(system: System, user: str) -> Iterator[list[dict]]:
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         yield frames
-    reader.join(5)
+    reader.join(PATIENCE)
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
+def until(page: Page, condition: Callable[[], object], what: str, timeout: float = PATIENCE) -> None:
+    """Until ``condition()`` holds for something the page's handlers record (routes,
+    events): Playwright runs them only while one of its calls waits, so the poll
+    waits in the page (`tests.timing.eventually_sync` would keep them from running)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"never happened within {timeout:.0f} s: {what}")
+        page.wait_for_timeout(POLL_SECONDS * 1000)  # pacing of the poll
 
 
-def post(system: System, sender: str, to: str, body: str) -> dict:
-    reply = httpx.post(f"{system.api_url}/v1/messages", json={"to": to, "body": body},
-                       headers={"Authorization": f"Bearer {system.token(sender)}"}, timeout=10)
+def post(system: System, sender: str, to: str, body: str, client: httpx.Client | None = None) -> dict:
+    reply = (client or httpx).post(f"{system.api_url}/v1/messages", json={"to": to, "body": body},
+                                   headers={"Authorization": f"Bearer {system.token(sender)}"}, timeout=10 * S)
     assert reply.status_code == 201, reply.text
     return reply.json()

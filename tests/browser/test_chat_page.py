@@ -9,8 +9,9 @@ import httpx
 from playwright.sync_api import expect
 
 from tests.browser.conftest import ARTIFACTS, web_system
-from tests.browser.helpers import bodies, open_chat, post, send, wait_for, witness
+from tests.browser.helpers import bodies, open_chat, post, send, until, witness
 from tests.e2e.helpers import mysql_rows
+from tests.timing import PATIENCE, eventually_sync
 
 
 def test_two_users_exchange_messages(web, open_page, users):
@@ -61,7 +62,7 @@ def test_offline_then_online_shows_everything_once_in_order(web, open_page, user
             send(a, f"while offline {i}")
         # alice's own stream confirms each one; bob's other connection got all four:
         expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"] * 5)
-        wait_for(lambda: len(frames) >= 4)
+        eventually_sync(lambda: len(frames) >= 4, "bob's other connection got the four messages")
     # ...so the daemon has sent them, and the offline page still shows none of them.
     expect(bodies(b)).to_have_text(["before", "typed offline"])
     assert b.evaluate("window.chatApp.client.status") == "offline"
@@ -92,14 +93,14 @@ def test_daemon_restart_mid_conversation_loses_nothing(dbs, open_page, users):
 
         thread = threading.Thread(target=sender)
         thread.start()
-        wait_for(lambda: len(sent) >= 8)
+        eventually_sync(lambda: len(sent) >= 8, "eight messages posted")
         system.stop("daemon_0")  # SIGTERM: clients get 1012
         expect(b.locator("#status")).not_to_have_text("live")
         system.start("daemon_0")
-        thread.join(30)
+        thread.join(PATIENCE)
         expected = [f"m{i:02d}" for i in range(20)]
         assert sent == expected
-        expect(bodies(b), "every message once, in order").to_have_text(expected, timeout=20_000)
+        expect(bodies(b), "every message once, in order").to_have_text(expected)
         expect(bodies(a)).to_have_text(expected)
         send(b, "still here")  # and the page works on after it
         expect(bodies(a)).to_have_text([*expected, "still here"])
@@ -187,18 +188,14 @@ def test_a_message_typed_before_a_reload_is_sent_after_it_exactly_once(web, open
 
     a.reload()  # the API is still down: the page comes back and sends what was unsent
     expect(a.locator("#me")).to_have_text(alice)
-    for _ in range(200):  # Playwright runs route handlers only while one of its calls waits
-        if len(posts) > tried:
-            break
-        a.wait_for_timeout(50)
-    assert len(posts) > tried, "no POST after the reload"
+    until(a, lambda: len(posts) > tried, "a POST after the reload")
     open_chat(a, bob)
     expect(bodies(a)).to_have_text(["typed before the reload"])
     expect(a.locator("#messages li.mine .state")).to_have_text(["retrying…"])
     assert {p["client_msg_id"] for p in posts} == {posts[0]["client_msg_id"]}  # one id, every attempt
 
     a.unroute("**/v1/messages")  # the API answers again
-    expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"], timeout=20_000)
+    expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"])
     assert a.evaluate(outbox) == []
     rows = mysql_rows(web, "sender = :s", s=alice)
     assert [(r.body, r.client_msg_id) for r in rows] == [("typed before the reload", posts[0]["client_msg_id"])]
@@ -218,16 +215,25 @@ def test_logging_out_drops_what_is_unsent(web, open_page, users):
     expect(a.locator("#dev-login")).to_be_visible()
     assert a.evaluate("Object.keys(localStorage).filter(k => k.startsWith('chat.outbox.'))") == []
     a.unroute("**/v1/messages")
+    posted = []
+    a.on("request", lambda r: posted.append(r.post_data_json["body"])
+         if r.method == "POST" and r.url.endswith("/v1/messages") else None)
     a.fill("#dev-user", alice)
     a.click("#dev-login button")
     expect(a.locator("#status")).to_have_text("live")
-    time.sleep(1)  # a resent message would be stored by now
-    assert mysql_rows(web, "sender = :s", s=alice) == []
+    # A barrier: a resend of what was dropped would go as the client starts, before
+    # anything typed after the login; once that is delivered, nothing else was sent.
+    open_chat(a, bob)
+    send(a, "typed after logging in again")
+    expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    assert posted == ["typed after logging in again"]
+    assert [r.body for r in mysql_rows(web, "sender = :s", s=alice)] == ["typed after logging in again"]
 
 
 def test_older_history_comes_a_page_at_a_time(web, open_page, users):
     alice, bob = users("alice"), users("bob")
-    sent = [post(web, alice, bob, f"m{i:02d}")["body"] for i in range(55)]
+    with httpx.Client() as client:
+        sent = [post(web, alice, bob, f"m{i:02d}", client)["body"] for i in range(55)]
     b = open_page(web, bob)
     b.click(f"#conversations li[data-peer='{alice}']")
     expect(bodies(b)).to_have_text(sent[5:])  # the newest page: 50
@@ -254,10 +260,7 @@ def test_no_conversation_opens_before_the_client_exists(web, browser, users):
         page.goto(f"{web.api_url}/app/")
         page.fill("#dev-user", bob)
         page.click("#dev-login button")
-        deadline = time.monotonic() + 10
-        while not held:  # Playwright calls route handlers only while it is called
-            assert time.monotonic() < deadline, "the client never asked for its partition"
-            page.wait_for_timeout(20)
+        until(page, lambda: held, "the client asked for its partition")
         assert not page.locator(f"#conversations li[data-peer='{alice}']").is_visible()
         held[0].continue_()
         page.click(f"#conversations li[data-peer='{alice}']")

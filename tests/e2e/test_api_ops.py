@@ -3,11 +3,11 @@
 import asyncio
 import multiprocessing
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine
 
 from api.app import ROUTES
 from api.openapi import OPENAPI
@@ -15,12 +15,14 @@ from chat import auth
 from chat.settings import Settings
 from tests.e2e.helpers import api_in_process, mysql_rows, post
 from tests.system import running_system
+from tests.timing import PATIENCE, S, eventually
 
 
 def test_healthz_and_readyz(system):
     assert httpx.get(f"{system.api_url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{system.api_url}/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"mysql": "ok", "mongo": "ok"}
+    # The shared system writes through a writer process, as deployed: the API asks it too.
+    assert ready.status_code == 200 and ready.json()["checks"] == {"mysql": "ok", "mongo": "ok", "writer": "ok"}
 
 
 def _sample(text: str, line_start: str) -> float:
@@ -35,8 +37,9 @@ async def test_metrics_count_requests_batches_and_errors(system, users):
     text = httpx.get(f"{system.api_url}/metrics").text
     assert _sample(text, created) == before + 1  # counted once (one API process serves the shared system)
     assert "chat_api_request_seconds_bucket" in text
-    assert "chat_writer_batch_messages_count" in text
     assert 'chat_api_errors_total{kind="unauthorized"}' in text
+    # The group commits are the writer process's, on its own metrics port.
+    assert "chat_writer_batch_messages_count" in httpx.get(f"http://127.0.0.1:{system.writer_metrics_port}/metrics").text
 
 
 def test_unknown_route_and_method_are_json_errors(system):
@@ -54,7 +57,7 @@ def test_openapi_document_matches_the_routes(system):
     assert documented == routed
     # the answers the tests observe for POST /v1/messages are the documented ones
     assert set(OPENAPI["paths"]["/v1/messages"]["post"]["responses"]) == {
-        "200", "201", "400", "401", "409", "413", "422", "429", "503"}
+        "200", "201", "400", "401", "408", "409", "413", "422", "429", "431", "503"}
 
 
 async def test_rate_limit_429_with_retry_after_and_other_senders_unaffected(dbs, users):
@@ -71,7 +74,7 @@ async def test_rate_limit_429_with_retry_after_and_other_senders_unaffected(dbs,
 async def test_writer_queue_full_is_503_overloaded_and_nothing_is_half_stored(dbs, users):
     with running_system(dbs, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_WRITER_QUEUE_MAX=1) as s:
         alice, bob = users("alice"), users("bob")
-        async with httpx.AsyncClient(timeout=10) as c:
+        async with httpx.AsyncClient(timeout=PATIENCE) as c:
             replies = await asyncio.gather(*(post(s, alice, bob, f"m{i}", f"q{i}", client=c) for i in range(60)))
         codes = [r.status_code for r in replies]
         assert 503 in codes and 201 in codes
@@ -84,18 +87,22 @@ async def test_writer_queue_full_is_503_overloaded_and_nothing_is_half_stored(db
 async def test_group_commit_never_exceeds_batch_max_and_answers_every_request(dbs, users):
     with running_system(dbs, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND=0, CHAT_BATCH_MAX=3) as s:
         alice, bob = users("alice"), users("bob")
-        async with httpx.AsyncClient(timeout=10) as c:
+        async with httpx.AsyncClient(timeout=PATIENCE) as c:
             replies = await asyncio.gather(*(post(s, alice, bob, f"b{i}", client=c) for i in range(40)))
         assert all(r.status_code == 201 for r in replies)
         assert len(mysql_rows(s, "sender = :s", s=alice)) == 40
+
         def sample(text, name):
             return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
         # 40 concurrent requests would share one or two batches; capped at 3, they need 14.
         # A batch is observed once its Mongo copy is done, which follows its 201.
-        deadline = time.monotonic() + 5
-        while sample(text := httpx.get(f"{s.api_url}/metrics").text, "chat_writer_batch_messages_count") < 14:
-            assert time.monotonic() < deadline, "fewer than 14 batches"
-            await asyncio.sleep(0.05)
+        async with httpx.AsyncClient(timeout=10 * S) as c:
+            async def fourteen_batches() -> str | None:
+                text = (await c.get(f"{s.api_url}/metrics")).text
+                return text if sample(text, "chat_writer_batch_messages_count") >= 14 else None
+
+            text = await eventually(fourteen_batches, "14 group commits observed")
         total = sample(text, "chat_writer_batch_messages_count")
         assert sample(text, 'chat_writer_batch_messages_bucket{le="5.0"}') == total
 
@@ -127,12 +134,12 @@ def test_http10_keep_alive_is_honoured_as_ab_k_asks(system, users):
     socket, each saying keep-alive. Without the header, HTTP/1.0 closes."""
     import socket
     alice, bob = users("alice"), users("bob")
-    with socket.create_connection(("127.0.0.1", system.api_port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", system.api_port), timeout=10 * S) as sock:
         for _ in range(2):
             answer = _http10(sock, system, alice, bob, keep_alive=True)
             assert answer.startswith(b"HTTP/1.1 201 ")
             assert b"\r\nconnection: keep-alive\r\n" in answer.lower()
-    with socket.create_connection(("127.0.0.1", system.api_port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", system.api_port), timeout=10 * S) as sock:
         answer = _http10(sock, system, alice, bob, keep_alive=False)
         assert answer.startswith(b"HTTP/1.1 201 ") and b"\r\nconnection: close\r\n" in answer.lower()
         assert sock.recv(1) == b""  # the server closed it
@@ -147,9 +154,9 @@ def test_http10_keep_alive_is_honoured_as_ab_k_asks(system, users):
 def _in_child(scenario, dbs, **overrides):
     settings = {"mysql_url": dbs.mariadb.url(), "mongo_url": dbs.ferretdb.url, "jwt_secret": "s" * 32, **overrides}
     # A Pool, whose exit terminates the child: a scenario that hangs fails the
-    # test after 120 s (ProcessPoolExecutor's exit waited for it, and CI with it).
+    # test (ProcessPoolExecutor's exit waited for it, and CI with it).
     with multiprocessing.get_context("spawn").Pool(1) as child:
-        return child.apply_async(_run, (scenario, settings)).get(timeout=120)
+        return child.apply_async(_run, (scenario, settings)).get(timeout=2 * PATIENCE)
 
 
 def _run(scenario, settings: dict):
@@ -166,9 +173,9 @@ async def _reads_with_the_default_executor_stuck(settings: Settings) -> dict:
         loop = asyncio.get_running_loop()
         release = threading.Event()
         loop.set_default_executor(ThreadPoolExecutor(1))
-        holder = loop.run_in_executor(None, release.wait, 30)  # the default executor's only thread, taken
+        holder = loop.run_in_executor(None, release.wait, PATIENCE)  # the default executor's only thread, taken
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(10 * S):
                 answers = {path: await client.get(path, params=params, headers=headers) for path, params in
                            (("/v1/messages", {"with": "stuckpeer"}), ("/v1/conversations", None), ("/readyz", None))}
             still_stuck = not holder.done()
@@ -194,29 +201,51 @@ def test_reads_answer_while_the_default_executor_is_stuck(dbs):
 
 async def _reads_behind_a_table_lock(settings: Settings) -> dict:
     headers = _headers(settings, "lockme")
+    started, release = [], threading.Event()
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        if "lockpeer" in str(parameters):
+            started.append(parameters)
+
+    def keep_the_thread(context):
+        # MariaDB ends each read at the timeout (max_statement_time), about when
+        # its request's deadline passes: the thread is kept until every answer is
+        # in, so that no read thread can come free before the queued reads are answered.
+        if "lockpeer" in str(context.parameters):
+            release.wait(PATIENCE)
+
+    event.listen(Engine, "before_cursor_execute", count)
+    event.listen(Engine, "handle_error", keep_the_thread)
     locker = create_engine(settings.mysql_url.get_secret_value())
     try:
         async with api_in_process(settings) as client:
             with locker.connect() as conn:
                 conn.execute(text("LOCK TABLES messages WRITE"))
                 try:
-                    started = time.monotonic()
-                    answers = await asyncio.gather(*(
-                        client.get("/v1/messages", params={"with": f"lockpeer{i}"}, headers=headers)
-                        for i in range(12)))
-                    took = time.monotonic() - started
+                    async with asyncio.timeout(10 * S):  # a read queued behind the held threads would never come
+                        answers = await asyncio.gather(*(
+                            client.get("/v1/messages", params={"with": f"lockpeer{i}"}, headers=headers)
+                            for i in range(12)))
+                    ran = len(started)
+                    threads = sum(t.name.startswith("reads") for t in threading.enumerate())  # db.threads' names
                 finally:
+                    release.set()
                     conn.execute(text("UNLOCK TABLES"))
     finally:
         locker.dispose()
-    return {"took": took, "answers": [(a.status_code, a.json()["error"], a.headers.get("retry-after"))
-                                      for a in answers]}
+        event.remove(Engine, "before_cursor_execute", count)
+        event.remove(Engine, "handle_error", keep_the_thread)
+    return {"threads": threads, "ran": ran, "answers": [(a.status_code, a.json()["error"], a.headers.get("retry-after"))
+                                                        for a in answers]}
 
 
-def test_reads_stuck_behind_a_table_lock_get_a_fast_503_not_a_queue(dbs):
+def test_reads_stuck_behind_a_table_lock_get_a_503_at_their_deadline_not_a_queue(dbs):
     """A burst of history reads while MySQL makes them wait (another session
-    holds a WRITE lock on `messages`): each is answered 503 + Retry-After
-    within the database timeout, also the ones that queued for a read thread."""
+    holds a WRITE lock on `messages`), more than the API has read threads:
+    each is answered 503 + Retry-After at its deadline, also the ones that
+    queued for a thread, which they never got: every thread was still taken
+    when the last answer came."""
     seen = _in_child(_reads_behind_a_table_lock, dbs, db_timeout_seconds=1.0)
+    assert seen["threads"] < 12  # (6: a thread per connection of the read engine) some reads queued
     assert seen["answers"] == [(503, "mysql_unavailable", "1")] * 12
-    assert seen["took"] < 1.8, seen["took"]  # one timeout, not one per queued turn (12 reads, 6 threads)
+    assert seen["ran"] <= seen["threads"]  # the queued ones were answered without ever running

@@ -1,14 +1,20 @@
-"""`chatctl partitions show` and `grow`, as an operator runs them, against real MariaDB and FerretDB."""
+"""`chatctl partitions show` and `grow`, as an operator runs them, against real MariaDB and FerretDB.
 
-import subprocess
-import sys
+The commands run in this process (typer's runner: their exit status, stdout
+and stderr); `python -m chatctl.cli partitions grow` as a process of its own
+is in test_partition_epoch.py."""
+
+import os
+from types import SimpleNamespace
 
 import pymongo
 import pytest
 from sqlalchemy import create_engine, inspect, text
+from typer.testing import CliRunner
 
 from chat.partitions import SlotMap, lock_name
-from tests.servers import ROOT, env_for
+from chatctl.cli import app
+from tests.servers import env_for
 from tests.system import databases
 
 
@@ -18,9 +24,12 @@ def one(tmp_path_factory):
         yield dbs
 
 
-def chatctl(dbs, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chatctl.cli", "partitions", *args],
-                          env=env_for(dbs.mariadb, dbs.ferretdb), cwd=ROOT, capture_output=True, text=True, timeout=60)
+def chatctl(dbs, *args: str) -> SimpleNamespace:
+    # As a process started with env_for would see it: its CHAT_ settings and no other.
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("CHAT_")}
+    env |= {k: v for k, v in env_for(dbs.mariadb, dbs.ferretdb).items() if k.startswith("CHAT_")}
+    done = CliRunner().invoke(app, ["partitions", *args], env=env, catch_exceptions=False)
+    return SimpleNamespace(returncode=done.exit_code, stdout=done.stdout, stderr=done.stderr)
 
 
 def test_grow_refuses_while_a_writer_holds_a_lock_then_grows_tables_collections_and_map(one):

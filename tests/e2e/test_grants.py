@@ -1,4 +1,4 @@
-"""deploy/mysql/grants.sql on a real MariaDB laid out with three partitions: each account can do
+"""deploy/mysql/grants.sql on a real MariaDB grown to three partitions: each account can do
 what its processes do on every partition's tables, and no more."""
 
 import subprocess
@@ -7,17 +7,24 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from chatctl import partitions
 from tests.servers import ROOT
 from tests.system import databases
+from tests.timing import PATIENCE
 
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory):
-    with databases(tmp_path_factory.mktemp("grants"), partitions=3) as dbs:
-        applied = subprocess.run(["mariadb", "-u", "root", f"--socket={dbs.mariadb.socket}",
-                                  "--init-command=SET @api_pw='api-pw', @migrate_pw='migrate-pw', "
-                                  "@daemon_pw='daemon-pw'"],
-                                 stdin=open(ROOT / "deploy/mysql/grants.sql"), capture_output=True, text=True)
+    # Laid out with two partitions (the layout other modules start from too: its template is
+    # built once), then grown to three as an operator does before running grants.sql again:
+    # its loop over the partitions' tables has two of each to grant.
+    with databases(tmp_path_factory.mktemp("grants"), partitions=2) as dbs:
+        partitions.grow(dbs.settings(), 3)
+        with open(ROOT / "deploy/mysql/grants.sql") as grants:
+            applied = subprocess.run(["mariadb", "-u", "root", f"--socket={dbs.mariadb.socket}",
+                                      "--init-command=SET @api_pw='api-pw', @migrate_pw='migrate-pw', "
+                                      "@daemon_pw='daemon-pw'"],
+                                     stdin=grants, capture_output=True, text=True, timeout=PATIENCE)
         assert applied.returncode == 0, applied.stderr
         yield dbs
 

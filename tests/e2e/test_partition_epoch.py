@@ -23,15 +23,19 @@ from tests.e2e.helpers import connect, nothing_more, post, receive
 from tests.e2e.test_partitioned_delivery import user_in
 from tests.servers import ROOT
 from tests.system import System, databases, running_system
+from tests.timing import PATIENCE, S, eventually
 
 TWO, THREE = SlotMap.even(2), SlotMap.even(3)
 
 
-async def until_released(system: System, position: str, timeout: float = 10) -> None:
+async def until_released(system: System, position: str) -> None:
     """Until the daemon has released partition 0's messages up to ``position``."""
-    async with asyncio.timeout(timeout):
-        while httpx.get(f"http://127.0.0.1:{system.daemon_port}/healthz", timeout=5).json()["position"] != position:
-            await asyncio.sleep(0.05)
+    async with httpx.AsyncClient(timeout=10 * S) as client:
+        async def released() -> bool:
+            health = await client.get(f"http://127.0.0.1:{system.daemon_port}/healthz")
+            return health.json()["position"] == position
+
+        await eventually(released, f"the daemon released partition 0 up to {position}")
 
 
 def staying_in(partition: int, name: str) -> str:
@@ -69,15 +73,15 @@ async def test_a_grow_closes_with_1012_exits_0_and_only_moved_users_lose_their_c
         system.stop("writer")
         grown = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "chatctl.cli", "partitions", "grow", "3"], env=system.env,
-            cwd=ROOT, capture_output=True, text=True, timeout=60)
+            cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE)
         assert grown.returncode == 0, grown.stderr
         assert grown.stdout.splitlines()[0] == "epoch 1, 3 partitions"
         for ws in (ws_mover, ws_stayer):
             with pytest.raises(websockets.ConnectionClosed):
-                await asyncio.wait_for(ws.recv(), 10)
+                await asyncio.wait_for(ws.recv(), 10 * S)
             assert ws.close_code == 1012
         daemon = system.procs.pop("daemon_0")
-        assert await asyncio.to_thread(daemon.wait, 10) == 0
+        assert await asyncio.to_thread(daemon.wait, 10 * S) == 0
 
         # Every process restarted on the new map (supervisord's restart for the daemon).
         system.stop("relay")
@@ -99,6 +103,10 @@ async def test_a_grow_closes_with_1012_exits_0_and_only_moved_users_lose_their_c
         assert after.status_code == 201
         [frame] = await receive(ws_mover, 1)
         assert (frame["body"], frame["cursor"]) == ("after the move", "1.1.1")
+        # Nothing more for either: stayer's marker travels partition 0 (where "after the move" was
+        # written) and, once it is in, mover's own travels partition 1 (where its copy was): a repeat
+        # or a stray from either stream was on mover's socket before mover's marker.
+        assert await nothing_more(system, ws_stayer, stayer, peer=friend) == []
+        assert await nothing_more(system, ws_mover, mover, peer=user_in(1, "peer", THREE)) == []
         for ws in (ws_mover, ws_stayer):
-            assert await nothing_more(ws)
             await ws.close()

@@ -9,7 +9,6 @@ of both users exactly once; each daemon decodes only its partitions' oplog
 entries, through the relay; a partition with no messages holds up nobody.
 """
 
-import asyncio
 import contextlib
 import uuid
 
@@ -21,8 +20,11 @@ from sqlalchemy import create_engine, text
 from websockets.exceptions import InvalidStatus
 
 from chat.partitions import SlotMap, suffix
-from tests.e2e.helpers import connect, nothing_more, post, receive
+from tests import front_door
+from tests.e2e.helpers import connect, post, receive
+from tests.e2e.test_chatctl import chatctl
 from tests.system import System, databases, running_system
+from tests.timing import S
 
 TWO = SlotMap.even(2)
 
@@ -86,7 +88,7 @@ async def refusal_of_ws(system: System, user: str, query: str = "") -> tuple[int
 
 
 async def poll(system: System, user: str, query: str = "") -> httpx.Response:
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10 * S) as client:
         return await client.get(f"{system.poll_url}?timeout=0&token={system.token(user)}{query}")
 
 
@@ -130,30 +132,58 @@ async def test_a_message_between_two_partitions_reaches_every_device_of_both_onc
         for frame in ben_frames:
             assert (frame["id"], frame["from"], frame["body"], frame["cursor"]) == \
                 (str(copy[0].id), ann, f"hi ({where})", f"1.0.{copy[0].id}")
+        # Each user's marker travels the stream a repeat to that user would: ann's partition 0, ben's 1.
+        # (A stray from the other partition's stream was fanned out with the frames already received.)
+        for user, sockets, peer in ((ann, anns, user_in(0, "peer")), (ben, bens, user_in(1, "peer"))):
+            assert await nothing_more_on(front, sockets, user, peer) == [[] for _ in sockets]
         for ws in anns + bens:
-            assert await nothing_more(ws, 0.5)
             await ws.close()
+
+
+async def nothing_more_on(system: System, sockets: list, user: str, peer: str) -> list[list[dict]]:
+    """``nothing_more`` for several devices of ``user``: one marker from ``user`` to
+    ``peer``, and for each socket the frames that came before it."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    assert (await post(system, user, peer, "marker", client_msg_id=marker)).status_code == 201
+    before: list[list[dict]] = []
+    for ws in sockets:
+        before.append([])
+        while (frame := (await receive(ws, 1))[0]).get("client_msg_id") != marker:
+            before[-1].append(frame)
+    return before
 
 
 async def test_each_daemon_decodes_only_its_partitions_entries_through_the_relay(split):
     front, d0, d1, _ = split
     cy, dee = user_in(1, "cy"), user_in(1, "dee")
+    eve, fay = user_in(0, "eve"), user_in(0, "fay")
     ws, _hello = await connect(d1, dee)
+    at_d0, _hello = await connect(d0, fay)
+
+    async def through_d0(body: str) -> None:
+        """Until d0 delivers a message of partition 0 posted now: the relay sends d0 its
+        share of the oplog in order, so d0 has then had all of its share written before."""
+        assert (await post(front, eve, fay, body)).status_code == 201
+        assert [f["body"] for f in await receive(at_d0, 1)] == [body]
+
+    await through_d0("before")
     before = [decoded(d) for d in (d0, d1)]
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10 * S) as client:
         for n in range(20):  # partition 1 only, one at a time: in order
             assert (await post(front, cy, dee, f"m{n}", client=client)).status_code == 201
     assert [f["body"] for f in await receive(ws, 20)] == [f"m{n}" for n in range(20)]
-    await ws.close()
-    await asyncio.sleep(0.5)  # what the relay sends comes in order: d0 would have had its share by now
+    await through_d0("after")  # posted once the twenty were in the oplog (d1 has them): after them
     after = [decoded(d) for d in (d0, d1)]
-    assert after[0] == before[0]  # partition 0's daemon decoded none of them
+    # Partition 0's daemon decoded the one insert of "after", and none of the twenty.
+    assert after[0] == {**before[0], "0": before[0]["0"] + 1}
     assert after[1]["1"] - before[1].get("1", 0) >= 20 and "0" not in after[1]
+    for socket in (ws, at_d0):
+        await socket.close()
 
 
 def decoded(system: System) -> dict[str, float]:
     """``chat_daemon_oplog_entries_decoded_total`` by partition, from the daemon's /metrics."""
-    text_ = httpx.get(f"http://127.0.0.1:{system.daemon_port}/metrics", timeout=5).text
+    text_ = httpx.get(f"http://127.0.0.1:{system.daemon_port}/metrics", timeout=10 * S).text
     found = {}
     for line in text_.splitlines():
         if line.startswith('chat_daemon_oplog_entries_decoded_total{partition="'):
@@ -176,12 +206,12 @@ async def test_a_partition_with_no_messages_holds_up_no_delivery_of_the_other(fr
         eve, fay = user_in(0, "eve"), user_in(0, "fay")
         ws, hello = await connect(both, fay)
         assert hello["cursor"] == "0"
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=10 * S) as client:
             replies = [await post(front, eve, fay, f"m{n}", client=client) for n in range(5)]
-        frames = await receive(ws, 5, timeout=5)
+        frames = await receive(ws, 5, timeout=10 * S)
         assert [f["body"] for f in frames] == [f"m{n}" for n in range(5)]
         assert frames[-1]["cursor"] == replies[-1].json()["id"] == "5"
-        health = httpx.get(f"http://127.0.0.1:{both.daemon_port}/healthz", timeout=5).json()
+        health = httpx.get(f"http://127.0.0.1:{both.daemon_port}/healthz", timeout=10 * S).json()
         assert health["partitions"] == {"0": "5", "1": "1.0.0"}
         await ws.close()
 
@@ -189,7 +219,7 @@ async def test_a_partition_with_no_messages_holds_up_no_delivery_of_the_other(fr
 async def test_client_config_tells_the_token_s_user_its_partition_and_nobody_else(split):
     front = split[0]
     ann, ben = user_in(0, "ann"), user_in(1, "ben")
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10 * S) as client:
         url = f"{front.api_url}/v1/client-config"
         anonymous = await client.get(url)
         as_ann = await client.get(url, headers={"Authorization": f"Bearer {front.token(ann)}"})
@@ -199,3 +229,30 @@ async def test_client_config_tells_the_token_s_user_its_partition_and_nobody_els
     assert (as_ann.json()["partition"], as_ben.json()["partition"]) == (0, 1)
     assert as_ben.json() == {**anonymous.json(), "partition": 1}
     assert (forged.status_code, forged.json()["error"]) == (401, "unauthorized")
+
+
+@pytest.fixture(scope="module")
+def behind_front_door(split):
+    """nginx routing ``?partition=k`` to partition k's daemon; without it, to partition 0's."""
+    if not front_door.available():
+        pytest.skip("nginx is not installed")
+    _, d0, d1, _ = split
+    with front_door.front_door(d0.daemon_port, {0: d0.daemon_port, 1: d1.daemon_port}) as url:
+        yield url
+
+
+def test_chatctl_listen_follows_a_421_to_its_partition_and_resumes_with_cursors(split, behind_front_door):
+    front, url = split[0], behind_front_door
+    ann, ben = user_in(0, "ann"), user_in(1, "ben")
+    for body in ("one", "two"):
+        sent = chatctl(front, "send", "--as", ann, "--api", front.api_url, ben, body)
+        assert sent.returncode == 0, sent.stderr
+    # From partition 1's start (epoch 0, position 0): ben's two, whatever else the partition holds.
+    listened = chatctl(front, "listen", "--as", ben, "--url", url, "--since", "1.0.0", "--count", "2")
+    assert listened.returncode == 0, listened.stderr
+    frames = [orjson.loads(line) for line in listened.stdout.splitlines()]
+    assert [(f["from"], f["to"], f["body"]) for f in frames] == [(ann, ben, "one"), (ann, ben, "two")]
+    assert [f["cursor"] for f in frames] == [f"1.0.{f['id']}" for f in frames]
+    # Resuming from the first one's cursor gives the second only.
+    again = chatctl(front, "listen", "--as", ben, "--url", url, "--since", frames[0]["cursor"], "--count", "1")
+    assert [orjson.loads(line) for line in again.stdout.splitlines()] == frames[1:]
