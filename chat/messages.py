@@ -7,8 +7,9 @@ encoded to bytes once and the same bytes go to every socket.
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
 
@@ -101,6 +102,34 @@ def is_message_doc(doc: dict) -> bool:
                 and (doc.get("client_msg_id") is None or type(doc["client_msg_id"]) is str))
     except (KeyError, TypeError):
         return False
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def shown_digest(doc: dict) -> int:
+    """64 bits of SHA-256 over what a device shows of a message (id, sender,
+    recipient, created_at to the millisecond, client_msg_id, body): two documents
+    with the same digest show the same. MySQL computes the same over its rows
+    (``db.stream_ranges.StreamRanges.confirm``, where the text is built
+    alike); a daemon compares the two to trust the oplog's documents without
+    reading every row. The lengths keep fields apart whatever they contain."""
+    created = doc["created_at"]
+    if created.tzinfo is None:  # pymongo's default: naive datetimes, in UTC
+        created = created.replace(tzinfo=UTC)
+    sender, recipient = doc["from"], doc["to"]
+    text = (f"{int(doc['_id'])}\x1f{(created - _EPOCH) // _MS}\x1f{doc.get('client_msg_id') or ''}\x1f"
+            f"{len(sender)}\x1f{sender}\x1f{len(recipient)}\x1f{recipient}\x1f{doc['body']}")
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "big")
+
+
+def shown_digest_of(docs: list[dict]) -> int:
+    """The digests of ``docs`` combined (XOR: order does not matter), as MySQL's BIT_XOR combines its rows'."""
+    combined = 0
+    for doc in docs:
+        combined ^= shown_digest(doc)
+    return combined
 
 
 def inserted_docs(entry: dict, namespace: str) -> list[dict]:

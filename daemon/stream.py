@@ -5,7 +5,8 @@ cache (daemon/recent_cache.py) that serves catch-up (daemon/catchup.py), and
 the reads of the truth: what MySQL has committed past the position, by
 primary key (db/stream_ranges.py), else, whenever MySQL cannot say, the
 `messages` collection. The fast store is not trusted blindly: only documents
-in the writer's shape and within the committed head are released.
+in the writer's shape are released, and only once MySQL has shown them to be
+its rows (``TruthFills._fill_from_truth``: one read per batch, not per message).
 
 A partition's stream reads its own table, collection and meta documents
 (``chat.partitions``; partition 0's are the single stream's) and hands its
@@ -50,6 +51,7 @@ PAGE = 5000  # one read of the truth; FerretDB scans the whole collection per qu
 # from scratch. Messages wait meanwhile; none is lost.
 FILL_TIMEOUT_SECONDS = 60.0
 TAIL_QUEUE_MAX = 20_000  # oplog entries waiting for the consumer; past it the reader waits
+CONFIRM_MAX = 5000  # held documents past which the consumer stops taking batches and reads the truth
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,7 @@ class Stream(TruthFills):
         self._retention = retention_seconds
         self.cache = RecentCache(cache_max, cache_max_bytes)
         self._gap_check = gap_check_seconds
-        self._seq = Sequencer(high=0)
+        self._seq = self._sequencer(0)
         # oplog batches (and fill requests) for the consumer, each with the time
         # it arrived; bounded by entries, not batches
         self._inbox: asyncio.Queue[tuple[Batch | FillRequest, float]] = asyncio.Queue()
@@ -98,7 +100,18 @@ class Stream(TruthFills):
         # gap check before: what was committed a whole period ago and is still
         # not released is read from MySQL (the fast store lags, or the tail stopped).
         self._committed, self._committed_before = 0, 0
+        self._head_known = False  # MySQL has answered once: _committed is its head
+        # After a failed read of MySQL, held documents are settled without it for a
+        # while (``TruthFills._fill_unconfirmed``) rather than wait on it batch after batch.
+        self._mysql_backoff = Backoff(base=0.5, cap=10.0)
+        self._mysql_rests_until = 0.0
+        # When the oldest batch whose documents wait for the truth arrived (oplog -> socket counts the wait).
+        self._waiting_since: float | None = None
         self.ready = asyncio.Event()
+
+    def _sequencer(self, high: int) -> Sequencer:
+        """With MySQL, nothing past ``high`` is released until MySQL confirms it."""
+        return Sequencer(high=high, bound=high if self._ranges is not None else None)
 
     def _limits(self) -> tuple[int, float]:
         return PAGE, FILL_TIMEOUT_SECONDS  # read at each call: tests make them small
@@ -136,7 +149,7 @@ class Stream(TruthFills):
                 log.warning("event=stream_start_retry error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
                 await asyncio.sleep(delay)
         self._tail.last_ts = last_ts
-        self._seq = Sequencer(high=high)
+        self._seq = self._sequencer(high)
         # What is past those reads, now: a client resuming here finds this daemon as far along as its last one.
         await self._fill_from_truth()
         self.ready.set()
@@ -168,17 +181,34 @@ class Stream(TruthFills):
 
     async def _consume(self) -> None:
         while True:
+            # A cancel that landed in a driver call may come back as a plain
+            # return (PyMongo finishes some cancelled operations): the loop
+            # must still end, or a shutdown waits for it for ever.
+            reraise_if_cancelling()
             item, received = await self._inbox.get()
-            if isinstance(item, FillRequest):
-                self._fill_requested = False
-                await self._fill_from_truth()
-                continue
-            self._queued -= len(item.entries)
-            if self._queued <= self._queue_max // 2:
-                self._room.set()  # the reader takes the oplog again once half the queue is free
-            self._take(item, received)
+            ahead = self._step(item, received)
             if self._seq.hole:
-                await self._fill_from_truth()
+                # Documents wait for the truth: whatever else has come meanwhile
+                # joins them, so that one read of MySQL settles them all.
+                while not self._inbox.empty() and self._seq.held < CONFIRM_MAX:
+                    ahead = self._step(*self._inbox.get_nowait()) or ahead
+            if ahead or self._seq.hole:
+                await self._fill_from_truth(ahead)
+            if not self._seq.hole:
+                self._waiting_since = None
+
+    def _step(self, item: Batch | FillRequest, received: float) -> bool:
+        """Takes one item of the queue; True: it asks for a read of the truth."""
+        if isinstance(item, FillRequest):
+            self._fill_requested = False
+            return True
+        self._queued -= len(item.entries)
+        if self._queued <= self._queue_max // 2:
+            self._room.set()  # the reader takes the oplog again once half the queue is free
+        self._take(item, received)
+        if self._waiting_since is None and self._seq.hole:
+            self._waiting_since = received
+        return False
 
     def _take(self, batch: Batch, received: float) -> None:
         """One oplog batch, without I/O: what is next in the stream goes out now,
@@ -199,10 +229,10 @@ class Stream(TruthFills):
         return good
 
     @staticmethod
-    def _reject(reason: str, source: str, ids: list) -> None:
+    def _reject(reason: str, source: str, ids: list, action: str = "skipped") -> None:
         metrics.STRAYS.labels(reason).inc(len(ids))
-        log.error("event=stray_document reason=%s source=%s count=%d ids=%.200r action=skipped "
-                  "meaning=a_document_the_writer_did_not_write", reason, source, len(ids), ids[:5])
+        log.error("event=stray_document reason=%s source=%s count=%d ids=%.200r action=%s "
+                  "meaning=a_document_the_writer_did_not_write", reason, source, len(ids), ids[:5], action)
 
     async def _read_committed(self) -> int | None:
         """The highest id committed to MySQL; None without MySQL or when it fails."""
@@ -213,6 +243,8 @@ class Stream(TruthFills):
         except SQLAlchemyError as exc:
             log.warning("event=committed_head_failed error=%s", exc.__class__.__name__)
             return None
+        self._head_known = True
+        self._mysql_rests_until = 0.0  # MySQL answers again: the next batch is checked against it
         return self._committed
 
     async def _read_oplog(self) -> None:

@@ -1,6 +1,7 @@
-"""The stream's reads of the truth: what is committed past its position,
-from MySQL by primary key up to the committed head, else from the `messages`
-collection, and the ids passed over for good (expired or deleted).
+"""The stream's reads of the truth: the oplog's documents checked against
+MySQL, what is committed past its position, from MySQL by primary key up to
+the committed head, else from the `messages` collection, and the ids passed
+over for good (expired or deleted).
 
 A base of ``daemon.stream.Stream``, which owns the state these work on (the
 sequencer, the cache, the position) and the one way documents go out
@@ -20,6 +21,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 from sqlalchemy.exc import SQLAlchemyError
 
+from chat.messages import shown_digest, shown_digest_of
 from chat.stopping import reraise_if_cancelling
 from daemon import metrics
 from daemon.recent_cache import RecentCache
@@ -41,6 +43,11 @@ class TruthFills:
     _seq: Sequencer
     _fill_backoff: Backoff
     _fill_retry: asyncio.TimerHandle | None
+    _committed: int
+    _head_known: bool
+    _mysql_backoff: Backoff
+    _mysql_rests_until: float
+    _waiting_since: float | None
     cache: RecentCache
     _retry_fill: Callable[[], None]
 
@@ -58,28 +65,63 @@ class TruthFills:
     def _admit(self, docs: list[dict], source: str) -> list[dict]:
         raise NotImplementedError
 
-    def _reject(self, reason: str, source: str, ids: list) -> None:
+    def _reject(self, reason: str, source: str, ids: list, action: str = "skipped") -> None:
         raise NotImplementedError
 
     def _release(self, docs: list[dict], received: float) -> None:
         raise NotImplementedError
 
-    async def _fill_from_truth(self) -> None:
-        """Releases what is committed after the position: from MySQL by primary
-        key up to its committed head, else (MySQL failing) from `messages`, in
-        pages. Held documents past the committed head were not written by the
-        writer: they are dropped, never released, and the position never
-        moves past that head."""
+    async def _fill_from_truth(self, ahead: bool = True) -> None:
+        """Settles the documents held past the bound, in one read of MySQL
+        (``StreamRanges.confirm``): those past its committed head are not the
+        writer's and are dropped; those up to it are released as they came if
+        they are exactly MySQL's rows (a count and a digest of them), else
+        MySQL's rows are released in their place. ``ahead``: also release what
+        MySQL has committed past them (the gap check's and the start's reads).
+        Whenever MySQL cannot say, the collection is read instead (``_fill_unconfirmed``)."""
         if self._fill_retry is not None:
             return  # a retry is already scheduled
-        committed = await self._read_committed()
-        if committed is None or self._ranges is None:  # no MySQL (then no head either), or it failed
+        ranges = self._ranges
+        if ranges is None:  # no MySQL: `messages` alone (development only)
             await self._fill_from_collection(None, through=False)
             return
-        if dropped := self._seq.drop_above(committed):
+        hole = self._seq.hole
+        upto = hole[1] if hole else self.position
+        if time.monotonic() < self._mysql_rests_until:
+            await self._fill_unconfirmed()
+            return
+        try:
+            truth = await ranges.confirm(self.position, upto)
+        except SQLAlchemyError as exc:
+            delay = self._mysql_backoff.next()
+            self._mysql_rests_until = time.monotonic() + delay
+            log.warning("event=committed_head_failed error=%s mysql_retry_in_s=%.1f", exc.__class__.__name__, delay)
+            await self._fill_unconfirmed()
+            return
+        self._mysql_backoff.reset()
+        self._committed, self._head_known = max(self._committed, truth.head), True
+        if dropped := self._seq.drop_above(truth.head):
             self._reject("past_committed_head", "oplog", dropped)
-        if not await self._fill_from_mysql(self._ranges, committed):
-            await self._fill_from_collection(committed, through=False)
+        span = min(upto, truth.head)
+        if span > self.position:
+            shown = self._seq.held_upto(span)
+            if len(shown) == truth.rows == span - self.position and shown_digest_of(shown) == truth.digest:
+                self._release(self._seq.confirm(span), self._waiting_since or time.perf_counter())
+        if (ahead or self._seq.hole) and self.position < truth.head:
+            if not await self._fill_from_mysql(ranges, truth.head):
+                await self._fill_from_collection(truth.head, through=False)
+
+    async def _fill_unconfirmed(self) -> None:
+        """MySQL cannot say: the documents up to the committed head last read
+        from it (else, none read yet, up to meta.head) are released unchecked,
+        from the oplog or else from `messages`; those past it wait for MySQL."""
+        if not self._head_known:
+            await self._fill_from_collection(None, through=False)
+            return
+        self._release(self._seq.confirm(self._committed), self._waiting_since or time.perf_counter())
+        self._seq.drop_above(self._committed)  # read back from MySQL once it answers (the gap check)
+        if self._seq.hole:
+            await self._fill_from_collection(self._committed, through=False)
 
     async def _fill_from_collection(self, bound: int | None, through: bool) -> bool:
         """Releases what `messages` holds after the position, up to ``bound``
@@ -101,6 +143,10 @@ class TruthFills:
                 log.warning("event=fill_failed error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
                 return False
             self._fill_backoff.reset()
+            if upto is not None:
+                # what `messages` holds up to the head is taken as it is (MySQL cannot
+                # say, or lacks those ids), and what the oplog showed of it; past it, nothing
+                self._release(self._seq.confirm(upto), self._waiting_since or time.perf_counter())
             if not docs:
                 hole = self._seq.hole
                 if through and upto is not None and self.position < upto:
@@ -143,8 +189,19 @@ class TruthFills:
                 self._skip(docs[expired - 1]["_id"])
             metrics.CATCHUP_QUERIES.labels("stream_mysql").inc()
             log.info("event=stream_fill source=mysql after=%d got=%d", self.position, len(docs) - expired)
-            self._release(self._seq.offer_truth(docs[expired:]), time.perf_counter())
+            self._replace_held(docs[expired:])
         return True
+
+    def _replace_held(self, truth: list[dict]) -> None:
+        """Releases MySQL's rows in place of the documents held for their ids;
+        a held document that shows something else is logged as a stray."""
+        if not truth:
+            return
+        held = {d["_id"]: d for d in self._seq.held_upto(truth[-1]["_id"])}
+        if held and (differ := [d["_id"] for d in truth
+                                if (h := held.get(d["_id"])) is not None and shown_digest(h) != shown_digest(d)]):
+            self._reject("differs_from_mysql", "oplog", differ, action="replaced_by_mysql_row")
+        self._release(self._seq.offer_truth(truth), self._waiting_since or time.perf_counter())
 
     def _skip(self, upto: int) -> None:
         log.error("event=stream_skip after=%d upto=%d reason=expired_or_deleted", self.position, upto)

@@ -11,7 +11,7 @@ import contextlib
 import logging
 from datetime import UTC, datetime, timedelta
 
-from pymongo import ASCENDING, AsyncMongoClient
+from pymongo import ASCENDING, AsyncMongoClient, ReplaceOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, CollectionInvalid, OperationFailure
@@ -106,6 +106,30 @@ def only_duplicates(exc: BulkWriteError) -> bool:
     errors = exc.details.get("writeErrors", [])
     return bool(errors) and all(e.get("code") == DUPLICATE_KEY for e in errors) and not exc.details.get(
         "writeConcernErrors")
+
+
+def refused_at(exc: BulkWriteError) -> list[int]:
+    """The positions, in the documents given to insert_many, of those it refused."""
+    return [int(e["index"]) for e in exc.details.get("writeErrors", [])]
+
+
+def same_document(stored: dict, true: dict) -> bool:
+    """Whether ``stored`` (as read back) is the writer's document ``true``; a
+    driver may decode created_at naive (in UTC) or aware."""
+    created = stored.get("created_at")
+    if isinstance(created, datetime) and created.tzinfo is None:
+        stored = {**stored, "created_at": created.replace(tzinfo=UTC)}
+    return stored == true
+
+
+async def messages_with_ids(db: AsyncDatabase, ids: list[int], partition: int = 0) -> dict[int, dict]:
+    """The documents `messages` holds for ``ids``, by id (a scan of the collection on FerretDB)."""
+    return {int(doc["_id"]): doc async for doc in db[collection_name(partition)].find({"_id": {"$in": ids}})}
+
+
+async def replace_messages(db: AsyncDatabase, docs: list[dict], partition: int = 0) -> None:
+    """Puts each of ``docs`` in place of the document with its _id."""
+    await db[collection_name(partition)].bulk_write([ReplaceOne({"_id": d["_id"]}, d) for d in docs], ordered=False)
 
 
 def expired_before(retention_seconds: int, now: datetime | None = None) -> datetime:

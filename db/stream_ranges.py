@@ -16,12 +16,22 @@ one that never competes with the tail for the same server.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from typing import NamedTuple
+
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 
 from db.partition_map import tables_of
 from db.sql import pool_size_of, row_to_message
 from db.threads import Threads
+
+
+class Confirmation(NamedTuple):
+    """MySQL's answer for a range of ids a daemon holds documents of."""
+
+    head: int  # the highest id committed (0 if none)
+    rows: int  # rows in the range
+    digest: int  # chat.messages.shown_digest_of those rows
 
 
 class StreamRanges:
@@ -32,6 +42,14 @@ class StreamRanges:
         self.partition = partition
         self._messages = tables_of(partition).messages  # the partition's table: `messages` for 0
         self._threads = Threads(pool_size_of(engine), "ranges")
+        # chat.messages.shown_digest, row by row, combined by XOR: the same text,
+        # hashed the same way (utf8mb4 is UTF-8; CHAR_LENGTH counts code points, as len() does)
+        table = self._messages.name
+        self._confirm_sql = text(
+            f"SELECT (SELECT COALESCE(MAX(id), 0) FROM {table}), COUNT(*), COALESCE(BIT_XOR(CAST(CONV(LEFT(SHA2("
+            f"CONCAT_WS(CHAR(31 USING utf8mb4), id, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000, "
+            f"IFNULL(client_msg_id, ''), CHAR_LENGTH(sender), sender, CHAR_LENGTH(recipient), recipient, body), "
+            f"256), 16), 16, 10) AS UNSIGNED)), 0) FROM {table} WHERE id > :after AND id <= :upto")
 
     async def between(self, after: int, upto: int, limit: int) -> list[dict]:
         """Oldest first, at most ``limit``; raises SQLAlchemyError when MySQL fails."""
@@ -43,6 +61,18 @@ class StreamRanges:
         writer lock, so every id up to it is committed too. Raises
         SQLAlchemyError when MySQL fails."""
         return await self._threads.run(self._head)
+
+    async def confirm(self, after: int, upto: int) -> Confirmation:
+        """The committed head, and the rows ``after < id <= upto`` as a count
+        and a digest, in one statement: a daemon checks the oplog's documents
+        of that range against it without reading the rows (their bodies) back.
+        Raises SQLAlchemyError when MySQL fails."""
+        return await self._threads.run(self._confirm, after, upto)
+
+    def _confirm(self, after: int, upto: int) -> Confirmation:
+        with self._engine.connect() as conn:
+            head, rows, digest = conn.execute(self._confirm_sql, {"after": after, "upto": upto}).one()
+        return Confirmation(int(head), int(rows), int(digest))
 
     def _head(self) -> int:
         with self._engine.connect() as conn:

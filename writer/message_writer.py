@@ -117,6 +117,7 @@ class MessageWriter(MySQLSteps, MongoSteps):
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
                  observe_outbox: Callable[[int, float], None] = lambda n, s: None,
                  observe_copies: Callable[[int], None] = lambda n: None,
+                 observe_strays: Callable[[int], None] = lambda n: None,
                  timing: Timing = DEFAULT_TIMING, partition: int = 0, slot_map: SlotMap = ONE_PARTITION,
                  hand_over: Callable[[int, Copy], None] = _no_hand_over):
         self._partition = partition
@@ -144,6 +145,7 @@ class MessageWriter(MySQLSteps, MongoSteps):
         self._observe_mongo_lag = observe_mongo_lag
         self._observe_outbox = observe_outbox  # (messages, age of the oldest in seconds), after each turn
         self._observe_copies = observe_copies  # copies committed in this partition, per batch
+        self._observe_strays = observe_strays  # documents not the writer's found at its ids, replaced
         self._outbox = OutboxWatch()
         self._core = WriterCore(timing)
         self._head_task: asyncio.Task | None = None  # a meta.head write started mid-turn

@@ -31,6 +31,9 @@ OUTBOX_MESSAGES = Gauge("chat_writer_outbox_messages", "Messages committed to My
 OUTBOX_AGE = Gauge("chat_writer_outbox_age_seconds", "Age of the oldest message in the partition's outbox (0: "
                    "empty). Past 10 s the writer also logs event=outbox_aging; the daemons deliver those messages "
                    "from MySQL meanwhile", ["partition"])
+STRAYS = Counter("chat_writer_stray_documents", "Documents found at ids the partition's writer committed that it "
+                 "did not write (a duplicate _id that differs from the MySQL row), replaced by the row; also "
+                 "logged as event=stray_document source=writer", ["partition"])
 COPIES = Counter("chat_writer_copies", "Copies committed in the partition of their recipient, of messages sent "
                  "from another partition", ["partition"])
 GC_PAUSES = Histogram("chat_writer_gc_pause_seconds", "Cyclic garbage collector passes of the writer process, by "
@@ -55,6 +58,10 @@ def outbox_observer(partition: int) -> Callable[[int, float], None]:
 
 def copies_observer(partition: int) -> Callable[[int], None]:
     return COPIES.labels(str(partition)).inc
+
+
+def strays_observer(partition: int) -> Callable[[int], None]:
+    return STRAYS.labels(str(partition)).inc
 
 
 def observe_batch(size: int, seconds: float) -> None:

@@ -1,4 +1,4 @@
-"""The writer's MongoDB steps: an insert under the writer's deadline, meta.head, the outbox repair.
+"""The writer's MongoDB steps: an insert under the writer's deadline (and what a duplicate _id means), meta.head.
 
 ``MongoSteps`` is the half of ``MessageWriter`` that speaks to the fast store,
 always the collection of the writer's partition (``collection_name``), as
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, PyMongoError
@@ -30,6 +31,7 @@ class MongoSteps:
     _core: WriterCore
     _outbox: OutboxWatch
     _head_task: asyncio.Task | None
+    _observe_strays: Callable[[int], None]
 
     async def _within_timeout(self, operation):
         """A Mongo operation, waited for at most the writer's timeout. On time-out
@@ -48,19 +50,56 @@ class MongoSteps:
 
     async def _insert(self, docs: list[dict], ordered: bool = True) -> bool:
         """One insert_many under the writer's deadline. ``ordered=False`` (the
-        outbox repair): every document is tried, and one refused only for a
-        duplicate _id counts as stored, since ids are the writer's alone. Its
-        documents may then become visible out of id order; a daemon reads such
-        a hole back from MySQL, where all of them are committed."""
+        outbox repair): every document is tried. A document refused only for a
+        duplicate _id is settled by ``_settle_duplicates``; after one, an
+        ordered insert goes on with the rest unordered, so that a run of
+        them costs one more insert, not one each. Unordered documents may
+        become visible out of id order; a daemon reads such a hole back from
+        MySQL, where all of them are committed."""
         try:
             await self._within_timeout(self._mongo[self._collection].insert_many(docs, ordered=ordered))
             return True
         except BulkWriteError as exc:
-            if not ordered and mongo.only_duplicates(exc):
-                return True
-            return self._insert_failed(exc, docs)
+            if not mongo.only_duplicates(exc):
+                return self._insert_failed(exc, docs)
+            refused = mongo.refused_at(exc)
+            if ordered and (rest := docs[refused[-1] + 1:]) and not await self._insert(rest, ordered=False):
+                return False
+            return await self._settle_duplicates([docs[i] for i in refused])
         except (PyMongoError, TimeoutError) as exc:
             return self._insert_failed(exc, docs)
+
+    async def _settle_duplicates(self, ours: list[dict]) -> bool:
+        """``ours``, committed rows, were refused for a duplicate _id. What holds
+        each id is read back: the same document is a retry's (an insert cut
+        short by a crash or the deadline), and counts as stored; another was
+        not written by the writer (a script, a restore, another application
+        took the id first), and ours takes its place, loudly. A check that
+        cannot finish within the deadline (on FerretDB the read scans the
+        collection) counts them as stored: a repair step that cannot finish
+        would never make progress (docs/decisions/outbox-repair-without-reads.md),
+        and no daemon delivers a document MySQL does not confirm."""
+        ids = [d["_id"] for d in ours]
+        try:
+            found = await self._within_timeout(mongo.messages_with_ids(self._mongo, ids, self._partition))
+        except (PyMongoError, TimeoutError) as exc:
+            log.warning("event=duplicate_unchecked error=%s count=%d ids=%.200r action=counted_as_stored",
+                        exc.__class__.__name__, len(ids), ids[:5])
+            return True
+        strays = [d for d in ours if d["_id"] in found and not mongo.same_document(found[d["_id"]], d)]
+        if not strays:
+            return True
+        stray_ids = [d["_id"] for d in strays]
+        self._observe_strays(len(strays))
+        log.error("event=stray_document reason=differs_from_mysql source=writer partition=%d count=%d ids=%.200r "
+                  "action=replaced_by_mysql_row meaning=a_document_the_writer_did_not_write_held_its_id",
+                  self._partition, len(strays), stray_ids[:5])
+        try:
+            await self._within_timeout(mongo.replace_messages(self._mongo, strays, self._partition))
+        except (PyMongoError, TimeoutError) as exc:
+            log.error("event=stray_replace_failed error=%s count=%d ids=%.200r action=left_in_place",
+                      exc.__class__.__name__, len(strays), stray_ids[:5])
+        return True
 
     def _insert_failed(self, exc: Exception, docs: list[dict]) -> bool:
         log.warning("event=mongo_write_failed error=%s outbox_from=%d outbox_to=%d",

@@ -73,6 +73,7 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
                              observe_mongo_lag=metrics.MONGO_LAG.observe,
                              observe_outbox=metrics.outbox_observer(partition),
                              observe_copies=metrics.copies_observer(partition),
+                             observe_strays=metrics.strays_observer(partition),
                              partition=partition, slot_map=slot_map, hand_over=hand_over)
 
     return PartitionedWriter(slot_map, make)

@@ -4,7 +4,7 @@ import orjson
 
 from bson.int64 import Int64
 
-from chat.messages import Message, encode_doc, inserted_docs, rfc3339
+from chat.messages import Message, encode_doc, inserted_docs, rfc3339, shown_digest, shown_digest_of
 
 NS = "chat.messages"
 
@@ -53,3 +53,30 @@ def test_inserts_inside_a_transaction_count_too():
         {"op": "i", "ns": NS, "o": {"_id": 4}},
     ]}}
     assert inserted_docs(entry, NS) == [{"_id": 1}, {"_id": 4}]
+
+
+def test_the_digest_covers_what_a_device_shows_and_nothing_else():
+    at = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    m = Message(7, "alice", "bob", "hi é😀", at, "c1")
+    same = shown_digest(m.to_doc())
+    # as pymongo may hand it back: naive UTC, an Int64 id; origin fields are not shown
+    assert shown_digest({**m.to_doc(), "_id": Int64(7), "created_at": at.replace(tzinfo=None)}) == same
+    assert shown_digest({**m.to_doc(), "origin_part": 1, "origin_id": 3}) == same
+    for changed in ({"_id": 8}, {"from": "mallory"}, {"to": "carol"}, {"body": "hi é😀 "}, {"client_msg_id": None},
+                    {"client_msg_id": "c2"}, {"created_at": at.replace(microsecond=679000)}):
+        assert shown_digest({**m.to_doc(), **changed}) != same, changed
+
+
+def test_the_digest_keeps_fields_apart_whatever_they_contain():
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+    a = Message(1, "a\x1fb", "c", "d", at).to_doc()
+    b = Message(1, "a", "b\x1fc", "d", at).to_doc()
+    c = Message(1, "a", "b", "c\x1fd", at).to_doc()
+    assert len({shown_digest(a), shown_digest(b), shown_digest(c)}) == 3
+
+
+def test_digests_combine_in_any_order():
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+    docs = [Message(i, "a", "b", f"m{i}", at).to_doc() for i in range(1, 5)]
+    assert shown_digest_of(docs) == shown_digest_of(docs[::-1]) != shown_digest_of(docs[:3])
+    assert shown_digest_of([]) == 0

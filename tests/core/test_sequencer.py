@@ -68,3 +68,59 @@ def test_held_documents_are_bounded_and_the_overflow_is_read_back():
     s.offer(docs(5, 6, 7, 8, 9))
     assert s.hole == (0, 7)  # 8 and 9 were dropped, not buffered
     assert ids(s.offer(docs(1, 2, 3, 4, 5, 6, 7, 8, 9))) == list(range(1, 10))
+
+
+def test_with_a_bound_a_stray_at_the_next_id_is_held_until_the_bound_passes_it():
+    # The fast store took a document at the next id before the writer did: with
+    # MySQL's committed head at 10, nothing past it goes out, even in order.
+    s = Sequencer(high=10, bound=10)
+    assert ids(s.offer([{"_id": 11, "body": "forged"}])) == []
+    assert s.hole == (10, 11) and s.high == 10
+    assert ids(s.offer(docs(12))) == [] and s.hole == (10, 12)
+    assert ids(s.confirm(10)) == []  # MySQL's head is still 10
+    assert ids(s.confirm(11)) == [11]  # only a bound past it lets it go
+    assert s.high == 11 and s.hole == (11, 12)
+
+
+def test_held_documents_past_the_committed_head_are_dropped():
+    s = Sequencer(high=10, bound=10)
+    s.offer(docs(11, 12))
+    assert s.drop_above(10) == [11, 12]  # MySQL's head is still 10: not the writer's
+    assert s.hole is None and s.high == 10
+
+
+def test_the_truth_with_the_same_id_replaces_the_held_document():
+    s = Sequencer(high=10, bound=10)
+    s.offer([{"_id": 11, "body": "forged"}])
+    released = s.offer_truth([{"_id": 11, "body": "real"}])
+    assert released == [{"_id": 11, "body": "real"}]
+    assert s.high == 11 and s.bound == 11 and s.hole is None
+    assert s.offer([{"_id": 11, "body": "forged"}]) == [] and s.repeats == 1  # never later either
+
+
+def test_held_documents_go_out_in_order_once_the_bound_covers_them():
+    s = Sequencer(high=10, bound=10)
+    assert ids(s.offer(docs(12, 11, 13))) == []
+    assert ids(s.held_upto(12)) == [11, 12]
+    assert ids(s.confirm(12)) == [11, 12]  # the shell checked 11..12 against MySQL
+    assert s.high == 12 and s.bound == 12 and s.hole == (12, 13)
+
+
+def test_the_in_order_batch_is_released_up_to_the_bound_only():
+    s = Sequencer(high=10, bound=12)
+    assert ids(s.offer(docs(11, 12, 13))) == [11, 12]
+    assert s.hole == (12, 13)
+    assert ids(s.offer_truth(docs(13, 14))) == [13, 14] and s.bound == 14
+
+
+def test_a_skip_releases_held_documents_only_up_to_the_bound():
+    s = Sequencer(high=0, bound=6)
+    s.offer(docs(7, 8))
+    assert ids(s.skip_to(6)) == []  # 7 and 8 past the bound: not checked yet
+    assert ids(s.confirm(8)) == [7, 8]
+
+
+def test_without_a_bound_in_order_documents_go_out_as_they_come():
+    s = Sequencer(high=10)  # a stream without MySQL
+    assert ids(s.offer(docs(11, 12))) == [11, 12]
+    assert ids(s.confirm(99)) == [] and s.bound is None
