@@ -66,14 +66,15 @@ class Inbox:
         self.since = frame.get("cursor", frame["id"])
         return True
 
-    def query(self, token: str) -> str:
-        """The /v1/ws query string that resumes this inbox."""
-        query = f"token={quote(token)}"
+    def query(self) -> str:
+        """The /v1/ws query string that resumes this inbox. Never the token: a URL
+        lands in proxies' error logs, so it goes in ``Authorization``."""
+        parts = []
         if self.since:
-            query += f"&since={quote(self.since)}"
+            parts.append(f"since={quote(self.since)}")
         if self.partition is not None:
-            query += f"&partition={self.partition}"
-        return query
+            parts.append(f"partition={self.partition}")
+        return "&".join(parts)
 
 
 def partition_of_refusal(refused: InvalidStatus) -> int | None:
@@ -101,7 +102,8 @@ async def listen(base_url: str, token: str, since: str | None, on_message: Calla
     while count is None or len(inbox.ids) < count:
         at_once = False
         try:
-            async with websockets.connect(f"{base_url}/v1/ws?{inbox.query(token)}", max_size=2**20) as ws:
+            async with websockets.connect(f"{base_url}/v1/ws?{inbox.query()}", max_size=2**20,
+                                          additional_headers={"Authorization": f"Bearer {token}"}) as ws:
                 attempt = 0
                 async for raw in ws:
                     frame = orjson.loads(raw)

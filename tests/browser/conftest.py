@@ -30,7 +30,9 @@ def web_system(dbs: Databases, daemons: int = 1, **env) -> Iterator[System]:
     """API + daemons on the shared databases, serving the page at http://127.0.0.1:<port>/app/,
     with dev login on and that origin allowed by the daemons."""
     port = free_port()
+    # URL tokens refused, as by default: the page's client sends none.
     with running_system(dbs, daemons=daemons, apis=1, api_port=port, CHAT_DEV_MODE="true", CHAT_DEV_LOGIN="true",
+                        CHAT_URL_TOKENS_ALLOWED="false",
                         CHAT_RATE_LIMIT_PER_SECOND="0",
                         CHAT_ALLOWED_ORIGINS=json.dumps([f"http://127.0.0.1:{port}"]), **env) as system:
         yield system

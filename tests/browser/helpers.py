@@ -35,7 +35,7 @@ def bodies(page: Page) -> Locator:
 def witness(system: System, user: str) -> Iterator[list[dict]]:
     """Another connection of ``user`` (no browser): the message frames it receives."""
     frames: list[dict] = []
-    with connect(f"{system.ws_url}/v1/ws?token={system.token(user)}") as ws:
+    with connect(f"{system.ws_url}/v1/ws", additional_headers={"Authorization": f"Bearer {system.token(user)}"}) as ws:
         assert orjson.loads(ws.recv(PATIENCE))["type"] == "hello"
 
         def read():

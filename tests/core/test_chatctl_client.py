@@ -18,7 +18,7 @@ def test_it_resumes_with_the_frames_cursor_when_there_is_one_else_the_id():
     inbox.accept({"type": "hello", "cursor": "1.2.5", "recovered": False})
     assert inbox.accept(message("6", "1.2.6"))
     assert inbox.since == "1.2.6"
-    assert inbox.query("t") == "token=t&since=1.2.6"
+    assert inbox.query() == "since=1.2.6"
     single = Inbox()
     assert single.accept(message("7"))
     assert single.since == "7"
@@ -44,4 +44,4 @@ def test_a_421_names_the_partition_to_route_to():
     assert partition_of_refusal(refusal(421, {"error": "wrong_partition"})) is None
     assert partition_of_refusal(refusal(421, {"partition": "3"})) is None
     inbox = Inbox(partition=3)
-    assert inbox.query("t") == "token=t&partition=3"
+    assert inbox.query() == "partition=3"

@@ -17,7 +17,10 @@ from tests.timing import S
 
 
 def query_of(request: Request) -> dict[str, str]:
-    return {k: v[0] for k, v in parse_qs(urlsplit(request.path).query).items()}
+    """The handshake's query, and as "token" its ``Authorization`` token (never in the URL)."""
+    query = {k: v[0] for k, v in parse_qs(urlsplit(request.path).query).items()}
+    assert "token" not in query, "a token in the URL lands in proxies' logs"
+    return query | {"token": request.headers["Authorization"].removeprefix("Bearer ")}
 
 
 class FakeDaemon:
