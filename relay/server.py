@@ -70,6 +70,9 @@ class Relay:
         self._hello_seconds = hello_seconds
         # each daemon, and the namespaces it wants (None: all of them)
         self._subscribers: dict[asyncio.StreamWriter, frozenset[str] | None] = {}
+        # Set once the tail is open: a daemon that connects from then on, with
+        # a ``since`` at or after the tail's start, is resumed from the ring.
+        self.ready = asyncio.Event()
 
     @property
     def subscribers(self) -> int:
@@ -88,6 +91,9 @@ class Relay:
                 restarted = frame({"restarted": True})
                 for subscriber in list(self._subscribers):
                     self._send(subscriber, restarted)
+                if not self.ready.is_set():
+                    self.ready.set()
+                    log.info("event=relay_ready covered_from=%s", self._covered_from)
                 continue
             batch = event.entries
             if namespaces is None:

@@ -2,20 +2,20 @@
 against the real MariaDB and FerretDB: the frames are the bytes the collection
 would give, and when MySQL cannot say, the `messages` collection still does."""
 
-import asyncio
 import contextlib
 import uuid
 
 import pytest
 from sqlalchemy import create_engine, text
 
-from chat.messages import Message, encode_doc, now_ms
+from chat.messages import Message, encode_doc, now_ms, shown_digest_of
 from daemon import stream as stream_module
 from db import mongo
 from db.sql import make_engine, messages, metadata
 from db.stream_ranges import StreamRanges
 from tests.e2e.helpers import count_calls
-from tests.e2e.test_oplog_tail import _BurstTail, _Recorder, _stream_for_bob
+from tests.e2e.test_oplog_tail import _BurstTail, _Recorder, _stream_for_bob, reach
+from tests.timing import eventually
 
 
 @contextlib.contextmanager
@@ -57,10 +57,8 @@ class _PayloadRecorder(_Recorder):
         self.payloads[msg_id] = payload
 
 
-async def until_position(stream, position, timeout=10):
-    async with asyncio.timeout(timeout):
-        while stream.position < position:
-            await asyncio.sleep(0.02)
+async def until_position(stream, position):
+    await reach(stream, position)  # the stream's own signal: it wakes as the position moves
 
 
 @pytest.mark.parametrize("page", [5000, 2], ids=["one-read", "paged"])
@@ -100,7 +98,10 @@ async def test_a_hole_mysql_cannot_fill_is_read_from_the_collection(dbs, monkeyp
     ranges = StreamRanges(broken)
     async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
                                ranges=ranges) as (db, stream, bob):
+        # stored the way the writer stores them: the documents, then meta.head,
+        # the bound a daemon that never heard from MySQL goes by
         await db[mongo.MESSAGES].insert_many(docs)
+        await mongo.advance_head(db, 5)
         reads.clear()
         tail.go.set()
         await until_position(stream, 5)
@@ -134,14 +135,14 @@ async def test_rows_mysql_does_not_have_in_order_leave_the_hole_to_the_collectio
 async def test_an_id_gone_from_both_stores_is_passed_over_once_not_read_for_ever(dbs, monkeypatch):
     # Message 3 was deleted from MySQL and from the collection (an operator
     # removing it): the fill reads the collection for it once, passes over it,
-    # and the gap check, every 0.2 s here, finds nothing more to read.
+    # and the gap check, every 0.05 s here, finds nothing more to read.
     msgs = [Message(i, "alice", "bob", f"m{i}", now_ms()) for i in range(1, 5)]
     kept = [msgs[0], msgs[1], msgs[3]]
     tail = _BurstTail([m.to_doc() for m in kept], batch=3)
     reads = count_calls(monkeypatch, mongo, "messages_between")  # each a full scan on FerretDB
     with mysql_database(dbs) as engine:
         ranges = StreamRanges(engine)
-        async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=0.2,
+        async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=0.05,
                                    ranges=ranges) as (db, stream, bob):
             store_in_mysql(engine, kept)
             await db[mongo.MESSAGES].insert_many([m.to_doc() for m in kept])
@@ -149,7 +150,81 @@ async def test_an_id_gone_from_both_stores_is_passed_over_once_not_read_for_ever
             tail.go.set()
             await until_position(stream, 4)
             assert bob.got == [1, 2, 4]
-            await asyncio.sleep(1.0)  # five gap checks
+            # Each gap check reads the newest stored id; a read of the truth that
+            # any of the first five asked for would have run by the sixth.
+            checks = count_calls(monkeypatch, mongo, "newest_id")
+            await eventually(lambda: len(checks) >= 6, "six gap checks")
             assert len(reads) == 1
             assert stream.position == 4
+        ranges.close()
+
+
+async def test_mysql_digests_its_rows_as_the_daemon_digests_the_documents(dbs):
+    # The daemon trusts the oplog's documents of a range when MySQL's count and
+    # digest of its rows match theirs: the two must be built alike, whatever the text.
+    at = now_ms()
+    msgs = [Message(1, "alice", "bob", "plain", at),
+            Message(2, "ålice\x1f", "bøb 🙂", "m <b>é</b> 🙂\x00\n\x1f end", at, "c.1:x-Y_"),
+            Message(3, "a", "b", "", at),
+            Message(4, "a", "b", "x" * 5000, at)]
+    with mysql_database(dbs) as engine:
+        store_in_mysql(engine, msgs)
+        ranges = StreamRanges(engine)
+        try:
+            for after, upto in [(0, 4), (1, 3), (0, 0), (4, 9)]:
+                want = [m.to_doc() for m in msgs if after < m.id <= upto]
+                assert await ranges.confirm(after, upto) == (4, len(want), shown_digest_of(want))
+        finally:
+            ranges.close()
+
+
+async def test_a_stray_at_the_next_id_is_never_released_and_mysql_s_row_takes_its_place(dbs, monkeypatch, caplog):
+    # Someone put documents in the fast store at ids the writer was about to use.
+    # Whether MySQL committed the id meanwhile (2) or not (4), what goes out is
+    # MySQL's, read by primary key, never the fast store's.
+    msgs = [Message(i, "alice", "bob", f"m{i}", now_ms()) for i in range(1, 4)]
+    forged = {**msgs[1].to_doc(), "from": "mallory", "body": "forged"}
+    past_head = Message(4, "mallory", "bob", "forged", now_ms()).to_doc()
+    tail = _BurstTail([msgs[0].to_doc(), forged, msgs[2].to_doc(), past_head], batch=4)
+    reads = count_calls(monkeypatch, mongo, "messages_between")  # each a full scan on FerretDB
+    with mysql_database(dbs) as engine:
+        ranges = StreamRanges(engine)
+        async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
+                                   ranges=ranges) as (_db, stream, _bob):
+            bob = _PayloadRecorder("bob", stream.position)
+            stream._hub.register(bob)
+            bob.go_live([])
+            store_in_mysql(engine, msgs)
+            reads.clear()
+            tail.go.set()
+            await until_position(stream, 3)
+            assert bob.got == [1, 2, 3]
+            assert bob.payloads == {m.id: encode_doc(m.to_doc())[4] for m in msgs}
+            assert b"forged" not in b"".join(p for *_, p in stream.cache.between(0, 3))
+            assert "reason=differs_from_mysql source=oplog count=1 ids=[2]" in caplog.text
+            assert "reason=past_committed_head source=oplog count=1 ids=[4]" in caplog.text
+            assert reads == []
+            assert stream.position == 3
+        ranges.close()
+
+
+async def test_in_order_documents_are_checked_with_one_read_per_batch_and_released_as_they_came(dbs, monkeypatch):
+    # The steady state: each batch of the oplog past what MySQL confirmed costs
+    # one read of MySQL (the head, a count and a digest), not one per message,
+    # and no row is read back.
+    msgs = [Message(i, "alice", "bob", f"m{i}", now_ms()) for i in range(1, 101)]
+    tail = _BurstTail([m.to_doc() for m in msgs], batch=10)
+    with mysql_database(dbs) as engine:
+        ranges = StreamRanges(engine)
+        confirms = count_calls(monkeypatch, ranges, "confirm")
+        rows = count_calls(monkeypatch, ranges, "between")
+        async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=1000, gap_check_seconds=30,
+                                   ranges=ranges) as (_db, stream, bob):
+            store_in_mysql(engine, msgs)
+            confirms.clear()  # the start-up's
+            tail.go.set()
+            await until_position(stream, 100)
+            assert bob.got == list(range(1, 101))
+            assert 1 <= len(confirms) <= 10  # batches that came while a read ran share the next one
+            assert rows == []
         ranges.close()
