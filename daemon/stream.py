@@ -290,6 +290,7 @@ class Stream(TruthFills):
         # tail and the next fill down until delivery was seconds late.
         last_position = self.position
         while True:
+            reraise_if_cancelling()  # a cancel a driver call returned from (see _consume)
             await asyncio.sleep(self._gap_check)
             # From the truth first: delivery must not wait for the fast store.
             # What MySQL had committed a whole period ago and is still not
