@@ -106,7 +106,8 @@ def results(wstest, dbs) -> dict[str, dict[str, dict]]:
     # and 1007 is what it checks. 1008 itself is tested in test_connections.py.
     suites: dict[str, list[subprocess.Popen]] = {}
     try:
-        with running_system(dbs, daemons=1, apis=0, CHAT_WS_MAX_FRAMES_PER_SECOND=100) as system:
+        with running_system(dbs, daemons=1, apis=0, CHAT_WS_MAX_FRAMES_PER_SECOND=100,
+                            CHAT_URL_TOKENS_ALLOWED="true") as system:  # wstest sets no header
             live_url = f"{system.ws_url}/v1/ws?token={system.token('autobahn')}"
             for agent, url, parts in (("testee", testee_url, TESTEE_PARTS), ("live", live_url, LIVE_PARTS)):
                 shutil.rmtree(ARTIFACTS / agent, ignore_errors=True)
