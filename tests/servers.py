@@ -14,10 +14,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.timing import FACTOR, eventually_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 FERRETDB = ROOT / ".cache/ferretdb/bin/ferretdb"
@@ -50,14 +51,15 @@ def free_port() -> int:
 
 
 def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None, host: str = "127.0.0.1") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Until a connection to the port is taken; ``timeout`` in seconds at CHAT_TESTS_TIMEOUT_FACTOR 1."""
+    def listening() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+            return True
+        return False
+
+    eventually_sync(listening, f"something listens on {host}:{port}", timeout * FACTOR)
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15) -> None:

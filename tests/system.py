@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import psutil
 from chat import auth
 from chat.settings import Settings
 from db.init import init_all
+from tests.timing import FACTOR, eventually_sync
 from tests.servers import ROOT, FerretDB, MariaDB, env_for, free_port, fresh_dir, running, stop
 
 
@@ -131,15 +131,14 @@ class System:
         daemon itself: the port is shared, and one still starting refuses clients (503)."""
         url = (f"{self.api_url}/readyz" if name.startswith("api")
                else f"http://127.0.0.1:{self.daemon_port}/healthz")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             with contextlib.suppress(httpx.HTTPError):
                 r = httpx.get(url, timeout=2)  # a new connection each time: any daemon may answer
-                if (r.status_code == 200 and r.json()["status"] == "ok"
-                        and (pid is None or name.startswith("api") or r.json()["pid"] == pid)):
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"{name} not ready")
+                return (r.status_code == 200 and r.json()["status"] == "ok"
+                        and (pid is None or name.startswith("api") or r.json()["pid"] == pid))
+            return False
+
+        eventually_sync(ready, f"{name} ready", timeout * FACTOR)
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         stop(self.procs.pop(name), sig)
@@ -150,27 +149,25 @@ class System:
 
 
 def wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
         conns = psutil.Process(proc.pid).net_connections("tcp")
-        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"process {proc.pid} does not listen on {port} after {timeout}s")
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
+
+    eventually_sync(listening, f"process {proc.pid} listens on {port}", timeout * FACTOR)
 
 
 def wait_unix_listening(proc: subprocess.Popen, path: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before listening on {path}")
         with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as probe:
             probe.connect(path)
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"process {proc.pid} does not listen on {path} after {timeout}s")
+            return True
+        return False
+
+    eventually_sync(listening, f"process {proc.pid} listens on {path}", timeout * FACTOR)
 
 
 SOCKETS = {"writer": "CHAT_WRITER_SOCKET", "relay": "CHAT_OPLOG_RELAY_SOCKET"}

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from chat.serve import reuseport_socket
 from chat.settings import Settings
 from daemon.acceptor import Acceptor, connection_ceiling
+from tests.timing import eventually
 
 BURST = 300
 
@@ -81,9 +82,8 @@ async def _bounded_and_paused():
             await asyncio.sleep(0)
         assert Echo.made == 10  # nothing more could be accepted
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        await asyncio.sleep(0.5)  # the pause ends by itself
-        for _ in range(10):
-            await asyncio.sleep(0)
+        # the pause ends by itself (RETRY_SECONDS), and the rest is accepted
+        await eventually(lambda: Echo.made == 30, "accepting resumed after the pause")
         return Echo.made
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

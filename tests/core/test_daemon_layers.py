@@ -14,6 +14,7 @@ from daemon.stream import FillRequest, Stream
 from oplog.events import Batch, OplogSource, Restarted
 from oplog.tail import OplogTail
 from relay.client import RelayTail
+from tests.timing import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVING = ("daemon.server", "daemon.routes", "daemon.websocket", "daemon.lifecycle")
@@ -88,9 +89,7 @@ async def test_a_connection_serves_http_with_only_a_server_state_and_a_handler()
         second = await _exchange(reader, writer, b"/two")
         assert second.endswith(b'{"path":"/two"}') and b"connection: close" in second.lower()
         assert await asyncio.wait_for(reader.read(), 5) == b""
-        async with asyncio.timeout(5):
-            while state.conns:  # and out, once it is gone
-                await asyncio.sleep(0.01)
+        await eventually(lambda: not state.conns, "the connection counts itself out once it is gone")
         assert not state.http_conns and not handler.forgotten  # forget is for WebSockets only
     finally:
         writer.close()

@@ -11,6 +11,7 @@ from daemon.hub import Hub
 from daemon.lifecycle import drain
 from daemon.routes import Router
 from daemon.server import Daemon
+from tests.timing import eventually
 
 DRAIN_SECONDS = 0.3
 
@@ -22,8 +23,7 @@ async def test_drain_closes_idle_http_and_passes_over_a_connection_not_yet_made(
     server = await asyncio.get_running_loop().create_server(lambda: Connection(state, router), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    while not state.http_conns:  # the server's side is made
-        await asyncio.sleep(0.01)
+    await eventually(lambda: state.http_conns, "the server's side of the connection is made")
     not_made = Connection(state, router)  # what the acceptor's factory returns, before its transport exists
     assert not_made in state.conns
 

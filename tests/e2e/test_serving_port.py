@@ -3,6 +3,7 @@ and an auxiliary port that is taken (its own /metrics) does not stop it serving.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from tests.servers import ROOT, free_port, stop, wait_port
 from tests.system import running_system
+from tests.timing import eventually_sync
 
 
 def test_processes_whose_metrics_port_is_taken_serve_without_it_and_say_so(dbs, users):
@@ -49,8 +51,8 @@ SLOW_START = textwrap.dedent("""
         if scope["type"] == "lifespan":
             await receive()
             open(started, "w").close()
-            while not os.path.exists(gate):
-                await asyncio.sleep(0.02)
+            # the gate is a FIFO: reading it returns once the test writes to it
+            await asyncio.to_thread(lambda: open(gate).read())
             await send({"type": "lifespan.startup.complete"})
             await receive()
             await send({"type": "lifespan.shutdown.complete"})
@@ -64,17 +66,17 @@ SLOW_START = textwrap.dedent("""
 
 def test_the_shared_port_refuses_connections_until_start_up_is_done(tmp_path):
     started, gate, port = tmp_path / "started", tmp_path / "gate", free_port()
+    os.mkfifo(gate)
     proc = subprocess.Popen([sys.executable, "-c", SLOW_START, str(started), str(gate), str(port)], cwd=ROOT)
     try:
-        deadline = time.monotonic() + 20
-        while not started.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
+        eventually_sync(lambda: started.exists() or proc.poll() is not None, "the app's start-up began")
+        assert proc.poll() is None
         # Bound, still starting: a connection is refused, not queued for a
         # process that may yet fail and drop it.
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=2)
-        gate.touch()
+        with open(gate, "w") as opening:
+            opening.write("go")
         wait_port(port, 20, proc)
         assert httpx.get(f"http://127.0.0.1:{port}/").text == "serving"
     finally:
@@ -104,7 +106,7 @@ def _answer_to_a_head_in_parts(port: int, parts: list[bytes]) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         for part in parts:
             sock.sendall(part)
-            time.sleep(0.1)  # each part its own read on the server
+            time.sleep(0.1)  # pacing: each part its own read on the server
         sock.shutdown(socket.SHUT_WR)
         answer = b""
         while chunk := sock.recv(65536):
