@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from chat.serve import reuseport_socket
 from chat.settings import Settings
 from daemon.acceptor import Acceptor, connection_ceiling
-from tests.timing import eventually
+from tests.timing import S, eventually
 
 BURST = 300
 
@@ -50,7 +50,7 @@ async def _burst_then_close():
     for c in clients:
         c.close()
     with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", port), timeout=2)
+        socket.create_connection(("127.0.0.1", port), timeout=2 * S)
     return made_in_ten_iterations, echoes
 
 

@@ -14,7 +14,7 @@ from daemon.stream import FillRequest, Stream
 from oplog.events import Batch, OplogSource, Restarted
 from oplog.tail import OplogTail
 from relay.client import RelayTail
-from tests.timing import eventually
+from tests.timing import S, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVING = ("daemon.server", "daemon.routes", "daemon.websocket", "daemon.lifecycle")
@@ -69,10 +69,10 @@ class Greeter:
 
 async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: bytes) -> bytes:
     writer.write(b"GET " + target + b" HTTP/1.1\r\nHost: chat.example\r\n\r\n")
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5 * S)
     length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
                   .split(b":")[1])
-    return head + await asyncio.wait_for(reader.readexactly(length), 5)
+    return head + await asyncio.wait_for(reader.readexactly(length), 5 * S)
 
 
 async def test_a_connection_serves_http_with_only_a_server_state_and_a_handler():
@@ -88,7 +88,7 @@ async def test_a_connection_serves_http_with_only_a_server_state_and_a_handler()
         state.draining = True  # the server's drain: the next answer ends the connection
         second = await _exchange(reader, writer, b"/two")
         assert second.endswith(b'{"path":"/two"}') and b"connection: close" in second.lower()
-        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert await asyncio.wait_for(reader.read(), 5 * S) == b""
         await eventually(lambda: not state.conns, "the connection counts itself out once it is gone")
         assert not state.http_conns and not handler.forgotten  # forget is for WebSockets only
     finally:

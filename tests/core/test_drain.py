@@ -11,7 +11,7 @@ from daemon.hub import Hub
 from daemon.lifecycle import drain
 from daemon.routes import Router
 from daemon.server import Daemon
-from tests.timing import eventually
+from tests.timing import S, eventually
 
 DRAIN_SECONDS = 0.3
 
@@ -28,10 +28,10 @@ async def test_drain_closes_idle_http_and_passes_over_a_connection_not_yet_made(
     assert not_made in state.conns
 
     started = asyncio.get_running_loop().time()
-    await asyncio.wait_for(drain(daemon), timeout=5)
+    await asyncio.wait_for(drain(daemon), timeout=5 * S)
     waited = asyncio.get_running_loop().time() - started
 
-    assert await asyncio.wait_for(reader.read(), timeout=2) == b""  # the idle client: closed, nothing sent
+    assert await asyncio.wait_for(reader.read(), timeout=2 * S) == b""  # the idle client: closed, nothing sent
     assert not_made in state.conns  # still counted: the drain waits its full period for it
     assert waited >= DRAIN_SECONDS * 0.9
     writer.close()

@@ -9,6 +9,7 @@ import jwt
 import pytest
 
 from tests.e2e.helpers import mongo_docs, mongo_docs_soon, mysql_rows, post
+from tests.timing import PATIENCE
 
 GOOD = b'{"to": "bob", "body": "x"}'
 
@@ -17,7 +18,7 @@ def raw_post(system, body: bytes, token: str | None, **headers) -> httpx.Respons
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     headers.setdefault("Content-Type", "application/json")
-    return httpx.post(f"{system.api_url}/v1/messages", content=body, headers=headers, timeout=10)
+    return httpx.post(f"{system.api_url}/v1/messages", content=body, headers=headers, timeout=PATIENCE)
 
 
 def nothing_stored(system, sender):
@@ -94,7 +95,7 @@ def test_body_over_16_kib_gets_413_without_reading_it(system, users):
         yield b'"}'
 
     r = httpx.post(f"{system.api_url}/v1/messages", content=chunks(),
-                   headers={"Authorization": f"Bearer {system.token(sender)}"}, timeout=10)
+                   headers={"Authorization": f"Bearer {system.token(sender)}"}, timeout=PATIENCE)
     assert r.status_code == 413
     assert nothing_stored(system, sender)
 
@@ -103,7 +104,7 @@ def _answer_then_close(system, head: bytes) -> tuple[bytes, float]:
     """Sends a request head that never ends; returns all the API answers before it closes."""
     host, port = system.api_url.removeprefix("http://").split(":")
     started = time.monotonic()
-    with socket.create_connection((host, int(port)), timeout=10) as s:
+    with socket.create_connection((host, int(port)), timeout=PATIENCE) as s:
         s.sendall(head)
         data = b""
         while chunk := s.recv(65536):
@@ -144,7 +145,7 @@ async def test_hostile_and_unicode_text_is_stored_and_returned_byte_for_byte(sys
 
 async def test_racing_retries_store_exactly_one_message(system, users):
     alice, bob = users("alice"), users("bob")
-    async with httpx.AsyncClient(timeout=10) as c:
+    async with httpx.AsyncClient(timeout=PATIENCE) as c:
         replies = await asyncio.gather(*[post(system, alice, bob, "once", "retry-1", client=c) for _ in range(20)])
     assert sorted(r.status_code for r in replies) == [200] * 19 + [201]
     assert len({r.json()["id"] for r in replies}) == 1

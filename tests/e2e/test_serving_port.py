@@ -15,7 +15,7 @@ import pytest
 
 from tests.servers import ROOT, free_port, stop, wait_port
 from tests.system import running_system
-from tests.timing import eventually_sync
+from tests.timing import PATIENCE, S, eventually_sync
 
 
 def test_processes_whose_metrics_port_is_taken_serve_without_it_and_say_so(dbs, users):
@@ -29,7 +29,7 @@ def test_processes_whose_metrics_port_is_taken_serve_without_it_and_say_so(dbs, 
                                headers={"Authorization": f"Bearer {s.token(alice)}"})
             assert reply.status_code == 201
             # waits for the message (a 201 is the MySQL commit; delivery follows)
-            poll = httpx.get(s.poll_url, params={"token": s.token(bob), "since": "0", "timeout": 10}, timeout=15)
+            poll = httpx.get(s.poll_url, params={"token": s.token(bob), "since": "0", "timeout": 10}, timeout=PATIENCE)
             assert poll.status_code == 200 and [m["id"] for m in poll.json()["messages"]] == [reply.json()["id"]]
             for name in ("api_0", "daemon_0"):
                 assert s.procs[name].poll() is None, f"{name} exited"
@@ -74,7 +74,7 @@ def test_the_shared_port_refuses_connections_until_start_up_is_done(tmp_path):
         # Bound, still starting: a connection is refused, not queued for a
         # process that may yet fail and drop it.
         with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=2)
+            socket.create_connection(("127.0.0.1", port), timeout=2 * S)
         with open(gate, "w") as opening:
             opening.write("go")
         wait_port(port, 20, proc)
@@ -103,7 +103,7 @@ PLAIN = textwrap.dedent("""
 
 
 def _answer_to_a_head_in_parts(port: int, parts: list[bytes]) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=5 * S) as sock:
         for part in parts:
             sock.sendall(part)
             time.sleep(0.1)  # pacing: each part its own read on the server
