@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from pymongo.asynchronous.database import AsyncDatabase
@@ -67,8 +68,10 @@ def newest_expired_id(engine: Engine, after: int, cutoff: datetime, partition: i
 
 
 async def sweep_once(db: AsyncDatabase, engine: Engine, threads: Threads, retention_seconds: int,
-                     piece: int = DELETE_PIECE, partition: int = 0) -> int:
-    """Deletes the partition's expired messages, at most ``piece`` ids per delete; returns how many."""
+                     piece: int = DELETE_PIECE, partition: int = 0,
+                     pause: Callable[[float], Awaitable[None]] = asyncio.sleep) -> int:
+    """Deletes the partition's expired messages, at most ``piece`` ids per delete; returns how many.
+    ``pause``: how it waits between pieces (the tests' fake)."""
     cutoff = mongo.expired_before(retention_seconds)
     floor = await mongo.retention_floor(db, partition)
     newest = await threads.run(newest_expired_id, engine, floor, cutoff, partition)
@@ -82,7 +85,7 @@ async def sweep_once(db: AsyncDatabase, engine: Engine, threads: Threads, retent
                                         upsert=True)
         result = await db[collection_name(partition)].delete_many({"_id": {"$lte": upto}})
         deleted += result.deleted_count
-        await asyncio.sleep(PIECE_PAUSE_SECONDS)
+        await pause(PIECE_PAUSE_SECONDS)
     log.info("event=retention_sweep partition=%d deleted=%d floor=%d", partition, deleted, newest)
     return deleted
 
@@ -96,11 +99,14 @@ def delete_steps(floor: int, newest: int, piece: int) -> list[int]:
 
 
 async def run_sweeper(db: AsyncDatabase, engine: Engine, threads: Threads, retention_seconds: int,
-                      interval: float, partitions: int = 1) -> None:
+                      interval: float, partitions: int = 1,
+                      sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    """Sweeps every partition each ``interval`` seconds (``sleep``: the tests' fake), until cancelled;
+    a sweep that fails is logged and tried again in the next period."""
     while True:
         for partition in range(partitions):
             try:
                 await sweep_once(db, engine, threads, retention_seconds, partition=partition)
             except (PyMongoError, SQLAlchemyError) as exc:
                 log.warning("event=retention_sweep_failed partition=%d error=%s", partition, exc.__class__.__name__)
-        await asyncio.sleep(interval)
+        await sleep(interval)

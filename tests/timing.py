@@ -37,7 +37,7 @@ async def eventually(check: Callable[[], T | Awaitable[T]], what: str, timeout: 
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"never happened within {timeout:.0f} s: {what}")
         await asyncio.sleep(POLL_SECONDS)

@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 from chat.drafts import Draft
 from chat.messages import Message
@@ -46,9 +48,14 @@ class WriterUnreachable(WriteUnavailable):
 RECONNECT_SECONDS = 0.05  # a restarted writer is back in about a second: find it soon after
 
 
+Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
 class RemoteWriter:
-    def __init__(self, path: str, *, wait_seconds: float, reply_seconds: float):
+    def __init__(self, path: str, *, wait_seconds: float, reply_seconds: float, connect: Connect | None = None):
         self._path = path
+        # How a connection is opened (the tests hand over one end of a socketpair each time).
+        self._open: Connect = connect or partial(asyncio.open_unix_connection, path)
         self._wait = wait_seconds
         self._reply = reply_seconds
         self._seq = itertools.count(1)
@@ -110,7 +117,7 @@ class RemoteWriter:
     async def _connect(self) -> asyncio.StreamWriter:
         while True:
             try:
-                reader, stream = await asyncio.open_unix_connection(self._path)
+                reader, stream = await self._open()
                 break
             except OSError:  # not there yet (restarting), or refusing
                 await asyncio.sleep(RECONNECT_SECONDS)

@@ -21,13 +21,16 @@ from writer.core import insert_gap
 
 class Mirror:
     def __init__(self, insert: Callable[[list[dict]], Awaitable[bool]], ok: bool, mirrored: int,
-                 last_id: int, unsent_max: int, observe_lag: Callable[[float, int], None] = lambda s, n: None):
+                 last_id: int, unsent_max: int, observe_lag: Callable[[float, int], None] = lambda s, n: None,
+                 *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         self._insert = insert
+        self._clock, self._sleep = clock, sleep  # the tests' fake clock and pause
         self.ok = ok  # every insert so far succeeded (and, at the start, Mongo held everything to last_id)
         self.mirrored = mirrored  # every id up to it is in Mongo
         self._last_id = last_id
         self._unsent: list[Message] = []
-        # (created_at as time.monotonic(), messages) of each batch in _unsent: how long each took to reach Mongo
+        # (created_at on ``clock``, messages) of each batch in _unsent: how long each took to reach Mongo
         self._unsent_commits: list[tuple[float, int]] = []
         self._unsent_max = unsent_max
         self._observe_lag = observe_lag
@@ -35,7 +38,7 @@ class Mirror:
         self._room: asyncio.Future | None = None  # a commit waiting for the pump to take what is unsent
 
     async def add(self, new: list[Message], last_id: int, stamped: float) -> None:
-        """Messages just committed, up to ``last_id``; ``stamped``: their created_at, as time.monotonic()."""
+        """Messages just committed, up to ``last_id``; ``stamped``: their created_at, on ``clock``."""
         self._unsent.extend(new)
         if new:
             self._unsent_commits.append((stamped, len(new)))
@@ -76,11 +79,11 @@ class Mirror:
                     self.ok = False
                     return
                 self.mirrored = upto
-                now = time.monotonic()
+                now = self._clock()
                 for stamped, count in commits:  # weighted by messages: a quantile of messages, not of batches
                     self._observe_lag(now - stamped, count)
                 if gap := insert_gap(len(self._unsent)):  # under a flood the next insert goes at once
-                    await asyncio.sleep(gap)
+                    await self._sleep(gap)
         finally:
             self._make_room()  # a commit never waits on a pump that has ended
 

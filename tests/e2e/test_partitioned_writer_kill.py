@@ -19,6 +19,7 @@ from chat.partitions import lock_name
 from tests.e2e.helpers import connect, nothing_more, post, receive
 from tests.e2e.test_partitioned_delivery import daemon_serving, rows_of, user_in, writing_system
 from tests.system import System, databases
+from tests.timing import PATIENCE, eventually
 
 
 def echoes_owed_to(system: System, partition: int) -> list:
@@ -31,13 +32,23 @@ def echoes_owed_to(system: System, partition: int) -> list:
         engine.dispose()
 
 
-@pytest.fixture
-def two_partitions(tmp_path):
-    with databases(tmp_path, partitions=2) as dbs:
+async def nothing_more_on_each(system: System, sockets: list, user: str, partition: int) -> None:
+    """No frame more on any of ``user``'s ``sockets`` before a marker from ``user``
+    to a peer of the same partition (``nothing_more`` on the first socket; the
+    others get that same marker, and nothing before it)."""
+    first, *others = sockets
+    assert await nothing_more(system, first, user, user_in(partition, "peer")) == []
+    for ws in others:
+        assert [f["body"] for f in await receive(ws, 1)] == ["marker"]
+
+
+@pytest.fixture(scope="module")
+def two_partitions(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("writer-kill"), partitions=2) as dbs:
         yield dbs
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def hosted(two_partitions):
     """The write path and one daemon of both partitions behind the relay."""
     dbs = two_partitions
@@ -82,7 +93,10 @@ async def test_copies_owed_by_a_killed_writer_reach_the_recipient_s_devices_once
     assert later.status_code == 201
     for ws in anns + bens:
         assert [f["body"] for f in await receive(ws, 1)] == ["after the restart"]
-        assert await nothing_more(ws, 1.5)  # idle drains come and go: still once
+    # later turns of partition 1's writer, each draining what echoes are left: still once
+    await nothing_more_on_each(front, anns, ann, 0)
+    await nothing_more_on_each(front, bens, ben, 1)
+    for ws in anns + bens:
         await ws.close()
 
 
@@ -96,7 +110,7 @@ async def post_until_stored(system: System, sender: str, to: str, body: str, cli
                 return reply.json()
         except httpx.HTTPError:
             pass
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # pacing: a client's retries
     raise AssertionError(f"{body} never stored")
 
 
@@ -109,24 +123,25 @@ async def test_messages_sent_while_the_writer_is_killed_reach_each_device_once(h
     stored: list[dict] = []
 
     async def sending() -> None:
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=PATIENCE) as client:
             for n in range(count):
                 stored.append(await post_until_stored(front, cy, dee, f"m{n}", client))
 
     task = asyncio.create_task(sending())
-    async with asyncio.timeout(30):
-        while len(stored) < 10:
-            await asyncio.sleep(0.005)
-    front.stop("writer", signal.SIGKILL)  # mid-stream: some stored, the next ones on their way
+    await eventually(lambda: len(stored) >= 10, "ten messages stored")
+    # mid-stream: some stored, the next one on its way (the sender waits for each answer);
+    # in threads, so that the sender goes on (and retries) while the writer is away
+    await asyncio.to_thread(front.stop, "writer", signal.SIGKILL)
     assert len(stored) < count
-    await asyncio.sleep(0.3)
-    front.start("writer")
-    await asyncio.wait_for(task, 60)
+    await asyncio.to_thread(front.start, "writer")
+    await asyncio.wait_for(task, 2 * PATIENCE)
     assert len({m["id"] for m in stored}) == count  # one message per body, whatever the retries
     for ws in cys + dees:
-        frames = await receive(ws, count, timeout=30)
+        frames = await receive(ws, count)
         assert sorted(f["body"] for f in frames) == sorted(f"m{n}" for n in range(count))
         assert len({f["id"] for f in frames}) == count
-        assert await nothing_more(ws, 1.5)
+    await nothing_more_on_each(front, cys, cy, 0)
+    await nothing_more_on_each(front, dees, dee, 1)
+    for ws in cys + dees:
         await ws.close()
     assert len(rows_of(front, 1, cy)) == count and echoes_owed_to(front, 1) == []

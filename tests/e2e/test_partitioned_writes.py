@@ -6,7 +6,6 @@ recipient's; a partition whose writer is stalled holds back no other.
 """
 
 import asyncio
-import time
 import uuid
 
 import httpx
@@ -17,8 +16,9 @@ from sqlalchemy import create_engine, text
 from chat.drafts import Draft
 from chat.partitions import SlotMap, collection_name, lock_name, suffix
 from tests.e2e.helpers import post, running_writer
-from writer.mysql_steps import next_lock_name
 from tests.system import databases, running_system
+from tests.timing import PATIENCE, eventually
+from writer.mysql_steps import next_lock_name
 
 FOUR = SlotMap.even(4)
 
@@ -56,12 +56,21 @@ def docs(dbs, partition: int, query: dict) -> list[dict]:
         client.close()
 
 
-async def soon(check, timeout: float = 10.0):
-    """``check()`` once it is truthy, polling; its last value otherwise."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    return value
+async def soon(check, what: str):
+    """``check()``'s first truthy value, looked at in a thread (it queries a database)."""
+    return await eventually(lambda: asyncio.to_thread(check), what)
+
+
+def waiting_for_lock(dbs, name: str) -> bool:
+    """Some connection waits in GET_LOCK(``name``) (MariaDB shows the statement in its process list)."""
+    engine = create_engine(dbs.mariadb.url())
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                                     "WHERE INFO LIKE 'SELECT GET_LOCK(%' AND INFO LIKE :n"),
+                                {"n": f"%{name}%"}).scalar() > 0
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +105,7 @@ def test_db_init_lays_out_four_partitions_each_with_its_tables_and_collection(fo
 
 async def test_each_partition_numbers_its_own_messages_without_gaps(hosted):
     senders = {k: user_in(k, "s") for k in range(4)}
-    async with httpx.AsyncClient(timeout=10) as c:
+    async with httpx.AsyncClient(timeout=PATIENCE) as c:
         replies = await asyncio.gather(*(post(hosted, senders[k], user_in(k, "r"), f"m{i}", client=c)
                                          for k in range(4) for i in range(6)))
     assert [r.status_code for r in replies] == [201] * 24
@@ -109,7 +118,8 @@ async def test_each_partition_numbers_its_own_messages_without_gaps(hosted):
         assert {r.id for r in mine} == answered
         others = [rows(hosted.dbs, j, "sender = :s", s=senders[k]) for j in range(4) if j != k]
         assert others == [[], [], []]  # no copy: every recipient was in the sender's partition
-        stored = await soon(lambda k=k: len(got := docs(hosted.dbs, k, {"from": senders[k]})) == 6 and got)
+        stored = await soon(lambda k=k: len(got := docs(hosted.dbs, k, {"from": senders[k]})) == 6 and got,
+                            f"partition {k}'s messages in its collection")
         assert sorted(d["_id"] for d in stored) == sorted(answered)
 
 
@@ -123,20 +133,20 @@ async def test_a_message_to_another_partition_is_stored_once_in_each_even_when_r
     originals = rows(hosted.dbs, 1, "sender = :s", s=alice)
     assert [(r.id, r.recipient, r.body, r.origin_part, r.origin_id) for r in originals] == \
         [(original_id, bob, "hello bob", None, None)]
-    copies = await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice))
+    copies = await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice), "the copy in bob's partition")
     assert [(r.recipient, r.body, r.client_msg_id, r.origin_part, r.origin_id) for r in copies] == \
         [(bob, "hello bob", "k1", 1, original_id)]
     assert copies[0].created_at == originals[0].created_at  # one message, one time, on both sides
     assert rows(hosted.dbs, 0, "sender = :s", s=alice) == [] and rows(hosted.dbs, 3, "sender = :s", s=alice) == []
 
-    in_home = await soon(lambda: docs(hosted.dbs, 1, {"from": alice}))
-    in_theirs = await soon(lambda: docs(hosted.dbs, 2, {"from": alice}))
+    in_home = await soon(lambda: docs(hosted.dbs, 1, {"from": alice}), "the original in its collection")
+    in_theirs = await soon(lambda: docs(hosted.dbs, 2, {"from": alice}), "the copy in its collection")
     assert [d["_id"] for d in in_home] == [original_id] and "origin_part" not in in_home[0]
     assert [(d["_id"], d["origin_part"], d["origin_id"]) for d in in_theirs] == [(copies[0].id, 1, original_id)]
     assert not [e for e in echoes(hosted.dbs) if (e.from_part, e.from_id) == (1, original_id)]
 
     # Each side reads its own partition: the same message, each with its partition's id.
-    async with httpx.AsyncClient(timeout=10) as c:
+    async with httpx.AsyncClient(timeout=PATIENCE) as c:
         seen_by_bob = (await c.get(f"{hosted.api_url}/v1/messages", params={"with": alice},
                                    headers={"Authorization": f"Bearer {hosted.token(bob)}"})).json()["messages"]
         seen_by_alice = (await c.get(f"{hosted.api_url}/v1/messages", params={"with": bob},
@@ -157,12 +167,14 @@ async def test_a_leftover_echo_becomes_exactly_one_copy(hosted):
     async with running_writer(hosted.dbs, partition=1, slot_map=FOUR) as (writer, _engine, _db):
         original, created = await writer.submit(Draft(alice, bob, "left over", "k9"))
     assert created
-    copies = await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice))
+    copies = await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice), "the echo made into a copy")
     assert [(r.origin_part, r.origin_id, r.body) for r in copies] == [(1, original.id, "left over")]
-    await asyncio.sleep(1.5)  # more idle turns, each draining: still one copy
-    assert len(rows(hosted.dbs, 2, "sender = :s", s=alice)) == 1
+    # Every turn of partition 2's writer drains what echoes are left before its
+    # batch: once this message is answered, a turn has drained after the copy.
+    assert (await post(hosted, user_in(2, "carl"), bob, "a later turn")).status_code == 201
+    assert len(rows(hosted.dbs, 2, "sender = :s", s=alice)) == 1  # still one copy
     assert not [e for e in echoes(hosted.dbs) if (e.from_part, e.from_id) == (1, original.id)]
-    in_theirs = await soon(lambda: docs(hosted.dbs, 2, {"from": alice}))
+    in_theirs = await soon(lambda: docs(hosted.dbs, 2, {"from": alice}), "the copy in its collection")
     assert [d["_id"] for d in in_theirs] == [copies[0].id]
 
 
@@ -177,13 +189,14 @@ async def test_a_stalled_partition_holds_back_no_other_and_loses_nothing(hosted)
         assert holder.execute(text("SELECT GET_LOCK(:n, 10)"), {"n": next_lock_name(3)}).scalar() == 1
         assert holder.execute(text("SELECT GET_LOCK(:n, 10)"), {"n": lock_name(3)}).scalar() == 1
         holder.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": next_lock_name(3)})
-        async with httpx.AsyncClient(timeout=15) as c:
+        async with httpx.AsyncClient(timeout=PATIENCE) as c:
             stalled = asyncio.create_task(post(hosted, senders[3], user_in(3, "r"), "stalled", "st1", client=c))
-            await asyncio.sleep(0.2)
+            # partition 3's writer is in its turn's GET_LOCK, behind the holder
+            await soon(lambda: waiting_for_lock(hosted.dbs, lock_name(3)), "partition 3's writer waiting for its lock")
             for k in (0, 1, 2):
-                started = time.monotonic()
                 reply = await post(hosted, senders[k], user_in(k, "r"), "free", client=c)
-                assert reply.status_code == 201 and time.monotonic() - started < 1.0
+                # answered while partition 3's message still waits (it is refused only at the lock timeout)
+                assert reply.status_code == 201 and not stalled.done()
             refused = await stalled
         # at the lock timeout (CHAT_DB_TIMEOUT_SECONDS), as for a writer lock held anywhere
         assert (refused.status_code, refused.json()["error"]) == (503, "mysql_unavailable"), refused.text
@@ -219,9 +232,9 @@ async def test_one_partition_s_outbox_is_repaired_into_its_own_collection(mongo_
     finally:
         dbs.ferretdb.start()
     ids = sorted(int(r.json()["id"]) for r in (local, across))
-    repaired = await soon(lambda: len(got := docs(dbs, 2, {"from": carol})) == 2 and got, timeout=30)
+    repaired = await soon(lambda: len(got := docs(dbs, 2, {"from": carol})) == 2 and got, "the outbox repaired")
     assert sorted(d["_id"] for d in repaired) == ids
-    copy = await soon(lambda: docs(dbs, 0, {"from": carol}), timeout=30)
+    copy = await soon(lambda: docs(dbs, 0, {"from": carol}), "the copy in partition 0's collection")
     assert [(d["to"], d["origin_part"], d["origin_id"]) for d in copy] == [(erin, 2, int(across.json()["id"]))]
     assert docs(dbs, 1, {"from": carol}) == [] and docs(dbs, 3, {"from": carol}) == []
     engine = create_engine(dbs.mariadb.url())
@@ -231,7 +244,7 @@ async def test_one_partition_s_outbox_is_repaired_into_its_own_collection(mongo_
             return conn.execute(text("SELECT mirrored_upto FROM stream_state_p2")).scalar()
 
     try:
-        assert await soon(lambda: mirrored_upto() >= ids[-1], timeout=10)
+        await soon(lambda: mirrored_upto() >= ids[-1], "partition 2's mirrored_upto past the outbox")
     finally:
         engine.dispose()
 
@@ -244,5 +257,5 @@ async def test_an_api_process_that_writes_for_itself_writes_partitioned_too(four
         reply = await post(alone, fred, gina, "from a self-writing API")
         assert reply.status_code == 201
         assert [r.id for r in rows(four, 3, "sender = :s", s=fred)] == [int(reply.json()["id"])]
-        copies = await soon(lambda: rows(four, 0, "sender = :s", s=fred))
+        copies = await soon(lambda: rows(four, 0, "sender = :s", s=fred), "the copy in gina's partition")
         assert [(r.origin_part, r.origin_id) for r in copies] == [(3, int(reply.json()["id"]))]

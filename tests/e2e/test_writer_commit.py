@@ -18,8 +18,10 @@ from chat.drafts import Draft
 from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown
 from db import mongo
 from db.sql import make_engine
+from db.threads import Threads
 from tests.e2e.helpers import running_writer
 from tests.system import databases
+from tests.timing import PATIENCE, eventually
 from writer.message_writer import MessageWriter
 
 
@@ -49,6 +51,15 @@ def _bodies(engine, sender):
                                              {"s": sender})]
 
 
+async def _ids_in_mongo(db, sender: str, count: int) -> list[int]:
+    """The ids of ``sender``'s documents, sorted, once there are ``count`` of them."""
+    async def ids() -> list[int] | None:
+        found = sorted([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender}, {"_id": 1})])
+        return found if len(found) >= count else None
+
+    return await eventually(ids, f"{count} messages of {sender} in Mongo")
+
+
 async def test_a_commit_that_took_but_lost_its_answer_is_answered_201_and_still_reaches_mongo(own_dbs):
     sender = f"s{uuid.uuid4().hex[:8]}"
     async with running_writer(own_dbs, _LosesOneCommit, took=True) as (writer, engine, db):
@@ -56,10 +67,8 @@ async def test_a_commit_that_took_but_lost_its_answer_is_answered_201_and_still_
         assert all(created for _msg, created in msgs)  # stored, and told so (was: 503 "nothing stored")
         assert _bodies(engine, sender) == [f"m{i}" for i in range(5)]
         ids = sorted(msg.id for msg, _ in msgs)
-        async with asyncio.timeout(10):  # the outbox: the next session copies the batch to Mongo
-            while len([d async for d in db[mongo.MESSAGES].find({"from": sender})]) < 5:
-                await asyncio.sleep(0.1)
-        assert sorted([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender})]) == ids
+        # the outbox: the next session copies the batch to Mongo
+        assert await _ids_in_mongo(db, sender, 5) == ids
 
 
 async def test_a_commit_that_failed_says_the_outcome_is_unknown_and_a_retry_stores_it_once(own_dbs):
@@ -84,15 +93,20 @@ async def test_slow_reads_leave_the_writer_free_to_reach_both_stores(own_dbs):
     reads_engine = make_engine(own_dbs.settings().mysql_url.get_secret_value(), 5)
     reads = read_threads(reads_engine)
     release = threading.Event()
-    stuck = asyncio.gather(*(reads.run(release.wait, 30) for _ in range(reads.count)))
+    entered = threading.Semaphore(0)
+
+    def stick() -> None:
+        entered.release()
+        release.wait(PATIENCE)
+
+    stuck = asyncio.gather(*(reads.run(stick) for _ in range(reads.count)))
     try:
-        await asyncio.sleep(0.1)
+        for _ in range(reads.count):  # every read thread is in its stuck call
+            assert await asyncio.to_thread(entered.acquire, timeout=PATIENCE)
         async with running_writer(own_dbs, _LosesOneCommit, took=None) as (writer, engine, db):
-            msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "not held back")), 10)
+            msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "not held back")), PATIENCE)
             assert created and _bodies(engine, sender) == ["not held back"]
-            async with asyncio.timeout(10):
-                while await db[mongo.MESSAGES].find_one({"_id": msg.id}) is None:
-                    await asyncio.sleep(0.05)
+            await eventually(lambda: db[mongo.MESSAGES].find_one({"_id": msg.id}), "the message in Mongo")
             assert not stuck.done()  # all of that while every read thread was still stuck
     finally:
         release.set()
@@ -120,12 +134,9 @@ async def test_a_batch_with_retries_of_stored_messages_answers_them_with_origina
         assert two[1] and three[1] and (two[0].id, three[0].id) == (first.id + 1, first.id + 2)
         assert two_again == (two[0], False)
         assert _bodies(engine, sender) == ["one", "two", "three"]
-        async with asyncio.timeout(10):
-            while len([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender})]) < 3:
-                await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
-        assert sorted([d["_id"] async for d in db[mongo.MESSAGES].find({"from": sender})]) == \
-            [first.id, first.id + 1, first.id + 2]
+        # Mongo holds only what MySQL committed, each _id once: with these three
+        # there, nothing more of this sender can come.
+        assert await _ids_in_mongo(db, sender, 3) == [first.id, first.id + 1, first.id + 2]
 
 
 async def test_a_session_numbers_on_from_the_highest_stored_id_when_stream_state_lags_behind(own_dbs):
@@ -147,14 +158,46 @@ async def test_a_session_numbers_on_from_the_highest_stored_id_when_stream_state
         after, created = await writer.submit(Draft(sender, "r", "after"))
         assert created and after.id == before.id + 1
         assert _bodies(engine, sender) == ["before", "after"]
-        async with asyncio.timeout(10):  # in Mongo, and last_id recorded once the session ends
-            while await db[mongo.MESSAGES].find_one({"_id": after.id}) is None:
-                await asyncio.sleep(0.05)
-            while True:
-                with engine.connect() as conn:
-                    if conn.execute(text("SELECT last_id FROM stream_state")).scalar() == after.id:
-                        break
-                await asyncio.sleep(0.05)
+        # in Mongo, and last_id recorded once the session ends
+        await eventually(lambda: db[mongo.MESSAGES].find_one({"_id": after.id}), "the message in Mongo")
+
+        def last_id() -> int:
+            with engine.connect() as conn:
+                return conn.execute(text("SELECT last_id FROM stream_state")).scalar()
+
+        async def recorded() -> bool:
+            return await asyncio.to_thread(last_id) == after.id
+
+        await eventually(recorded, "stream_state.last_id recorded")
+
+
+class _QueuesItsCalls(MessageWriter):
+    """Names each MySQL call as it is queued for the writer's one thread."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._threads.close()
+        self._threads = _Recording()
+
+    @property
+    def queued(self) -> list[str]:
+        return self._threads.queued
+
+
+class _Recording(Threads):
+    def __init__(self):
+        super().__init__(1, "writer")
+        self.queued: list[str] = []
+
+    def run(self, fn, *args):
+        self.queued.append(getattr(fn, "__name__", repr(fn)))
+        return super().run(fn, *args)
+
+
+def _waiting_for_a_table_lock(engine) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                                 "WHERE STATE LIKE 'Waiting for table%'")).scalar() > 0
 
 
 async def test_a_writer_cancelled_mid_call_releases_its_lock_after_that_call_and_the_next_writer_writes(
@@ -171,21 +214,31 @@ async def test_a_writer_cancelled_mid_call_releases_its_lock_after_that_call_and
         with locker.connect() as conn:
             conn.execute(text("LOCK TABLES messages WRITE"))
             try:
-                async with asyncio.timeout(15):
-                    async with running_writer(own_dbs):
-                        await asyncio.sleep(0.6)  # its idle session (every 0.2 s) now waits on `messages`
+                async with asyncio.timeout(PATIENCE), running_writer(own_dbs, _QueuesItsCalls) as (writer, _e, _db):
+                    # its idle session now waits on `messages`
+                    await eventually(lambda: asyncio.to_thread(_waiting_for_a_table_lock, locker),
+                                     "the writer's read waiting for the table lock")
+
+                    async def unlock_once_the_release_is_queued() -> None:
+                        await eventually(lambda: "_mark_and_release" in writer.queued,
+                                         "the cancelled session's release queued behind its read")
+                        await asyncio.to_thread(conn.execute, text("UNLOCK TABLES"))
+
+                    unlocking = asyncio.create_task(unlock_once_the_release_is_queued())
+                # the writer is cancelled (the context's end) and its task ended
+                await unlocking
             finally:
                 conn.execute(text("UNLOCK TABLES"))
-        async with asyncio.timeout(10):
-            while True:
-                with locker.connect() as conn:
-                    if conn.execute(text("SELECT IS_USED_LOCK('chat.writer')")).scalar() is None:
-                        break
-                await asyncio.sleep(0.05)
+
+        def writer_lock_free() -> bool:
+            with locker.connect() as conn:
+                return conn.execute(text("SELECT IS_USED_LOCK('chat.writer')")).scalar() is None
+
+        await eventually(lambda: asyncio.to_thread(writer_lock_free), "the writer lock released")
     finally:
         locker.dispose()
     assert not [r for r in caplog.records if "release_failed" in r.getMessage()]
     sender = f"s{uuid.uuid4().hex[:8]}"
     async with running_writer(own_dbs) as (writer, engine, _db):
-        msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "after the shutdown")), 10)
+        msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "after the shutdown")), PATIENCE)
         assert created and _bodies(engine, sender) == ["after the shutdown"]

@@ -18,6 +18,7 @@ from chat.drafts import Draft
 from db import mongo
 from db.sql import make_engine
 from tests.system import databases
+from tests.timing import PATIENCE, eventually
 from writer.core import HANDOVER_CHECK_SECONDS, Timing
 from writer.message_writer import MessageWriter
 from writer.mysql_steps import NEXT_LOCK_NAME
@@ -60,14 +61,15 @@ async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_h
 
     clients = [asyncio.create_task(client(i)) for i in range(50)]
     try:
-        while len(busy_ids) < 500:  # the busy writer is in full swing
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(busy_ids) >= 500, "the busy writer in full swing")
         sending = asyncio.create_task(other.submit(Draft(f"o{tag}", "r", "other")))
-        # Counted from the moment the other writer is queued for the lock.
-        while not sending.done() and not await asyncio.to_thread(_queued, busy._engine):
-            pass
+        # Counted from the moment the other writer is queued for the lock (looked
+        # at back to back, not every POLL_SECONDS: the count starts no later than needed).
+        async with asyncio.timeout(PATIENCE):
+            while not sending.done() and not await asyncio.to_thread(_queued, busy._engine):
+                pass
         before = max(busy_ids)
-        msg, created = await asyncio.wait_for(sending, 10)
+        msg, created = await asyncio.wait_for(sending, PATIENCE)
         assert created
         # Ids are given in commit order: the busy writer's messages numbered in
         # between were committed while the other one was queued. The batch being
@@ -79,8 +81,7 @@ async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_h
             assert len(overtaken) <= 100, len(overtaken)
         # and the lock went back: the busy writer goes on after it
         n = len(busy_ids)
-        while len(busy_ids) < n + 100:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(busy_ids) >= n + 100, "the busy writer going on")
         assert max(busy_ids) > msg.id
     finally:
         stop.set()
@@ -110,19 +111,23 @@ async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
 
     try:
         clients = asyncio.gather(*(client(w, i) for i, w in enumerate(writers * 40)))
-        while len(written) < 200:  # the first session repairs what the last test's cancelled writers left
-            await asyncio.sleep(0.01)
+        # the first session repairs what the last test's cancelled writers left
+        await eventually(lambda: len(written) >= 200, "both writers under way")
         caplog.clear()
-        await asyncio.wait_for(clients, 120)
+        await asyncio.wait_for(clients, 4 * PATIENCE)
         # the last sessions' inserts are done once a session has recorded
         # mirrored_upto past the last id answered (at its end, or its checkpoint)
         engine = writers[0]._engine
-        for _ in range(100):
+
+        def state() -> tuple[int, int]:
             with engine.connect() as conn:
-                last, mirrored = conn.execute(text("SELECT last_id, mirrored_upto FROM stream_state")).one()
-            if mirrored >= max(written):
-                break
-            await asyncio.sleep(0.1)
+                return tuple(conn.execute(text("SELECT last_id, mirrored_upto FROM stream_state")).one())
+
+        async def recorded() -> tuple[int, int] | None:
+            last_and_mirrored = await asyncio.to_thread(state)
+            return last_and_mirrored if last_and_mirrored[1] >= max(written) else None
+
+        last, mirrored = await eventually(recorded, "mirrored_upto recorded past the last id answered")
         coll = writers[0]._mongo[mongo.MESSAGES]
         natural = [d["_id"] async for d in coll.find({"body": "both busy"}, {"_id": 1})]
         mine = sorted(written)
