@@ -18,6 +18,7 @@ import websockets
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from chat.settings import Settings
 from daemon.wire import FrameReader, Opcode
 from tests.e2e.helpers import connect, post, receive
 from tests.system import free_port, private_system, running_system
@@ -110,12 +111,14 @@ async def test_inbound_frame_flood_closes_with_1008(strict, users, frame):
 def patient(tmp_path_factory):
     """Pings far apart, so that a client that stops reading overflows its
     send buffer before it could be taken for a dead peer, and a short ping
-    timeout and close stall, so a stalled close is cut off after a second.
+    timeout, so a stalled close is cut off after the close stall (10 s): shorter, and the
+    slow readers of the other tests here, which read one socket after another, would be
+    cut off before they read their close frame.
     Databases of its own: the megabytes of 16 KB messages it posts would make
     every later full scan of the shared FerretDB (a daemon's start-up, an
     awaitData tail over 16 KB oplog entries) slow enough to fail other tests."""
     with private_system(tmp_path_factory.mktemp("patient"), daemons=1, apis=1, CHAT_SEND_BUFFER_MAX_BYTES=65536,
-                        CHAT_PING_INTERVAL_SECONDS=60, CHAT_PING_TIMEOUT_SECONDS=1, CHAT_CLOSE_STALL_SECONDS=1,
+                        CHAT_PING_INTERVAL_SECONDS=60, CHAT_PING_TIMEOUT_SECONDS=1,
                         CHAT_RATE_LIMIT_PER_SECOND=0) as s:
         yield s
 
@@ -207,7 +210,7 @@ async def test_a_client_that_never_reads_its_close_is_cut_off_after_the_close_st
     assert held_by(patient, {port})  # the close frame waits behind unread bytes: the socket is kept for now
     # cut off, though the client still has not read a byte
     await eventually(lambda: not held_by(patient, {port}), "the stalled connection is cut off",
-                     timeout=float(patient.env["CHAT_CLOSE_STALL_SECONDS"]) + PATIENCE)
+                     timeout=Settings(_env_file=None).close_stall_seconds + PATIENCE)
     sock.close()
 
 
