@@ -22,7 +22,7 @@ def test_round_trip():
     jwt.encode({"exp": int(time.time()) + 60}, SECRET, algorithm="HS256"),  # no sub
     jwt.encode({"sub": "bad user!", "exp": int(time.time()) + 60}, SECRET, algorithm="HS256"),
     jwt.encode({"sub": "alice", "exp": int(time.time()) + 60}, SECRET, algorithm="HS512"),
-])
+], ids=["none", "empty", "garbage", "other-secret", "expired", "alg-none", "no-exp", "no-sub", "bad-sub", "hs512"])
 def test_rejected_tokens(token):
     with pytest.raises(auth.AuthError):
         auth.verify(SECRET, token)

@@ -36,7 +36,8 @@ def test_a_public_placeholder_or_short_secret_is_refused_with_how_to_fix_it(secr
 
 
 @pytest.mark.parametrize("secret", [secrets.token_urlsafe(48), secrets.token_hex(32), "x7" * 16,
-                                    "test-secret-0123456789abcdef0123456789"])
+                                    "test-secret-0123456789abcdef0123456789"],
+                         ids=["token_urlsafe", "token_hex", "repeated", "test-secret"])
 def test_a_long_secret_of_no_known_kind_is_accepted(secret):
     assert secret_problem(secret, dev_mode=False) is None
 
