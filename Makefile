@@ -7,10 +7,12 @@ bootstrap:
 run:
 	@scripts/run.sh
 
-# The slowest tests are printed in every run. CHAT_TESTS_TIMEOUT_FACTOR=2 doubles every wait
-# of the tests on a slow machine (docs/testing.md).
+# Two pytest-xdist workers, a test file each at a time (its module fixtures stay whole):
+# most end-to-end tests wait on processes and sockets, and two at once halve the
+# wall time on two cores (docs/testing.md). The slowest tests are printed in every
+# run. CHAT_TESTS_TIMEOUT_FACTOR=2 doubles every wait of the tests on a slow machine.
 test: bootstrap lint
-	.venv/bin/python -m pytest -q --durations=15
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 # ruff and mypy, configured in pyproject.toml; `make test` runs it first.
 lint: bootstrap
