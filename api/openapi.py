@@ -162,13 +162,15 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                                     "invalid_field", "invalid_body"),
                         "429": _err("Sender over its rate limit (CHAT_RATE_LIMIT_PER_SECOND)", "rate_limited",
                                     headers=_RETRY_AFTER),
-                        "503": _err("MySQL down or slow, the writer queue full, the writer process away past "
-                                    "CHAT_WRITER_WAIT_SECONDS, or the process at its connection limit: nothing "
-                                    "stored (mysql_unavailable, overloaded, writer_unavailable); or the COMMIT "
-                                    "failed, or the writer process died holding the request, and it may have "
-                                    "been stored (outcome_unknown: retry with the same client_msg_id)",
-                                    "mysql_unavailable", "overloaded", "writer_unavailable", "outcome_unknown",
-                                    headers=_RETRY_AFTER),
+                        "503": _err("MySQL down or slow, another writer holding the sender's partition's lock "
+                                    "for the whole lock wait (CHAT_DB_TIMEOUT_SECONDS), the writer queue full, "
+                                    "the writer process away past CHAT_WRITER_WAIT_SECONDS, or the process at "
+                                    "its connection limit: nothing stored (mysql_unavailable, partition_busy, "
+                                    "overloaded, writer_unavailable); or the COMMIT failed, or the writer process "
+                                    "died holding the request, and it may have been stored (outcome_unknown: "
+                                    "retry with the same client_msg_id)",
+                                    "mysql_unavailable", "partition_busy", "overloaded", "writer_unavailable",
+                                    "outcome_unknown", headers=_RETRY_AFTER),
                         **_HEAD_ANSWERS,
                     },
                 },

@@ -17,6 +17,14 @@ class WriteUnavailable(ChatError):
     kind = "mysql_unavailable"  # the error code of the API's 503
 
 
+class PartitionBusy(WriteUnavailable):
+    """The partition's writer lock stayed held by another writer (another
+    host's) for the whole lock wait: MySQL answered, nothing was stored, and a
+    retry goes in once that writer hands the lock over."""
+
+    kind = "partition_busy"
+
+
 class WriteOutcomeUnknown(WriteUnavailable):
     """MySQL failed during the commit itself and could not be asked afterwards
     whether it took: the messages may be stored. A retry with the same
@@ -37,11 +45,12 @@ class ClientIdConflict(ChatError):
 
 # The one table from a write's failure to the client's answer: (status, error
 # code, message, field). The code of a WriteUnavailable is its ``kind``
-# (`mysql_unavailable`, or `writer_unavailable` from the writer's client).
+# (`mysql_unavailable`, `partition_busy`, or `writer_unavailable` from the writer's client).
 # Subclasses first: the first class in an exception's MRO found here answers.
 ANSWERS: dict[type[ChatError], tuple[int, str | None, str, str | None]] = {
     WriteOutcomeUnknown: (503, "outcome_unknown", "the permanent store failed while committing; the message may "
                           "have been stored: retry with the same client_msg_id", None),
+    PartitionBusy: (503, None, "another writer holds this partition's lock; nothing was stored, retry", None),
     WriteUnavailable: (503, None, "the permanent store is unavailable; nothing was stored, retry", None),
     WriterOverloaded: (503, "overloaded", "the permanent store is unavailable; nothing was stored, retry", None),
     ClientIdConflict: (409, "client_msg_id_conflict",

@@ -30,6 +30,7 @@ from chat.drafts import Draft
 from chat.messages import Message
 from chat.write_errors import (
     ClientIdConflict,
+    PartitionBusy,
     WriteOutcomeUnknown,
     WriterOverloaded,
     WriteUnavailable,
@@ -83,6 +84,8 @@ class RemoteWriter:
             raise WriterOverloaded
         if outcome == protocol.OUTCOME_UNKNOWN:
             raise WriteOutcomeUnknown("mysql: the commit failed and may have taken")
+        if outcome == protocol.BUSY:
+            raise PartitionBusy("writer: another writer holds this partition's lock")
         raise WriteUnavailable("mysql: unavailable")
 
     async def ready(self, timeout: float) -> bool:

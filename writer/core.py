@@ -6,19 +6,31 @@ it from one to the next, are a table (``TRANSITIONS``); an event the table
 does not list for the phase at hand is a bug of the shell, and raises
 ``IllegalTransition`` instead of being taken silently.
 
-    IDLE --locked--> LOCKED --in_step--> MIRRORING --mongo_failed--> OUTBOX
-                       |  \\--behind----------------------------------^
-                       \\--repairing--> REPAIRING --in_step / behind--^
+    IDLE --locked--> LOCKED --in_step--> MIRRORING --mongo_failed / mongo_left--> OUTBOX
+                       |  \\--behind------------------------------------------------^
+                       \\--repairing--> REPAIRING --in_step / behind------------------^
     LOCKED, REPAIRING, MIRRORING, OUTBOX --ending--> ENDING --released--> IDLE
-    REPAIRING, ENDING, IDLE --mongo_failed--> the same phase
+    REPAIRING, OUTBOX, ENDING --mongo_left--> the same phase
+    IDLE, LOCKED, REPAIRING, OUTBOX, ENDING --mongo_failed--> the same phase
     (any phase) --released--> IDLE   (a failure ends the turn wherever it is)
 
 MIRRORING: the committed messages go on to Mongo, in id order, behind the
-commits. OUTBOX: Mongo is behind (an insert failed, or the repair was left
-for later): commits go on, nothing more goes to Mongo in this turn, and the
-committed rows past ``mirrored_upto`` are the outbox that a later turn copies
-first. Every time is an argument (``now``, a ``time.monotonic()`` reading),
-so the tests drive it with a fake clock.
+commits. OUTBOX: Mongo is behind (an insert failed, the turn left one in
+flight, or the repair was left for later): commits go on, nothing more goes
+to Mongo in this turn, and the committed rows past ``mirrored_upto`` are the
+outbox that a later turn copies first.
+
+A turn keeps another process waiting on its Mongo for a moment at most: once
+one is queued for the lock (``queued``), a Mongo call the turn waits on is
+waited for ``handover_grace_seconds`` at most (``mongo_patience``); then the
+turn leaves it in flight (``mongo_left``), ends after the batch in hand and
+releases the lock. A call left in flight, or cut off at its timeout, may end in any later
+phase: its failure is taken wherever it lands, and none of its successors
+starts an insert (``may_insert``). Why ids still reach Mongo in id order:
+docs/design.md, section 1.
+
+Every time is an argument (``now``, a ``time.monotonic()`` reading), so the
+tests drive it with a fake clock.
 """
 
 from __future__ import annotations
@@ -56,6 +68,14 @@ INSERT_GAP_BELOW = 64
 # (messages are still stored and answered; the copy waits), so that a Mongo
 # that is down or hung costs one timeout, not one per turn under the lock.
 MONGO_RETRY_SECONDS = 2.0
+# How long a turn waits on a Mongo call (an insert, the repair's, the last
+# insert at its end) while another process is queued for the lock, before it
+# hands the lock over and leaves the call in flight. Normal inserts take a few
+# to a few tens of ms: they finish within it, and the next holder finds no
+# outbox to repair. A hung one (a cut link, a stopped FerretDB) waited out the
+# Mongo timeout (CHAT_DB_TIMEOUT_SECONDS) under the lock, and the queued
+# writers, whose lock wait is the same timeout, answered 503.
+HANDOVER_GRACE_SECONDS = 0.25
 # How often a batch's commit asks whether another process is queued for the
 # lock (one more round trip, and the host's one writer process is nearly
 # always alone): a waiting process waits this much longer at most.
@@ -84,6 +104,7 @@ class Event(Enum):
     IN_STEP = "in_step"  # Mongo holds every committed id (or will, behind the commits)
     BEHIND = "behind"  # the outbox stays for a later turn
     MONGO_FAILED = "mongo_failed"
+    MONGO_LEFT = "mongo_left"  # a Mongo call is left in flight: another process is queued for the lock
     ENDING = "ending"
     RELEASED = "released"
 
@@ -93,12 +114,22 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (Phase.LOCKED, Event.IN_STEP): Phase.MIRRORING,
     (Phase.LOCKED, Event.BEHIND): Phase.OUTBOX,
     (Phase.LOCKED, Event.REPAIRING): Phase.REPAIRING,
-    (Phase.REPAIRING, Event.MONGO_FAILED): Phase.REPAIRING,  # the repair then ends BEHIND
     (Phase.REPAIRING, Event.IN_STEP): Phase.MIRRORING,
     (Phase.REPAIRING, Event.BEHIND): Phase.OUTBOX,
+    # A failed insert: the turn's own, or one that outlived its turn (left in
+    # flight at a hand-over, or cut off at its timeout), which ends in whatever
+    # phase a later turn of this writer is in. Either way Mongo is failing here.
+    (Phase.IDLE, Event.MONGO_FAILED): Phase.IDLE,
+    (Phase.LOCKED, Event.MONGO_FAILED): Phase.LOCKED,  # the plan is then LATER
+    (Phase.REPAIRING, Event.MONGO_FAILED): Phase.REPAIRING,  # the repair then ends BEHIND
     (Phase.MIRRORING, Event.MONGO_FAILED): Phase.OUTBOX,
+    (Phase.OUTBOX, Event.MONGO_FAILED): Phase.OUTBOX,
     (Phase.ENDING, Event.MONGO_FAILED): Phase.ENDING,  # the last insert, waited for at the end
-    (Phase.IDLE, Event.MONGO_FAILED): Phase.IDLE,  # an insert that outlived its turn (cut short by a shutdown)
+    # A Mongo call waited on past the grace while another process is queued: left in flight.
+    (Phase.REPAIRING, Event.MONGO_LEFT): Phase.REPAIRING,  # the repair then ends BEHIND
+    (Phase.MIRRORING, Event.MONGO_LEFT): Phase.OUTBOX,  # the batch in hand is committed, then the turn ends
+    (Phase.OUTBOX, Event.MONGO_LEFT): Phase.OUTBOX,  # its pump's insert, after another call's failure
+    (Phase.ENDING, Event.MONGO_LEFT): Phase.ENDING,  # the last insert
     **{(phase, Event.ENDING): Phase.ENDING
        for phase in (Phase.LOCKED, Phase.REPAIRING, Phase.MIRRORING, Phase.OUTBOX)},
     **{(phase, Event.RELEASED): Phase.IDLE for phase in Phase},
@@ -110,7 +141,9 @@ class OutboxPlan(Enum):
 
     NONE = "none"  # Mongo holds everything committed
     REPAIR = "repair"  # copy it now, before anything newer
-    LATER = "later"  # Mongo failed moments ago: commit without waiting on it again under the lock
+    # Mongo failed (or was left in flight) moments ago: commit without waiting on it
+    # again under the lock, whether or not there is an outbox.
+    LATER = "later"
 
 
 class NextStep(Enum):
@@ -130,6 +163,7 @@ class Timing:
     mongo_retry_seconds: float = MONGO_RETRY_SECONDS
     handover_check_seconds: float = HANDOVER_CHECK_SECONDS
     head_every_seconds: float = HEAD_EVERY_SECONDS
+    handover_grace_seconds: float = HANDOVER_GRACE_SECONDS
 
 
 DEFAULT_TIMING = Timing()
@@ -153,8 +187,8 @@ def insert_gap(unsent: int) -> float:
 class WriterCore:
     """The state the writer's decisions need, across turns and within one."""
 
-    __slots__ = ("checkpointed", "handover_check_at", "head_at", "head_written", "mongo_retry_at", "phase",
-                 "timing", "turn_started")
+    __slots__ = ("checkpointed", "handover_check_at", "head_at", "head_written", "left", "mongo_retry_at", "phase",
+                 "queued", "sending", "timing", "turn", "turn_started")
 
     def __init__(self, timing: Timing = DEFAULT_TIMING):
         self.timing = timing
@@ -165,6 +199,10 @@ class WriterCore:
         self.mongo_retry_at = 0.0  # until then, after a failed Mongo write, the outbox waits
         self.head_written = 0  # the id meta.head was last moved to
         self.head_at = 0.0  # when
+        self.turn = 0  # counts the turns: an insert belongs to the turn it was made for
+        self.queued = False  # another process is known to be queued for the lock (in this turn)
+        self.left = False  # this turn left a Mongo call in flight (and hands the lock over)
+        self.sending = False  # the turn's committed messages may still go to Mongo
 
     def _on(self, event: Event) -> Phase:
         try:
@@ -175,14 +213,19 @@ class WriterCore:
 
     # --- a turn -----------------------------------------------------------
     def locked(self, mirrored: int, last_id: int, now: float) -> OutboxPlan:
-        """The lock is taken and the stream state read: what to do with the outbox."""
+        """The lock is taken and the stream state read: what to do with the outbox.
+        Within ``mongo_retry_seconds`` of a failed (or left) Mongo call the turn
+        leaves Mongo alone, even with nothing to repair: another writer, whose
+        Mongo answers, copies what it commits."""
         self._on(Event.LOCKED)
-        if mirrored >= last_id:
-            self._writing(Event.IN_STEP, now)
-            return OutboxPlan.NONE
+        self.turn += 1
+        self.queued = self.left = False
         if now < self.mongo_retry_at:
             self._writing(Event.BEHIND, now)
             return OutboxPlan.LATER
+        if mirrored >= last_id:
+            self._writing(Event.IN_STEP, now)
+            return OutboxPlan.NONE
         self._on(Event.REPAIRING)
         return OutboxPlan.REPAIR
 
@@ -192,6 +235,7 @@ class WriterCore:
 
     def _writing(self, event: Event, now: float) -> None:
         self._on(event)
+        self.sending = event is Event.IN_STEP
         self.turn_started = self.checkpointed = now
 
     @property
@@ -209,7 +253,8 @@ class WriterCore:
 
     def committed(self, others_waiting: bool, now: float) -> NextStep:
         """A batch is committed and answered: end the turn, checkpoint, or go on."""
-        if others_waiting:
+        self.queued = self.queued or others_waiting
+        if self.queued:
             return NextStep.END  # after the batch in hand: lingering must not hold another host's requests
         if self.phase is Phase.OUTBOX and now - self.turn_started > self.timing.session_max_seconds:
             return NextStep.END  # the next turn repairs the outbox once Mongo is back
@@ -227,12 +272,47 @@ class WriterCore:
     def released(self) -> None:
         """The lock is given up (or lost with its connection), whatever the turn did."""
         self._on(Event.RELEASED)
+        self.sending = False
+
+    # --- waiting on Mongo under the lock --------------------------------------
+    def others_asked(self, waiting: bool) -> None:
+        """MySQL was asked whether another process is queued for the lock."""
+        self.queued = self.queued or waiting
+
+    def mongo_patience(self, waited: float) -> float | None:
+        """How much longer the turn waits on a Mongo call it has waited on for
+        ``waited`` seconds, before it asks again whether another process is
+        queued; None: not at all, it leaves the call in flight (``mongo_left``).
+        Nobody queued: as long as the call takes (each call has its own timeout)."""
+        if self.left:
+            return None  # one call left in flight: the turn waits on Mongo no more
+        grace = self.timing.handover_grace_seconds
+        if waited < grace:
+            return grace - waited
+        return None if self.queued else self.timing.handover_check_seconds
+
+    def mongo_left(self, now: float) -> None:
+        """The turn leaves a Mongo call in flight and hands the lock over: it
+        commits the batch in hand (MySQL only) and ends; what the call was to
+        copy is the outbox. This writer's Mongo did not answer in time: its turns
+        leave Mongo alone for ``mongo_retry_seconds``, as after a failure."""
+        self._on(Event.MONGO_LEFT)
+        self.left, self.sending = True, False
+        self.mongo_retry_at = max(self.mongo_retry_at, now + self.timing.mongo_retry_seconds)
+
+    def may_insert(self, turn: int) -> bool:
+        """Whether turn ``turn``'s pump may start its next insert: not once the turn
+        has ended (its successor copies the rest first), left a call in flight, or
+        seen an insert fail."""
+        return turn == self.turn and self.sending
 
     # --- Mongo ------------------------------------------------------------
     def mongo_failed(self, now: float) -> None:
-        """An insert into Mongo failed: this turn sends nothing more, and the outbox waits a while."""
-        self.mongo_retry_at = now + self.timing.mongo_retry_seconds
+        """An insert into Mongo failed (this turn's, or one that outlived its turn):
+        this turn sends nothing more, and the outbox waits a while."""
         self._on(Event.MONGO_FAILED)
+        self.sending = False
+        self.mongo_retry_at = max(self.mongo_retry_at, now + self.timing.mongo_retry_seconds)
 
     def head_failed(self, now: float) -> None:
         """A write of meta.head failed: only a hint, but a sign that Mongo is failing."""

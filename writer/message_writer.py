@@ -18,6 +18,9 @@ processes share:
    everything committed since the previous one started;
 4. when the queue is still empty once the last insert is done (or the
    session has held the lock long enough): record mirrored_upto, unlock.
+   Another process queued for the lock never waits on this one's Mongo
+   longer than ``HANDOVER_GRACE_SECONDS``: past it the Mongo call is left
+   in flight (``_under_lock``) and what it was to copy is the outbox.
 
 Every decision of a session (repair the outbox now or later, end or
 checkpoint after a commit, ask for a hand-over, move meta.head) is made by
@@ -32,28 +35,18 @@ missed, never one that is still in flight. That is what makes catch-up exact.
 Within a session the stores are decoupled: MySQL commits, and their answers,
 never wait for a Mongo insert, unless ``UNSENT_BATCHES`` batches of committed
 messages already do (then the next commit waits: a Mongo slower than MySQL
-for long slows the writer down instead of growing a queue). With at most
-one answered batch waiting for Mongo, each commit waited for the previous
-batch's insert, and a POST's time followed FerretDB's insert time, which the
-daemons' tails make long. As deployed (2 API processes, the writer process,
-2 daemons tailing FerretDB, ab -k -c 100, single runs): 3,861-4,243 POST/s
-at p99 44-48 ms, decoupled and with sessions that run on
-(CHECKPOINT_SECONDS), against 2,926-3,202 at p99 80-92. Inserts still start
-in id order, one at a time, and the session waits for the last one before it
-gives up the lock.
+for long slows the writer down instead of growing a queue; measured in
+docs/decisions/mongo-insert-pump.md). Inserts still start in id order, one at
+a time, and the session waits for the last one before it gives up the lock,
+unless another process is queued for it (then for the grace at most).
 
 A process queued for the lock holds ``chat.writer.next`` meanwhile; the
 holder sees it and hands over after the batch in hand, so that lingering
 never holds another process's requests for a whole session.
 
-Across sessions the stores are not pipelined, on purpose. Tried:
-the next holder committed and answered its first batch while the last one's
-final insert ran, and waited for that insert (a second named lock) only to
-insert its own. The write path alone went from 2,762-2,828 to 3,222-3,782
-POST/s (ab -k -c 100, two API processes, no daemon), but with the daemons
-tailing, FerretDB saw inserts back to back: at 1,000 msg/s and 1,000
-WebSocket clients the daemons fell off its oplog 3-6 times per 20 s run
-(0 before) and delivery p99 went from 400-425 ms to 3.5-4.7 s. Reverted.
+Across sessions the stores are not pipelined, on purpose: with FerretDB
+taking inserts back to back, the daemons fell off its oplog
+(docs/decisions/no-writer-pipelining.md).
 
 MySQL commits first, so a message is never in Mongo but not in MySQL. If a
 Mongo write fails, or the process dies before it, the committed rows are the
@@ -69,6 +62,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 
 from pymongo.asynchronous.database import AsyncDatabase
 from sqlalchemy.engine import Connection, Engine
@@ -84,19 +78,12 @@ from db.sql import row_to_message
 from db.threads import Threads
 from writer.batch import CommitFailed, Pending, answer_all, fail
 from writer.copies import Copy
-from writer.core import (
-    DEFAULT_TIMING,
-    NextStep,
-    OutboxPlan,
-    Timing,
-    WriterCore,
-    batch_room,
-    unsent_max,
-)
+from writer.core import DEFAULT_TIMING, NextStep, OutboxPlan, Timing, WriterCore, unsent_max
 from writer.mirror import Mirror
 from writer.mongo_steps import MongoSteps
 from writer.mysql_steps import MySQLSteps, next_lock_name
 from writer.outbox_watch import OutboxWatch
+from writer.turn_waits import TurnWaits
 from chat.stopping import reraise_if_cancelling
 
 log = logging.getLogger("chat.writer")
@@ -107,7 +94,7 @@ def _no_hand_over(partition: int, copy: Copy) -> None:
     """Without a peer in this process, a copy is made by the drain of its partition's writer."""
 
 
-class MessageWriter(MySQLSteps, MongoSteps):
+class MessageWriter(MySQLSteps, MongoSteps, TurnWaits):
     """The writer of one partition (``partition``, of ``slot_map``): its lock, tables and collection.
     ``hand_over(partition, copy)`` offers a copy its originals owe to that partition's writer at once."""
 
@@ -150,6 +137,7 @@ class MessageWriter(MySQLSteps, MongoSteps):
         self._core = WriterCore(timing)
         self._head_task: asyncio.Task | None = None  # a meta.head write started mid-turn
         self._in_hand: list[Pending] = []  # the batch being written: the one to fail if the turn breaks
+        self._left: set[asyncio.Future] = set()
 
     # --- the request side -------------------------------------------------
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
@@ -197,53 +185,6 @@ class MessageWriter(MySQLSteps, MongoSteps):
                 fail(self._in_hand, exc)  # the batch in hand when it failed, not the turn's first
                 reraise_if_cancelling()  # a cancel a driver reported as its own error: a shutdown
 
-    async def _next_batch(self, first: Pending | None) -> list[Pending]:
-        if first is None:
-            if self._queue.empty():
-                return []
-            first = self._queue.get_nowait()
-        if self._window:
-            await asyncio.sleep(self._window)  # let concurrent requests join the batch
-        batch = [first]
-        for _ in range(batch_room(1, self._queue.qsize(), self._batch_max)):
-            batch.append(self._queue.get_nowait())
-        return batch
-
-    async def _request_or_done(self, inserting: asyncio.Task) -> list[Pending]:
-        """A batch as soon as a request comes, or [] once the insert is done."""
-        getter = asyncio.ensure_future(self._queue.get())
-        try:
-            await asyncio.wait((getter, inserting), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            getter.cancel()  # no-op if it has a request already
-        try:
-            first = await getter
-        except asyncio.CancelledError:
-            # A cancelled get leaves its request in the queue; but a cancel of
-            # this task (a shutdown) that lands here must not be taken for it.
-            current = asyncio.current_task()
-            if getter.cancelled() and current is not None and not current.cancelling():
-                return []
-            raise
-        return await self._next_batch(first)
-
-    async def _linger(self, mirror: Mirror, conn: Connection) -> list[Pending]:
-        """The next batch: the answered clients' next requests, taken as they
-        come while Mongo works (each finished insert hands on what was committed
-        meanwhile); [] once Mongo has everything and nobody else asks, or
-        another process is queued for the lock."""
-        while True:
-            batch = await self._next_batch(None)
-            if batch or mirror.inserting is None:
-                break
-            batch = await self._request_or_done(mirror.inserting)
-            if batch:
-                return batch
-            await mirror.settle()
-        if batch or await self._mysql(self._others_waiting, conn, True):
-            return batch
-        return await self._next_batch(None)
-
     async def _session(self, batch: list[Pending], idle: bool = False) -> None:
         """One turn under the writer lock: repair, then commit batches while they come."""
         try:
@@ -261,8 +202,8 @@ class MessageWriter(MySQLSteps, MongoSteps):
                 core.repaired(in_step, time.monotonic())
             if self._slot_map.partitions > 1:
                 batch = self._in_hand = await self._leftovers(conn) + batch
-            mirror = Mirror(self._insert, core.mirroring, mirrored, last_id, unsent_max(self._batch_max),
-                            self._observe_mongo_lag)
+            mirror = Mirror(self._inserter(core.turn), core.mirroring, mirrored, last_id,
+                            unsent_max(self._batch_max), self._observe_mongo_lag)
             try:
                 while batch:
                     try:
@@ -279,9 +220,9 @@ class MessageWriter(MySQLSteps, MongoSteps):
                     answer_all(committed)  # stored: MySQL is the permanent store
                     self._pass_on(committed.owed, committed.new_messages)
                     self._observe_batch(len(committed.answers), time.perf_counter() - committed.started)
-                    await mirror.add(committed.new_messages, last_id, committed.stamped)
                     step = core.committed(committed.others_waiting, time.monotonic())
-                    if step is NextStep.END:
+                    adding = asyncio.ensure_future(mirror.add(committed.new_messages, last_id, committed.stamped))
+                    if not await self._under_lock(conn, adding) or step is NextStep.END:
                         break
                     if step is NextStep.CHECKPOINT:
                         await self._mysql(self._mark, conn, mirror.mirrored, last_id)
@@ -289,11 +230,11 @@ class MessageWriter(MySQLSteps, MongoSteps):
                         core.checkpoint_done(time.monotonic())
                     batch = self._in_hand = await self._linger(mirror, conn)
                 core.ending()
-                await mirror.drain()
+                draining = asyncio.ensure_future(mirror.drain())
+                if not await self._under_lock(conn, draining):
+                    self._record_when_done(draining, lambda _: mirror.mirrored, last_id)
             finally:
                 mirrored = mirror.mirrored
-            if core.head_due(mirrored, time.monotonic(), idle):
-                await self._advance_head(mirrored)
         finally:
             try:
                 # shielded: a second cancel must not drop the release from the thread's queue
@@ -303,6 +244,9 @@ class MessageWriter(MySQLSteps, MongoSteps):
             if mirrored is not None:
                 self._outbox.seen(last_id - mirrored)
             self._report_outbox()
+        # meta.head after the release, in the background: a hint, not worth the lock while Mongo hangs
+        if core.head_due(mirrored, time.monotonic(), idle) and (self._head_task is None or self._head_task.done()):
+            self._head_task = asyncio.create_task(self._advance_head(mirrored))
 
     def _report_outbox(self) -> None:
         now = datetime.now(UTC)
@@ -350,12 +294,6 @@ class MessageWriter(MySQLSteps, MongoSteps):
         if self._slot_map.partitions > 1:
             self._observe_copies(sum(1 for m in new if m.origin_part is not None))
 
-    async def _mysql(self, fn, *args):
-        try:
-            return await self._threads.run(fn, *args)
-        except SQLAlchemyError as exc:
-            raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
-
     async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:
         """Copies outbox rows to Mongo, oldest first, a page at a time; returns
         (mirrored_upto, ok). Each page is one MySQL read by primary key and one
@@ -378,11 +316,21 @@ class MessageWriter(MySQLSteps, MongoSteps):
             live = [d for d in docs if d["created_at"] >= cutoff]
             log.warning("event=outbox_repair rows=%d live=%d from_id=%d to_id=%d", len(docs), len(live),
                         docs[0]["_id"], docs[-1]["_id"])
-            if live and not await self._insert(live, ordered=False):
-                return mirrored, False
+            if live:
+                inserting = asyncio.ensure_future(self._insert(live, ordered=False))
+                if not await self._under_lock(conn, inserting):  # another process is queued: left in flight
+                    self._record_when_done(inserting, partial(_if_inserted, docs[-1]["_id"]), last_id)
+                    return mirrored, False
+                if not inserting.result():
+                    return mirrored, False
             mirrored = docs[-1]["_id"]
         self._outbox.cleared()
         return mirrored, True
+
+
+def _if_inserted(upto: int, inserted: bool) -> int:
+    """What an outbox page's insert, left in flight, proves once it is done: every id up to ``upto``, if it went in."""
+    return upto if inserted else 0
 
 
 def _copy_settled(future: asyncio.Future) -> None:

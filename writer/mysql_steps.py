@@ -19,8 +19,9 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from chat.messages import Message, now_ms
 from chat.partitions import SlotMap, lock_name
-from chat.write_errors import WriteUnavailable
+from chat.write_errors import PartitionBusy, WriteUnavailable
 from db.sql import conversation_key, row_to_message
+from db.threads import Threads
 from writer import echo_sql
 from writer.batch import CommitFailed, Committed, Pending
 from writer.copies import Copy, Known, copy_message, copy_plan, owed_copies
@@ -50,20 +51,35 @@ class MySQLSteps:
     _stream_state: Table
     _lock: str
     _next_lock: str
+    _threads: Threads
+
+    async def _mysql(self, fn, *args):
+        """``fn(*args)`` on the writer's one MySQL thread; a MySQL error is ``WriteUnavailable``."""
+        try:
+            return await self._threads.run(fn, *args)
+        except SQLAlchemyError as exc:
+            raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
 
     def _lock_and_read_state(self, conn: Connection) -> tuple[int, int]:
-        """Takes the writer lock (queued behind the next-lock); returns (last_id, mirrored_upto)."""
+        """Takes the writer lock (queued behind the next-lock); returns (last_id, mirrored_upto).
+        GET_LOCK answers 0 when the wait ran out with the lock still held by
+        another session (another writer, of another host): ``PartitionBusy``,
+        not "MySQL unavailable"; NULL on an error."""
         deadline = time.monotonic() + self._timeout
         lock = text("SELECT GET_LOCK(:n, :t)")
-        got = 0
-        if conn.execute(lock, {"n": self._next_lock, "t": self._timeout}).scalar() == 1:
+        got = conn.execute(lock, {"n": self._next_lock, "t": self._timeout}).scalar()
+        if got == 1:
             try:
-                got = conn.execute(lock, {"n": self._lock, "t": max(0.0, deadline - time.monotonic())}).scalar() or 0
+                got = conn.execute(lock, {"n": self._lock, "t": max(0.0, deadline - time.monotonic())}).scalar()
             finally:
                 conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self._next_lock})
         conn.commit()
+        if got == 0:
+            log.warning("event=writer_lock_timeout partition=%d waited_s=%.1f meaning=another_writer_held_the_lock "
+                        "answer=partition_busy", self._partition, self._timeout)
+            raise PartitionBusy(f"partition {self._partition}: another writer held its lock for {self._timeout:g} s")
         if got != 1:
-            raise WriteUnavailable("mysql: writer lock timeout")
+            raise WriteUnavailable("mysql: GET_LOCK failed")
         # The batches do not move stream_state.last_id (one round trip fewer
         # each): the highest id in `messages` is the truth, and a look-up of
         # the primary key's last entry. last_id is recorded with mirrored_upto.
@@ -171,6 +187,17 @@ class MySQLSteps:
             mirrored_upto=func.greatest(stream_state.c.mirrored_upto, mirrored),
             last_id=func.greatest(stream_state.c.last_id, last_id)))
         conn.commit()
+
+    def _mark_alone(self, mirrored: int, last_id: int) -> None:
+        """``_mark`` outside any turn, on a connection of its own: what a Mongo
+        call left in flight at a hand-over proved once it succeeded. Both values
+        only ever grow (GREATEST), so it may land before or after any turn's."""
+        try:
+            with self._engine.connect() as conn:
+                self._mark(conn, mirrored, last_id)
+        except SQLAlchemyError as exc:
+            # the rows stay the outbox: a later turn copies them again (duplicates, counted as stored)
+            log.warning("event=mirrored_upto_not_recorded error=%s mirrored_upto=%d", exc.__class__.__name__, mirrored)
 
     def _mark_and_release(self, conn: Connection, mirrored: int | None, last_id: int) -> None:
         try:

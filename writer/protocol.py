@@ -40,7 +40,8 @@ MILLISECOND = timedelta(milliseconds=1)
 # Outcomes, one per answer the writer can give (the API maps each to its HTTP answer).
 CREATED, REPLAYED, CONFLICT = "created", "replayed", "conflict"
 UNAVAILABLE, OUTCOME_UNKNOWN, OVERLOADED = "unavailable", "outcome_unknown", "overloaded"
-OUTCOMES = frozenset({CREATED, REPLAYED, CONFLICT, UNAVAILABLE, OUTCOME_UNKNOWN, OVERLOADED})
+BUSY = "partition_busy"  # another writer held the partition's lock for the whole lock wait
+OUTCOMES = frozenset({CREATED, REPLAYED, CONFLICT, UNAVAILABLE, OUTCOME_UNKNOWN, OVERLOADED, BUSY})
 STOPPING = "stopping"  # the goodbye's outcome; seq 0, which no request uses (the API counts from 1)
 
 

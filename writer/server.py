@@ -32,6 +32,7 @@ from chat.stopping import stop_on_signals
 from chat.unix_socket import bind_owner_only
 from chat.write_errors import (
     ClientIdConflict,
+    PartitionBusy,
     WriteOutcomeUnknown,
     WriterOverloaded,
     WriteUnavailable,
@@ -58,6 +59,8 @@ def outcome_of(future: asyncio.Future) -> tuple[str, Message | None]:
         return protocol.CONFLICT, exc.original
     if isinstance(exc, WriteOutcomeUnknown):  # before WriteUnavailable: a subclass of it
         return protocol.OUTCOME_UNKNOWN, None
+    if isinstance(exc, PartitionBusy):  # the same
+        return protocol.BUSY, None
     if isinstance(exc, WriteUnavailable):
         return protocol.UNAVAILABLE, None
     log.error("event=writer_unexpected_error error=%r", exc)

@@ -2,7 +2,9 @@
 
 import pytest
 
+from chat.settings import Settings
 from writer.core import (
+    HANDOVER_GRACE_SECONDS,
     INSERT_GAP_BELOW,
     INSERT_GAP_SECONDS,
     TRANSITIONS,
@@ -20,7 +22,8 @@ from writer.core import (
 )
 
 TIMING = Timing(session_max_seconds=0.25, checkpoint_seconds=1.0, mongo_retry_seconds=2.0,
-                handover_check_seconds=0.02, head_every_seconds=1.0)
+                handover_check_seconds=0.02, head_every_seconds=1.0, handover_grace_seconds=0.25)
+GRACE = TIMING.handover_grace_seconds
 
 
 def core_in(phase: Phase, now: float = 100.0) -> WriterCore:
@@ -79,9 +82,15 @@ def test_a_failed_repair_leaves_the_outbox_and_later_turns_leave_it_for_the_retr
 # --- when a turn ends, checkpoints -------------------------------------------------------------
 
 def test_a_process_waiting_for_the_lock_ends_the_turn_after_the_batch_in_hand():
+    assert core_in(Phase.MIRRORING, now=100.0).committed(others_waiting=False, now=100.001) is NextStep.GO_ON
     core = core_in(Phase.MIRRORING, now=100.0)
     assert core.committed(others_waiting=True, now=100.001) is NextStep.END
-    assert core.committed(others_waiting=False, now=100.001) is NextStep.GO_ON
+    # seen once, it holds for the turn (a later commit need not ask again), and only for that turn
+    assert core.committed(others_waiting=False, now=100.002) is NextStep.END
+    core.ending()
+    core.released()
+    core.locked(mirrored=9, last_id=9, now=100.1)
+    assert core.committed(others_waiting=False, now=100.101) is NextStep.GO_ON
 
 
 def test_a_busy_turn_checkpoints_every_checkpoint_seconds_and_keeps_the_lock():
@@ -117,6 +126,106 @@ def test_the_hand_over_check_rides_a_commit_at_most_every_handover_check_seconds
     assert asked == [100.0, 100.021, 100.045]
     every_commit = WriterCore(Timing(handover_check_seconds=0.0))
     assert all(every_commit.handover_check_due(t) for t in (1.0, 1.0, 1.0))
+
+
+# --- Mongo waited on under the lock, and handed over -------------------------------------------
+
+def test_a_queued_writer_gets_the_lock_after_the_grace_not_after_the_insert_in_flight():
+    """The turn ends for a queued process (END), and its last insert hangs:
+    the drain waits the grace, then leaves the insert in flight, and the lock
+    goes over. The outbox (what that insert was to copy) is the next turn's."""
+    core = core_in(Phase.MIRRORING, now=100.0)
+    turn = core.turn
+    assert core.committed(others_waiting=True, now=100.01) is NextStep.END
+    core.ending()
+    assert core.mongo_patience(waited=0.0) == GRACE  # a normal insert ends well within it
+    assert core.mongo_patience(waited=0.1) == pytest.approx(GRACE - 0.1)
+    assert core.mongo_patience(waited=GRACE) is None  # not the Mongo timeout: the queued writer's wait is the same
+    core.mongo_left(now=100.26)
+    assert core.phase is Phase.ENDING and core.left
+    assert not core.may_insert(turn)  # the pump, if its insert comes back, starts no other
+    assert core.mongo_patience(waited=0.0) is None  # and nothing more of this turn waits on Mongo
+    core.released()
+    assert core.phase is Phase.IDLE
+
+
+def test_a_turn_lingering_on_a_slow_insert_asks_at_the_grace_and_hands_over_once_someone_queues():
+    core = core_in(Phase.MIRRORING, now=100.0)
+    # nobody known to be queued: no MySQL round trip before the grace, then one every handover_check_seconds
+    assert core.mongo_patience(waited=0.0) == GRACE
+    assert core.mongo_patience(waited=GRACE) == TIMING.handover_check_seconds
+    core.others_asked(False)
+    assert core.mongo_patience(waited=GRACE + 0.02) == TIMING.handover_check_seconds
+    core.others_asked(True)
+    assert core.mongo_patience(waited=GRACE + 0.04) is None
+    core.mongo_left(now=100.3)
+    assert core.phase is Phase.OUTBOX and not core.mirroring
+    # a request that came meanwhile is committed (MySQL only), and then the turn ends
+    assert core.committed(others_waiting=False, now=100.31) is NextStep.END
+
+
+def test_with_nobody_queued_a_turn_waits_on_mongo_as_long_as_the_call_takes():
+    core = core_in(Phase.MIRRORING, now=100.0)
+    for waited in (GRACE, 1.0, 2.0, 60.0):
+        core.others_asked(False)
+        assert core.mongo_patience(waited) == TIMING.handover_check_seconds
+    assert not core.left and core.phase is Phase.MIRRORING
+
+
+def test_a_repair_left_in_flight_ends_behind_and_the_turn_ends_after_the_batch_in_hand():
+    core = WriterCore(TIMING)
+    assert core.locked(mirrored=5, last_id=9, now=100.0) is OutboxPlan.REPAIR
+    core.others_asked(True)
+    assert core.mongo_patience(waited=GRACE) is None
+    core.mongo_left(now=100.25)
+    assert core.phase is Phase.REPAIRING
+    core.repaired(in_step=False, now=100.25)
+    assert core.phase is Phase.OUTBOX and not core.mirroring  # nothing newer goes to Mongo in this turn
+    assert core.committed(others_waiting=False, now=100.26) is NextStep.END
+
+
+def test_after_a_hand_over_with_mongo_in_flight_this_writer_leaves_mongo_alone_for_the_retry_window():
+    """Even with no outbox (another writer copied it): the writer whose Mongo
+    did not answer commits to MySQL only, instead of waiting on it again."""
+    core = core_in(Phase.MIRRORING, now=100.0)
+    core.others_asked(True)
+    core.mongo_left(now=100.3)
+    core.ending()
+    core.released()
+    assert core.locked(mirrored=9, last_id=9, now=102.29) is OutboxPlan.LATER
+    assert core.phase is Phase.OUTBOX and not core.may_insert(core.turn)
+    assert core.mongo_patience(waited=0.0) == GRACE  # a new turn: not left, nobody known to be queued
+    core.released()
+    assert core.locked(mirrored=9, last_id=9, now=102.3) is OutboxPlan.NONE
+    assert core.may_insert(core.turn)
+
+
+def test_the_pump_of_a_turn_that_has_ended_starts_no_insert():
+    core = core_in(Phase.MIRRORING)
+    first = core.turn
+    assert core.may_insert(first)
+    core.ending()
+    assert core.may_insert(first)  # the last insert, waited for at the end
+    core.released()
+    assert not core.may_insert(first)
+    core.locked(mirrored=9, last_id=9, now=101.0)
+    assert core.may_insert(core.turn) and not core.may_insert(first)
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_an_insert_that_outlived_its_turn_may_fail_in_any_later_phase(phase):
+    """Left in flight at a hand-over (or cut off at its timeout), an insert
+    ends in whatever phase a later turn is in: never an IllegalTransition."""
+    core = core_in(phase, now=100.0)
+    core.mongo_failed(now=100.5)
+    assert core.phase is (Phase.OUTBOX if phase is Phase.MIRRORING else phase)
+    assert not core.may_insert(core.turn)  # Mongo fails here: this turn sends nothing more
+    assert core.mongo_retry_at == 102.5
+
+
+def test_the_default_grace_is_far_below_a_queued_writer_s_lock_wait():
+    # The lock wait is CHAT_DB_TIMEOUT_SECONDS; the third writer in line waits for two holders' grace.
+    assert 2 * HANDOVER_GRACE_SECONDS < Settings.model_fields["db_timeout_seconds"].default / 2
 
 
 # --- meta.head ---------------------------------------------------------------------------------
