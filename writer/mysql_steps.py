@@ -15,7 +15,7 @@ import time
 
 from sqlalchemy import Table, func, select, text, tuple_
 from sqlalchemy.engine import Connection, Engine, Row
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from chat.messages import Message, now_ms
 from chat.partitions import SlotMap, lock_name
@@ -66,11 +66,10 @@ class MySQLSteps:
         another session (another writer, of another host): ``PartitionBusy``,
         not "MySQL unavailable"; NULL on an error."""
         deadline = time.monotonic() + self._timeout
-        lock = text("SELECT GET_LOCK(:n, :t)")
-        got = conn.execute(lock, {"n": self._next_lock, "t": self._timeout}).scalar()
+        got = _get_lock(conn, self._next_lock, self._timeout)
         if got == 1:
             try:
-                got = conn.execute(lock, {"n": self._lock, "t": max(0.0, deadline - time.monotonic())}).scalar()
+                got = _get_lock(conn, self._lock, max(0.0, deadline - time.monotonic()))
             finally:
                 conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self._next_lock})
         conn.commit()
@@ -233,3 +232,19 @@ class MySQLSteps:
     def _leftover_copies(self, conn: Connection, limit: int) -> list[Copy]:
         """Copies owed to this partition that no hand-over brought (echo_sql.leftover_copies)."""
         return echo_sql.leftover_copies(conn, self._partition, limit)
+
+
+# MariaDB's ER_STATEMENT_TIMEOUT: max_statement_time, which make_engine sets to
+# the same timeout as the lock's wait, may interrupt a GET_LOCK a moment before
+# the wait itself runs out. Either way the lock stayed with another session.
+STATEMENT_TIMEOUT = 1969
+
+
+def _get_lock(conn: Connection, name: str, wait: float) -> int | None:
+    """GET_LOCK's answer: 1 taken, 0 still held elsewhere when ``wait`` ran out, None an error."""
+    try:
+        return conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": name, "t": wait}).scalar()
+    except OperationalError as exc:
+        if exc.orig is not None and exc.orig.args and exc.orig.args[0] == STATEMENT_TIMEOUT:
+            return 0
+        raise

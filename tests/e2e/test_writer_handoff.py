@@ -134,9 +134,12 @@ async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
         assert natural == mine, "Mongo holds the ids out of order or not each once"
         assert mine == list(range(mine[0], mine[0] + len(mine)))  # gap-free
         assert mirrored == last
-        # No session took another's in-flight insert for an outbox to repair
-        # (a read of `messages` under the lock; a full scan on FerretDB).
-        assert not [r for r in caplog.records if "outbox_repair" in r.getMessage()]
+        # A session repairs an outbox only where the turn before it handed the lock
+        # over with an insert still in flight (past HANDOVER_GRACE_SECONDS, which a
+        # loaded machine can reach): never by taking another's insert as lost.
+        logged = [r.getMessage() for r in caplog.records]
+        repairs = [m for m in logged if "event=outbox_repair" in m]
+        assert len(repairs) <= len([m for m in logged if "event=mongo_left_in_flight" in m]), repairs
     finally:
         for task in tasks:
             task.cancel()
