@@ -188,7 +188,7 @@ class WriterCore:
     """The state the writer's decisions need, across turns and within one."""
 
     __slots__ = ("checkpointed", "handover_check_at", "head_at", "head_written", "left", "mongo_retry_at", "phase",
-                 "queued", "sending", "timing", "turn", "turn_started")
+                 "queued", "retry_for_left", "sending", "timing", "turn", "turn_started")
 
     def __init__(self, timing: Timing = DEFAULT_TIMING):
         self.timing = timing
@@ -197,6 +197,7 @@ class WriterCore:
         self.checkpointed = 0.0  # when mirrored_upto was last recorded in this turn
         self.handover_check_at = 0.0  # the next commit at or after it asks whether another process waits
         self.mongo_retry_at = 0.0  # until then, after a failed Mongo write, the outbox waits
+        self.retry_for_left = False  # that wait was opened by a call left in flight, not by a failure
         self.head_written = 0  # the id meta.head was last moved to
         self.head_at = 0.0  # when
         self.turn = 0  # counts the turns: an insert belongs to the turn it was made for
@@ -298,7 +299,17 @@ class WriterCore:
         leave Mongo alone for ``mongo_retry_seconds``, as after a failure."""
         self._on(Event.MONGO_LEFT)
         self.left, self.sending = True, False
+        if now >= self.mongo_retry_at:
+            self.retry_for_left = True
         self.mongo_retry_at = max(self.mongo_retry_at, now + self.timing.mongo_retry_seconds)
+
+    def left_call_landed(self) -> None:
+        """A call left in flight has succeeded: this writer's Mongo answers, if
+        slowly. Turns need not leave the outbox for the rest of the wait that
+        leaving the call opened: each turn in it would commit to MySQL only, and
+        the next turn copy that outbox, one repair per turn. A failure's wait stays."""
+        if self.retry_for_left:
+            self.mongo_retry_at, self.retry_for_left = 0.0, False
 
     def may_insert(self, turn: int) -> bool:
         """Whether turn ``turn``'s pump may start its next insert: not once the turn
@@ -311,12 +322,12 @@ class WriterCore:
         """An insert into Mongo failed (this turn's, or one that outlived its turn):
         this turn sends nothing more, and the outbox waits a while."""
         self._on(Event.MONGO_FAILED)
-        self.sending = False
+        self.sending, self.retry_for_left = False, False
         self.mongo_retry_at = max(self.mongo_retry_at, now + self.timing.mongo_retry_seconds)
 
     def head_failed(self, now: float) -> None:
         """A write of meta.head failed: only a hint, but a sign that Mongo is failing."""
-        self.mongo_retry_at = now + self.timing.mongo_retry_seconds
+        self.mongo_retry_at, self.retry_for_left = now + self.timing.mongo_retry_seconds, False
 
     def head_due(self, upto: int, now: float, idle: bool = False) -> bool:
         """Whether to move meta.head to ``upto``: it is behind, and the last

@@ -155,6 +155,7 @@ class TurnWaits:
                 upto = proven(await task)
             except Exception:  # a failure leaves the outbox, and was logged where it happened
                 return
+            self._core.left_call_landed()
             if upto:
                 await self._threads.run(self._mark_alone, upto, last_id)
 

@@ -302,3 +302,28 @@ def test_commits_wait_for_mongo_only_past_unsent_batches_batches():
 def test_the_pump_pauses_between_inserts_unless_a_flood_waits():
     assert insert_gap(0) == insert_gap(INSERT_GAP_BELOW - 1) == INSERT_GAP_SECONDS
     assert insert_gap(INSERT_GAP_BELOW) == insert_gap(10_000) == 0.0
+
+
+def test_once_the_call_left_in_flight_lands_the_outbox_need_not_wait_out_the_window():
+    """A slow insert, not a failed one: once it succeeds, turns mirror again at
+    once, instead of each committing to MySQL only for the next to repair."""
+    core = core_in(Phase.MIRRORING, now=100.0)
+    core.others_asked(True)
+    core.mongo_left(now=100.3)
+    core.ending()
+    core.released()
+    assert core.locked(mirrored=9, last_id=9, now=100.5) is OutboxPlan.LATER
+    core.released()
+    core.left_call_landed()
+    assert core.locked(mirrored=9, last_id=9, now=100.6) is OutboxPlan.NONE
+
+
+def test_a_failure_s_window_stays_when_a_call_left_in_flight_lands():
+    core = core_in(Phase.MIRRORING, now=100.0)
+    core.mongo_failed(now=100.1)
+    core.others_asked(True)
+    core.mongo_left(now=100.3)
+    core.ending()
+    core.released()
+    core.left_call_landed()
+    assert core.locked(mirrored=9, last_id=9, now=101.0) is OutboxPlan.LATER
