@@ -68,8 +68,9 @@ async def post(system: System, sender: str, to: str, body: str, client_msg_id: s
 
 async def connect(system: System, user: str, since: str | None = None, **kwargs):
     """Opens /v1/ws as ``user``; returns (websocket, hello frame)."""
-    url = f"{system.ws_url}/v1/ws?token={system.token(user)}" + (f"&since={since}" if since else "")
-    ws = await websockets.connect(url, **kwargs)
+    url = f"{system.ws_url}/v1/ws" + (f"?since={since}" if since else "")
+    headers = {"Authorization": f"Bearer {system.token(user)}"}  # not in the URL: proxies log URLs
+    ws = await websockets.connect(url, additional_headers=headers, **kwargs)
     hello = orjson.loads(await asyncio.wait_for(ws.recv(), PATIENCE))
     assert hello["type"] == "hello"
     return ws, hello
