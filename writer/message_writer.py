@@ -182,6 +182,9 @@ class MessageWriter(MySQLSteps, MongoSteps, TurnWaits):
                 if not isinstance(exc, WriteUnavailable):
                     log.exception("event=writer_session_failed")
                     exc = WriteUnavailable(str(exc))
+                elif self._in_hand:
+                    log.warning("event=writer_turn_failed partition=%d answered=%d error=%s kind=%s",
+                                self._partition, len(self._in_hand), exc, exc.kind)
                 fail(self._in_hand, exc)  # the batch in hand when it failed, not the turn's first
                 reraise_if_cancelling()  # a cancel a driver reported as its own error: a shutdown
 

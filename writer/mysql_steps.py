@@ -234,16 +234,20 @@ class MySQLSteps:
         return echo_sql.leftover_copies(conn, self._partition, limit)
 
 
-# MariaDB's ER_STATEMENT_TIMEOUT: max_statement_time, which make_engine sets to
-# the same timeout as the lock's wait, may interrupt a GET_LOCK a moment before
-# the wait itself runs out. Either way the lock stayed with another session.
+# MariaDB's ER_STATEMENT_TIMEOUT. make_engine sets max_statement_time to the
+# same timeout as the lock's wait, and a GET_LOCK the statement limit ends first
+# answers NULL or this error instead of 0: "MySQL failed" where the lock was only
+# held elsewhere. So the lock's statement gets a limit of its own, a second past
+# its wait, and this error still reads as the lock held elsewhere.
 STATEMENT_TIMEOUT = 1969
 
 
 def _get_lock(conn: Connection, name: str, wait: float) -> int | None:
     """GET_LOCK's answer: 1 taken, 0 still held elsewhere when ``wait`` ran out, None an error."""
+    limit = f"{wait + 1:.3f}"  # a number of ours, not input: a statement's limit takes no parameter
     try:
-        return conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": name, "t": wait}).scalar()
+        return conn.execute(text(f"SET STATEMENT max_statement_time={limit} FOR SELECT GET_LOCK(:n, :t)"),
+                            {"n": name, "t": wait}).scalar()
     except OperationalError as exc:
         if exc.orig is not None and exc.orig.args and exc.orig.args[0] == STATEMENT_TIMEOUT:
             return 0

@@ -67,7 +67,7 @@ def waiting_for_lock(dbs, name: str) -> bool:
     try:
         with engine.connect() as conn:
             return conn.execute(text("SELECT COUNT(*) FROM information_schema.PROCESSLIST "
-                                     "WHERE INFO LIKE 'SELECT GET_LOCK(%' AND INFO LIKE :n"),
+                                     "WHERE INFO LIKE '%SELECT GET_LOCK(%' AND INFO LIKE :n"),
                                 {"n": f"%{name}%"}).scalar() > 0
     finally:
         engine.dispose()
