@@ -37,7 +37,8 @@ def retention_key(partition: int = 0) -> str:
     return "retention" + suffix(partition)
 
 
-def make_client(url: str, timeout_seconds: float) -> AsyncMongoClient:
+def make_client(url: str, timeout_seconds: float, event_listeners: list | None = None) -> AsyncMongoClient:
+    """``event_listeners``: pymongo monitoring listeners (a test's record of the commands sent)."""
     ms = int(timeout_seconds * 1000)
     return AsyncMongoClient(
         url,
@@ -45,6 +46,7 @@ def make_client(url: str, timeout_seconds: float) -> AsyncMongoClient:
         serverSelectionTimeoutMS=ms,
         connectTimeoutMS=ms,
         socketTimeoutMS=ms * 5,
+        event_listeners=event_listeners or [],
     )
 
 

@@ -40,7 +40,7 @@ async def eventually(check: Callable[[], T | Awaitable[T]], what: str, timeout: 
             return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"never happened within {timeout:.0f} s: {what}")
-        await asyncio.sleep(POLL_SECONDS)
+        await asyncio.sleep(POLL_SECONDS)  # pacing: the poll between looks at the condition
 
 
 def eventually_sync(check: Callable[[], T], what: str, timeout: float = PATIENCE) -> T:
@@ -49,5 +49,5 @@ def eventually_sync(check: Callable[[], T], what: str, timeout: float = PATIENCE
     while not (value := check()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"never happened within {timeout:.0f} s: {what}")
-        time.sleep(POLL_SECONDS)
+        time.sleep(POLL_SECONDS)  # pacing: the poll between looks at the condition
     return value

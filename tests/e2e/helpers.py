@@ -21,12 +21,13 @@ from tests.timing import PATIENCE, eventually
 
 
 @contextlib.asynccontextmanager
-async def running_writer(dbs, writer_class=MessageWriter, **options):
+async def running_writer(dbs, writer_class=MessageWriter, event_listeners: list | None = None, **options):
     """A running writer with a MySQL engine and a Mongo client of its own, as
-    a writer process has; yields (writer, engine, Mongo database)."""
+    a writer process has; yields (writer, engine, Mongo database).
+    ``event_listeners``: pymongo listeners on that client (the commands it sends)."""
     settings = dbs.settings()
     engine = make_engine(settings.mysql_url.get_secret_value(), 5)
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)
+    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5, event_listeners)
     options = {"batch_max": 50, "window_ms": 2, "queue_max": 100, "timeout_seconds": 5,
                "retention_seconds": 86_400, **options}
     writer = writer_class(engine, client[settings.mongo_db], **options)

@@ -12,12 +12,11 @@ refused) by the commands its client sends, which no size of the store
 changes: the store there need not be large."""
 
 import asyncio
-import contextlib
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from pymongo import AsyncMongoClient, monitoring
+from pymongo import monitoring
 from pymongo.errors import OperationFailure
 from sqlalchemy import text
 
@@ -28,7 +27,6 @@ from db.threads import Threads
 from tests.e2e.helpers import running_writer
 from tests.system import databases
 from tests.timing import PATIENCE, eventually
-from writer.message_writer import MessageWriter
 
 FERRETDB_DELETE_MAX = 32_766  # FerretDB 1.24 (SQLite): one SQL variable per document deleted
 EXPIRED = FERRETDB_DELETE_MAX + 1  # the fewest expired messages that one delete cannot take
@@ -89,26 +87,6 @@ class Commands(monitoring.CommandListener):
         return [(name, command) for name, coll, command in self.sent if coll == collection]
 
 
-@contextlib.asynccontextmanager
-async def watched_writer(dbs, commands: Commands, **options):
-    """A running writer (as tests.e2e.helpers.running_writer) whose Mongo client reports every command it sends."""
-    settings = dbs.settings()
-    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
-    client: AsyncMongoClient = AsyncMongoClient(settings.mongo_url.get_secret_value(), tz_aware=True,
-                                                serverSelectionTimeoutMS=5000, event_listeners=[commands])
-    writer = MessageWriter(engine, client[settings.mongo_db], batch_max=50, window_ms=2, queue_max=100,
-                           timeout_seconds=5, retention_seconds=86_400, **options)
-    task = asyncio.create_task(writer.run(repair_every=0.2))
-    try:
-        yield writer, engine
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        writer.close()
-        engine.dispose()
-        await client.close()
-
-
 def _mirrored_upto(engine) -> int:
     with engine.connect() as conn:
         return conn.execute(text("SELECT mirrored_upto FROM stream_state")).scalar()
@@ -133,7 +111,8 @@ async def test_the_outbox_drains_in_bounded_steps_however_large_the_fast_store(o
     await db[mongo.MESSAGES].insert_many(there)
     seen: list[tuple[int, float]] = []
     commands = Commands()
-    async with watched_writer(own_dbs, commands, observe_outbox=lambda n, age: seen.append((n, age))) as (_w, engine):
+    async with running_writer(own_dbs, event_listeners=[commands],
+                              observe_outbox=lambda n, age: seen.append((n, age))) as (_w, engine, _db):
         async def drained() -> bool:  # and reported so: the empty report follows the turn's last commit
             return await asyncio.to_thread(_mirrored_upto, engine) == store + 50 and seen[-1:] == [(0, 0.0)]
 
