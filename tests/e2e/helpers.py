@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import uuid
 
 import httpx
@@ -154,3 +155,16 @@ async def api_in_process(settings):
     finally:
         stop.set()
         await lifespan
+
+
+def raw_exchange(port: int, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """Sends raw bytes; returns the status line, headers and body of the answer,
+    once the server has closed the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    return status, {k.decode().lower(): v.decode() for k, _, v in (line.partition(b": ") for line in lines)}, body

@@ -6,21 +6,14 @@ import socket
 import orjson
 import pytest
 
+from tests.e2e.helpers import raw_exchange
 from tests.system import System
 from tests.timing import PATIENCE
 
 
 def answer(system: System, request: bytes) -> tuple[bytes, dict[str, str], dict]:
-    """Sends raw bytes; returns the status line, headers and JSON body of the
-    answer, once the daemon has closed the connection."""
-    with socket.create_connection(("127.0.0.1", system.daemon_port), timeout=PATIENCE) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, *lines = head.split(b"\r\n")
-    headers = {k.decode().lower(): v.decode() for k, _, v in (line.partition(b": ") for line in lines)}
+    """The status line, headers and JSON body of the daemon's answer to raw bytes."""
+    status, headers, body = raw_exchange(system.daemon_port, request)
     return status, headers, orjson.loads(body)
 
 

@@ -5,7 +5,6 @@ WebSocket in its first frame, ``{"type": "auth", "token": ...}``."""
 
 import asyncio
 import json
-import socket
 import uuid
 
 import httpx
@@ -14,7 +13,7 @@ import pytest
 import websockets
 
 from chat.partitions import SlotMap
-from tests.e2e.helpers import post, receive
+from tests.e2e.helpers import post, raw_exchange, receive
 from tests.system import databases, private_system, running_system
 from tests.timing import PATIENCE
 
@@ -30,18 +29,6 @@ def strict(tmp_path_factory):
         yield s
 
 
-def raw_answer(port: int, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
-    """The status line, headers and body of the answer to raw bytes, once the server closed."""
-    with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, *lines = head.split(b"\r\n")
-    return status, {k.decode().lower(): v.decode() for k, _, v in (line.partition(b": ") for line in lines)}, body
-
-
 async def close_of(ws) -> tuple[int, str]:
     """The close code and reason the server ended ``ws`` with, once it has."""
     with pytest.raises(websockets.ConnectionClosed) as closed:
@@ -54,7 +41,7 @@ async def close_of(ws) -> tuple[int, str]:
 
 def test_a_token_in_the_url_is_refused_with_401_by_default(strict):
     token = strict.token(f"u-{uuid.uuid4().hex[:8]}")
-    status, headers, body = raw_answer(strict.daemon_port, (
+    status, headers, body = raw_exchange(strict.daemon_port, (
         f"GET /v1/ws?token={token} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
     assert status == b"HTTP/1.1 401 Unauthorized" and headers["www-authenticate"] == "Bearer"
