@@ -58,7 +58,10 @@ async def test_sigterm_with_both_stores_unresponsive_exits_within_the_drain_and_
         log = (system.logdir / "daemon_0.log").read_text()
         # Every step ran, each within its own bound (the frozen store's abandoned at it)...
         assert "event=daemon_stopped" in log
-        assert "event=shutdown_step_overran step=mongo_close" in log
+        # a step that waited on a frozen store (the Mongo client's close, when it still
+        # has sessions to end) was abandoned at its bound, not waited out
+        overran = [line for line in log.splitlines() if "event=shutdown_step_overran" in line]
+        assert all("action=abandoned" in line for line in overran), overran
         # ...and the process ended with status 0 either by itself or, if the interpreter's own
         # teardown then waited on a thread still stuck in a store call (a loaded machine makes
         # that wait long), by the watchdog at the drain plus the grace: the bound, kept.
