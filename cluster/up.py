@@ -100,15 +100,18 @@ class Cluster:
         db = self.plan.db.address
         mysql_dir, ferret_dir = self.state / "db/mysql", self.state / "db/ferretdb"
         ferret_dir.mkdir(parents=True)
-        mysql_dir.mkdir(parents=True)
+        # its own tmpdir: a starting mariadbd deletes every #sql* file in its
+        # tmpdir, which in a shared /tmp are another server's live temporary tables
+        (mysql_dir / "tmp").mkdir(parents=True)
         subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={mysql_dir / 'data'}", "--user=root",
-                        "--auth-root-authentication-method=normal", "--skip-test-db"],
+                        "--auth-root-authentication-method=normal", "--skip-test-db", f"--tmpdir={mysql_dir / 'tmp'}"],
                        check=True, capture_output=True, timeout=120)
         socket_path = mysql_dir / "mysqld.sock"
         # skip-name-resolve: the namespaces have no DNS; grants name addresses
         mariadb = self._spawn("mariadb", self.plan.db.namespace, [
             "mariadbd", "--no-defaults", f"--datadir={mysql_dir / 'data'}", f"--socket={socket_path}",
-            f"--port={MYSQL_PORT}", f"--bind-address={db}", "--user=root", "--skip-log-bin", "--skip-name-resolve",
+            f"--port={MYSQL_PORT}", f"--tmpdir={mysql_dir / 'tmp'}", f"--bind-address={db}", "--user=root",
+            "--skip-log-bin", "--skip-name-resolve",
             "--innodb-buffer-pool-size=128M", "--max-connections=500", f"--pid-file={mysql_dir / 'mariadb.pid'}"])
         command = ferretdb_command(ferret_dir, MONGO_PORT)
         command = [f"--listen-addr={db}:{MONGO_PORT}" if a.startswith("--listen-addr=") else a for a in command]

@@ -4,11 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="$PWD/var/mysql"
-mkdir -p "$dir"
+# Its own tmpdir: a starting mariadbd deletes every #sql* file in its tmpdir,
+# which in a shared /tmp are another server's live temporary tables.
+mkdir -p "$dir/tmp"
 if [ ! -d "$dir/data/mysql" ]; then
   mariadb-install-db --no-defaults --datadir="$dir/data" --user=root \
-    --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1
+    --auth-root-authentication-method=normal --skip-test-db --tmpdir="$dir/tmp" >"$dir/install.log" 2>&1
 fi
 exec mariadbd --no-defaults --datadir="$dir/data" --socket="$dir/mysqld.sock" --port=3307 \
-  --bind-address=127.0.0.1 --user=root --skip-log-bin --pid-file="$dir/mariadb.pid" \
+  --tmpdir="$dir/tmp" --bind-address=127.0.0.1 --user=root --skip-log-bin --pid-file="$dir/mariadb.pid" \
   --innodb-buffer-pool-size=256M --max-connections=500

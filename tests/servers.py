@@ -85,19 +85,28 @@ class MariaDB:
     def url(self, database: str = "chat") -> str:
         return f"mysql+mysqldb://root@localhost/{database}?unix_socket={self.socket}&charset=utf8mb4"
 
+    @property
+    def tmpdir(self) -> Path:
+        # Its own: a starting mariadbd deletes every #sql* file in its tmpdir,
+        # which in a shared /tmp are the live temporary tables of a server that
+        # another test worker is initialising at that moment.
+        return self.dir / "tmp"
+
     def start(self) -> None:
         data = self.dir / "data"
+        self.tmpdir.mkdir(parents=True, exist_ok=True)
         if not data.exists():
             made = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
-                                   "--auth-root-authentication-method=normal", "--skip-test-db"],
+                                   "--auth-root-authentication-method=normal", "--skip-test-db",
+                                   f"--tmpdir={self.tmpdir}"],
                                   capture_output=True, text=True)
             if made.returncode != 0:  # say why: its output is the only record
                 raise RuntimeError(f"mariadb-install-db exited {made.returncode}:\n{made.stdout}\n{made.stderr}")
         log = open(self.dir / "mariadb.log", "ab")
         self.proc = subprocess.Popen(
             ["mariadbd", "--no-defaults", f"--datadir={data}", f"--socket={self.socket}", f"--port={self.port}",
-             "--bind-address=127.0.0.1", "--user=root", "--skip-log-bin", "--innodb-buffer-pool-size=128M",
-             "--max-connections=500", f"--pid-file={self.dir / 'mariadb.pid'}"],
+             f"--tmpdir={self.tmpdir}", "--bind-address=127.0.0.1", "--user=root", "--skip-log-bin",
+             "--innodb-buffer-pool-size=128M", "--max-connections=500", f"--pid-file={self.dir / 'mariadb.pid'}"],
             stdout=log, stderr=log)
         wait_port(self.port, 60, self.proc)
 
