@@ -10,12 +10,14 @@ writer."""
 
 import asyncio
 import configparser
+import contextlib
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from chatctl.client import Inbox, listen
@@ -60,6 +62,13 @@ def ctl(conf: Path, *args: str) -> str:
 def running_pids(conf: Path) -> dict[str, str]:
     """Each RUNNING program's pid, from one `supervisorctl status`."""
     return dict(re.findall(r"^(\S+)\s+RUNNING\s+pid (\d+),", ctl(conf, "status"), re.MULTILINE))
+
+
+def listens(pid: int, port: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        conns = psutil.Process(pid).net_connections("tcp")
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
+    return False
 
 
 async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_nothing(dbs, users, tmp_path):
@@ -125,6 +134,14 @@ async def test_rolling_restart_of_each_process_under_traffic_loses_and_repeats_n
             await more_stored(f"before the restart of {name}")
             out = await asyncio.to_thread(ctl, conf, "restart", name)
             assert "started" in out, out
+            if name != "writer":
+                # As the runbook says: the next one is restarted once this one
+                # listens again. RUNNING only means alive for startsecs, and a
+                # loaded machine can take longer than that to import and bind.
+                pid = int((await asyncio.to_thread(running_pids, conf))[name])
+                port = system.api_port if name.startswith("api") else system.daemon_port
+                await eventually(lambda pid=pid, port=port: listens(pid, port),
+                                 f"the restarted {name} listening on {port}")
         await more_stored("through the restarted writer")
         restarts_done.set()
         await sender
