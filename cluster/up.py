@@ -29,7 +29,7 @@ from cluster.partitions import Daemon, assign
 from cluster.plan import API_PORT, DAEMON_PORT_BASE, EDGE_PORT, MONGO_PORT, MYSQL_PORT, TOXIPROXY_API_PORT, Plan
 from cluster.toxiproxy import Toxiproxy
 from db.partition_map import load_slot_map
-from tests.servers import FERRETDB, FERRETDB_GC, ferretdb_command, wait_port
+from harness.servers import FERRETDB, FERRETDB_GC, ferretdb_command, wait_port
 
 log = logging.getLogger("chat.cluster")
 

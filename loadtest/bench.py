@@ -23,7 +23,7 @@ import typer
 
 from loadtest import ab, machine, million, peer_report, peers, replay, scrape, wsload
 from loadtest.report import DOCS, write_report
-from tests.system import databases, running_system
+from harness.system import databases, running_system
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

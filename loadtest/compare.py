@@ -37,7 +37,7 @@ ONE_RUN = """
 import sys, tempfile, orjson
 from pathlib import Path
 from loadtest.bench import AS_DEPLOYED, DEPLOYED_DAEMONS, ws_runs
-from tests.system import databases, running_system
+from harness.system import databases, running_system
 clients, rate, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 env = {"CHAT_RATE_LIMIT_PER_SECOND": 0, "CHAT_LOG_LEVEL": "WARNING", "CHAT_WRITER_QUEUE_MAX": 50_000}
 with databases(Path(tempfile.mkdtemp(prefix="compare-"))) as dbs:

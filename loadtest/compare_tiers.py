@@ -32,7 +32,7 @@ import sys, tempfile, orjson
 from pathlib import Path
 from loadtest import ab
 from loadtest.bench import AS_DEPLOYED, DEPLOYED_DAEMONS, post_body
-from tests.system import databases, running_system
+from harness.system import databases, running_system
 seconds = float(sys.argv[1])
 env = {"CHAT_RATE_LIMIT_PER_SECOND": 0, "CHAT_LOG_LEVEL": "WARNING", "CHAT_WRITER_QUEUE_MAX": 50_000}
 with databases(Path(tempfile.mkdtemp(prefix="compare-ab-"))) as dbs:

@@ -25,7 +25,7 @@ from sqlalchemy import create_engine, text
 from chatctl.client import Inbox, listen
 from loadtest import ab, machine
 from loadtest.bench import DEPLOYED_APIS, RESULTS, log, post_body
-from tests.system import databases, running_system
+from harness.system import databases, running_system
 
 app = typer.Typer(add_completion=False)
 RECIPIENT = "ab-reader"

@@ -31,8 +31,8 @@ import orjson
 import typer
 
 from loadtest import kmem, machine, wsload
-from tests.servers import ROOT, free_port, stop
-from tests.system import System, databases, running_system
+from harness.servers import ROOT, free_port, stop
+from harness.system import System, databases, running_system
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PER_CLIENT_PROCESS = 16_000  # sockets per load process: under the 20,000 open files, with room

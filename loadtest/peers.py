@@ -189,8 +189,8 @@ def run_ours(dbs, entries_file: Path, clients: int, devices: int, steps_text: st
     """``truth``: each batch is committed to MySQL before the relay has it, and what the daemon
     misses is read back from there; without it, a batch the relay never hands over is lost.
     ``daemons``: processes on the one SO_REUSEPORT port, each with its metrics port."""
-    from tests.servers import env_for, free_port, stop
-    from tests.system import wait_listening
+    from harness.servers import env_for, free_port, stop
+    from harness.system import wait_listening
 
     engine = make_engine(dbs.mariadb.url(), 10)
     with engine.begin() as conn:
@@ -218,7 +218,7 @@ def run_ours(dbs, entries_file: Path, clients: int, devices: int, steps_text: st
 
 
 def run_centrifugo(clients: int, devices: int, steps_text: str, gap: float, tmp: Path) -> dict:
-    from tests.servers import free_port, stop
+    from harness.servers import free_port, stop
 
     port, secret, api_key = free_port(), "peer-secret-" + "0" * 32, "peer-api-key"
     server = centrifugo.start(tmp / "centrifugo", port, secret, api_key)
@@ -266,7 +266,7 @@ def _line(side: str, s: dict) -> None:
 def run(clients: int, rounds: int, steps_text: str, gap: float, overload_steps: str, overload_devices: int,
         ours_daemons: int = OUR_DAEMONS) -> dict:
     from loadtest import replay
-    from tests.system import databases
+    from harness.system import databases
 
     subprocess.run([str(ROOT / "scripts" / "install-centrifugo.sh")], check=True)
     tmp = Path(tempfile.mkdtemp(prefix="peers-"))

@@ -135,8 +135,8 @@ def serve(entries_file: Path, clients: int, count: int, rate: float, batch: int,
 
 def bench(clients: int, rate: float, count: int, daemons: int, batch: int, progress: bool = True,
           senders_offline: bool = False) -> dict:
-    from tests.servers import env_for, free_port, stop, wait_port
-    from tests.system import databases
+    from harness.servers import env_for, free_port, stop, wait_port
+    from harness.system import databases
 
     tmp = Path(tempfile.mkdtemp(prefix="replay-"))
     with databases(tmp / "dbs") as dbs:

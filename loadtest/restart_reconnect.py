@@ -27,7 +27,7 @@ from loadtest import machine
 from loadtest.bench import RESULTS, log
 from loadtest.leanclient import connect
 from loadtest.startup import fill
-from tests.system import databases, running_system
+from harness.system import databases, running_system
 
 app = typer.Typer(add_completion=False)
 

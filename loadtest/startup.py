@@ -30,7 +30,7 @@ from db import mongo
 from db.sql import make_engine
 from loadtest import machine
 from loadtest.bench import RESULTS, log
-from tests.system import databases, running_system
+from harness.system import databases, running_system
 
 app = typer.Typer(add_completion=False)
 BODY = "a message of a typical length, in a chat between two people who talk about their day at some length" + "."

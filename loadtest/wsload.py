@@ -267,7 +267,7 @@ def main(clients: int = typer.Option(1000), rate: float = typer.Option(200.0, he
          relay: bool = typer.Option(True, help="the daemons tail the oplog through one relay process, as deployed"),
          out: Path | None = typer.Option(None, help="write the result JSON here")) -> None:
     """One load run on a private system of its own (MariaDB, FerretDB, API, daemons on free ports)."""
-    from tests.system import databases, running_system
+    from harness.system import databases, running_system
 
     with databases(Path(tempfile.mkdtemp(prefix="wsload-dbs-"))) as dbs:
         with running_system(dbs, daemons=daemons, apis=apis, writer=writer, relay=relay, CHAT_RATE_LIMIT_PER_SECOND=0,

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="$PWD/var/ferretdb"
 # Go's collector ran a sixth of FerretDB's CPU under load: collect at 16x
-# the live heap, softly capped at 1 GiB (tests/servers.py FERRETDB_GC says why).
+# the live heap, softly capped at 1 GiB (harness/servers.py FERRETDB_GC says why).
 export GOGC=1600 GOMEMLIMIT=1GiB
 mkdir -p "$dir"
 exec .cache/ferretdb/bin/ferretdb --handler=sqlite --sqlite-url="file:$dir/" \

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from tests.system import databases, running_system
+from harness.system import databases, running_system
 
 
 def pytest_collection_modifyitems(items):

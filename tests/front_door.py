@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.servers import free_port, stop, wait_port
+from harness.servers import free_port, stop, wait_port
 
 NGINX = "/usr/sbin/nginx"
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.servers import ROOT, free_port
-from tests.system import Databases, System, running_system
+from harness.servers import ROOT, free_port
+from harness.system import Databases, System, running_system
 from tests.timing import PATIENCE
 
 CHROMIUM = "/usr/bin/chromium"

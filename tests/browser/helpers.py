@@ -12,7 +12,7 @@ import orjson
 from playwright.sync_api import Locator, Page, expect
 from websockets.sync.client import connect
 
-from tests.system import System
+from harness.system import System
 from tests.timing import PATIENCE, POLL_SECONDS, S
 
 

@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("api", "writer", "db", "chat", "daemon", "oplog", "relay", "chatctl", "loadtest")
+PACKAGES = ("api", "writer", "db", "chat", "daemon", "oplog", "relay", "chatctl", "cluster", "harness", "loadtest")
 SIZED = ("api", "daemon", "oplog", "db", "writer", "relay", "chat", "chatctl")  # the modules held to MAX_LINES
 MAX_LINES = 400
 
@@ -140,3 +140,39 @@ def test_the_writer_and_the_api_do_not_import_each_other_and_db_imports_neither(
     packages = package_graph(import_graph())
     assert "api" not in packages["writer"]
     assert not {"api", "writer"} & packages["db"]
+
+
+def shipped_imports_of_tests(all_imports: dict[str, set[str]]) -> set[str]:
+    return {f"{module} imports {name}" for module, names in all_imports.items() for name in names
+            if name == "tests" or name.startswith("tests.")}
+
+
+def every_import() -> dict[str, set[str]]:
+    """Each shipped module's imported names, ours or not, as written (absolute)."""
+    found: dict[str, set[str]] = {}
+    for name, path in project_modules().items():
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module)
+        found[name] = names
+    return found
+
+
+def test_shipped_code_never_imports_the_tests():
+    # what ships (the packages, the benchmarks, the cluster) starts servers
+    # through harness/, never through the test suite
+    assert shipped_imports_of_tests(every_import()) == set()
+    assert "tests" not in PACKAGES
+
+
+def test_the_check_sees_an_import_of_the_tests_inside_a_function():
+    tree = ast.parse("def f():\n    from tests.timing import S\n")
+    names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert shipped_imports_of_tests({"loadtest.x": names}) == {"loadtest.x imports tests.timing"}
+
+
+def test_the_harness_imports_neither_the_benchmarks_nor_the_cluster():
+    assert not {"loadtest", "cluster", "tests"} & package_graph(import_graph())["harness"]

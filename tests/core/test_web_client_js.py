@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from tests.servers import ROOT
+from harness.servers import ROOT
 from tests.timing import S
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 from db import mongo
 from db.sql import make_engine
 from writer.message_writer import MessageWriter
-from tests.system import System
+from harness.system import System
 from tests.timing import PATIENCE, eventually
 
 

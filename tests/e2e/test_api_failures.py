@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.e2e.helpers import connect, mongo_docs, mongo_docs_soon, mysql_rows, post, receive
-from tests.system import System, private_system
+from harness.system import System, private_system
 from tests.timing import PATIENCE, eventually
 
 DB_TIMEOUT_SECONDS = 1

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from chat.serve import HEAD_MAX_BYTES
-from tests.system import running_system
+from harness.system import running_system
 from tests.timing import PATIENCE, S, eventually_sync
 
 

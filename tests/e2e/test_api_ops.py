@@ -14,7 +14,7 @@ from api.openapi import OPENAPI
 from chat import auth
 from chat.settings import Settings
 from tests.e2e.helpers import api_in_process, mysql_rows, post
-from tests.system import running_system
+from harness.system import running_system
 from tests.timing import PATIENCE, S, eventually
 
 

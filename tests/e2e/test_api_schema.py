@@ -15,7 +15,7 @@ import schemathesis
 from schemathesis import checks
 
 from api.openapi import OPENAPI
-from tests.system import running_system
+from harness.system import running_system
 from tests.timing import PATIENCE
 
 CONFORMANCE = [checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system import running_system
+from harness.system import running_system
 from tests.timing import PATIENCE, S
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import sys
 import httpx
 import orjson
 
-from tests.servers import ROOT
+from harness.servers import ROOT
 from tests.timing import PATIENCE, eventually_sync
 
 

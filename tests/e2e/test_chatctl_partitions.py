@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from chat.partitions import SlotMap, lock_name
 from chatctl.cli import app
-from tests.servers import env_for
-from tests.system import databases
+from harness.servers import env_for
+from harness.system import databases
 
 
 @pytest.fixture(scope="module")

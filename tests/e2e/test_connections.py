@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from chat.settings import Settings
 from daemon.wire import FrameReader, Opcode
 from tests.e2e.helpers import connect, post, receive
-from tests.system import free_port, private_system, running_system
+from harness.system import free_port, private_system, running_system
 from tests.timing import PATIENCE, eventually
 
 

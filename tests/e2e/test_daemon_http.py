@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from tests.e2e.helpers import raw_exchange
-from tests.system import System
+from harness.system import System
 from tests.timing import PATIENCE
 
 

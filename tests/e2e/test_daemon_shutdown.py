@@ -18,7 +18,7 @@ import pytest
 import websockets
 
 from tests.e2e.helpers import connect, post, receive
-from tests.system import private_system
+from harness.system import private_system
 from tests.timing import PATIENCE, eventually
 
 DRAIN_SECONDS = 1.0

@@ -8,7 +8,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.helpers import connect, nothing_more, post, receive
-from tests.system import running_system
+from harness.system import running_system
 from tests.timing import PATIENCE, eventually
 
 LONGEST_POLL = 30  # the longest wait a poll may ask for (CHAT_POLL_MAX_TIMEOUT_SECONDS): it answers on a message

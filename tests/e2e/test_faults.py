@@ -15,7 +15,7 @@ import pytest
 
 from chatctl.client import Inbox, listen
 from tests.e2e.helpers import post
-from tests.system import private_system
+from harness.system import private_system
 from tests.timing import PATIENCE, eventually
 
 MESSAGES = 400  # at least; more if the faults take longer than these take to send

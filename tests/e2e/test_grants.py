@@ -8,8 +8,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from chatctl import partitions
-from tests.servers import ROOT
-from tests.system import databases
+from harness.servers import ROOT
+from harness.system import databases
 from tests.timing import PATIENCE
 
 

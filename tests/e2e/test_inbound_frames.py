@@ -10,7 +10,7 @@ import pytest
 
 from daemon.wire import FrameReader, Opcode
 from tests.core.test_inbound import BINARY, CLOSE, CONT, PING, TEXT, close, frame
-from tests.system import running_system
+from harness.system import running_system
 from tests.timing import PATIENCE
 
 

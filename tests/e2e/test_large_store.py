@@ -25,7 +25,7 @@ from db import mongo, retention
 from db.sql import make_engine
 from db.threads import Threads
 from tests.e2e.helpers import running_writer
-from tests.system import databases
+from harness.system import databases
 from tests.timing import PATIENCE, eventually
 
 FERRETDB_DELETE_MAX = 32_766  # FerretDB 1.24 (SQLite): one SQL variable per document deleted

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tests.servers import FERRETDB_GC, ROOT
+from harness.servers import FERRETDB_GC, ROOT
 
 
 def environ_of(pid: int) -> dict[str, str]:

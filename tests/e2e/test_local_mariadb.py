@@ -5,7 +5,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from tests.system import databases
+from harness.system import databases
 
 
 def test_a_starting_mariadb_leaves_other_servers_temporary_tables_alone(tmp_path):

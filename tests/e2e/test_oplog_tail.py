@@ -254,7 +254,7 @@ async def test_a_resync_that_fails_while_ferretdb_is_down_is_retried_and_deliver
     # retried after a backoff, not dropped and not in a tight loop, and once
     # FerretDB is back every message arrives once, in order.
     from daemon import stream as stream_module
-    from tests.servers import FerretDB, free_port
+    from harness.servers import FerretDB, free_port
 
     monkeypatch.setattr(stream_module, "FILL_TIMEOUT_SECONDS", 1.0)
     ferretdb = FerretDB(tmp_path, free_port())

@@ -21,8 +21,8 @@ import websockets
 from chat.partitions import SlotMap
 from tests.e2e.helpers import connect, nothing_more, post, receive
 from tests.e2e.test_partitioned_delivery import user_in
-from tests.servers import ROOT
-from tests.system import System, databases, running_system
+from harness.servers import ROOT
+from harness.system import System, databases, running_system
 from tests.timing import PATIENCE, S, eventually
 
 TWO, THREE = SlotMap.even(2), SlotMap.even(3)

@@ -23,7 +23,7 @@ from chat.partitions import SlotMap, suffix
 from tests import front_door
 from tests.e2e.helpers import connect, post, receive
 from tests.e2e.test_chatctl import chatctl
-from tests.system import System, databases, running_system
+from harness.system import System, databases, running_system
 from tests.timing import S
 
 TWO = SlotMap.even(2)

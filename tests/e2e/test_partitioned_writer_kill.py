@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 from chat.partitions import lock_name
 from tests.e2e.helpers import connect, nothing_more, post, receive
 from tests.e2e.test_partitioned_delivery import daemon_serving, rows_of, user_in, writing_system
-from tests.system import System, databases
+from harness.system import System, databases
 from tests.timing import PATIENCE, eventually
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 from chat.drafts import Draft
 from chat.partitions import SlotMap, collection_name, lock_name, suffix
 from tests.e2e.helpers import post, running_writer
-from tests.system import databases, running_system
+from harness.system import databases, running_system
 from tests.timing import PATIENCE, eventually
 from writer.mysql_steps import next_lock_name
 

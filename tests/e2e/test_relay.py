@@ -14,7 +14,7 @@ import httpx
 
 from chatctl.client import Inbox, listen
 from tests.e2e.helpers import post
-from tests.system import running_system
+from harness.system import running_system
 from tests.timing import PATIENCE, eventually
 
 

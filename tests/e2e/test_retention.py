@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, text
 
 from db.init import init_all
 from tests.e2e.helpers import connect, mongo_docs, mongo_docs_soon, mysql_rows, nothing_more, post, receive
-from tests.system import System, private_system
+from harness.system import System, private_system
 from tests.timing import eventually
 
 RETENTION_SECONDS = 3600

@@ -22,8 +22,8 @@ import pytest
 
 from chatctl.client import Inbox, listen
 from tests.e2e.helpers import post
-from tests.servers import ROOT, free_port, wait_port
-from tests.system import System
+from harness.servers import ROOT, free_port, wait_port
+from harness.system import System
 from tests.timing import PATIENCE, eventually
 
 PROGRAMS = ("daemon:daemon_0", "daemon:daemon_1", "api:api_0", "api:api_1", "writer")

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from tests.servers import ROOT, free_port, stop, wait_port
-from tests.system import running_system
+from harness.servers import ROOT, free_port, stop, wait_port
+from harness.system import running_system
 from tests.timing import PATIENCE, S, eventually_sync
 
 

@@ -13,7 +13,7 @@ import pytest
 from chat import auth
 from chat.auth_config import NEW_SECRET_COMMAND
 from chat.settings import DEV_JWT_SECRET
-from tests.servers import ROOT, free_port
+from harness.servers import ROOT, free_port
 from tests.timing import PATIENCE
 
 STRONG = "test-secret-0123456789abcdef0123456789"

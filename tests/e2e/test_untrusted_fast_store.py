@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 from chat.messages import now_ms
 from db import mongo
 from tests.e2e.helpers import connect, mongo_docs, mongo_docs_soon, mysql_rows, nothing_more, post, receive
-from tests.system import private_system
+from harness.system import private_system
 from tests.timing import eventually
 
 

@@ -20,7 +20,7 @@ from db import mongo
 from db.sql import make_engine
 from db.threads import Threads
 from tests.e2e.helpers import running_writer
-from tests.system import databases
+from harness.system import databases
 from tests.timing import PATIENCE, eventually
 from writer.message_writer import MessageWriter
 

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from chat.drafts import Draft
 from db import mongo
 from db.sql import make_engine
-from tests.system import databases
+from harness.system import databases
 from tests.timing import PATIENCE, eventually
 from writer.core import HANDOVER_CHECK_SECONDS, Timing
 from writer.message_writer import MessageWriter

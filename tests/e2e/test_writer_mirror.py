@@ -16,7 +16,7 @@ from sqlalchemy import text
 from chat.drafts import Draft
 from db import mongo
 from tests.e2e.helpers import running_writer
-from tests.system import databases
+from harness.system import databases
 from tests.timing import PATIENCE, eventually
 from writer.core import Timing
 from writer.message_writer import MessageWriter

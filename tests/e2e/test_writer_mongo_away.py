@@ -27,7 +27,7 @@ from db import mongo
 from db.mongo import DUPLICATE_KEY
 from db.sql import make_engine
 from tests.e2e.helpers import running_writer
-from tests.system import databases
+from harness.system import databases
 from tests.timing import PATIENCE, S, eventually
 from writer import protocol
 from writer.message_writer import MessageWriter

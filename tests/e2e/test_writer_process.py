@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chat.settings import Settings
 from chatctl.client import Inbox, listen
 from tests.e2e.helpers import mongo_docs_soon, mysql_rows, post
-from tests.system import private_system
+from harness.system import private_system
 from tests.timing import PATIENCE, eventually
 
 DB_TIMEOUT_SECONDS = Settings.model_fields["db_timeout_seconds"].default  # the module's systems keep it

@@ -14,7 +14,7 @@ import websockets
 
 from chat.partitions import SlotMap
 from tests.e2e.helpers import post, raw_exchange, receive
-from tests.system import databases, private_system, running_system
+from harness.system import databases, private_system, running_system
 from tests.timing import PATIENCE
 
 ORIGIN = "http://app.example"

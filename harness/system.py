@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -22,8 +23,8 @@ import psutil
 from chat import auth
 from chat.settings import Settings
 from db.init import init_all
-from tests.timing import FACTOR, eventually_sync
-from tests.servers import ROOT, FerretDB, MariaDB, env_for, free_port, fresh_dir, running, stop
+from harness.servers import ROOT, FerretDB, MariaDB, env_for, free_port, fresh_dir, running, stop
+from harness.waiting import FACTOR, eventually_sync
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Databases:
     mariadb: MariaDB
     ferretdb: FerretDB
 
-    def settings(self, **overrides) -> Settings:
+    def settings(self, **overrides: Any) -> Settings:
         return Settings(mysql_url=self.mariadb.url(), mongo_url=self.ferretdb.url, **overrides)
 
 
@@ -203,7 +204,7 @@ def running_system(dbs: Databases, daemons: int = 2, apis: int = 1, api_port: in
 
 @contextlib.contextmanager
 def private_system(base: Path, daemons: int = 1, apis: int = 1, api_port: int | None = None,
-                   writer: bool = False, relay: bool = False, **env) -> Iterator[System]:
+                   writer: bool = False, relay: bool = False, **env: str) -> Iterator[System]:
     """A system on databases of its own, for tests that stop, restart or age them."""
     with databases(base) as dbs, running_system(dbs, daemons, apis, api_port, writer, relay, **env) as system:
         yield system

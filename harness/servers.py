@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.timing import FACTOR, eventually_sync
+from harness.waiting import FACTOR, eventually_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 FERRETDB = ROOT / ".cache/ferretdb/bin/ferretdb"
