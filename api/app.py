@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Scope
 
 from api import metrics
 from api.errors import ApiError
+from api.asyncapi import document as asyncapi_document
 from api.openapi import document
 from api.post_message import PostMessage, front, read_body
 from api.ratelimit import RateLimiter
@@ -210,6 +211,10 @@ async def openapi(request: Request) -> Response:
     return Response(request.app.state.openapi, media_type="application/json")
 
 
+async def asyncapi(request: Request) -> Response:
+    return Response(request.app.state.asyncapi, media_type="application/json")
+
+
 async def api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)  # registered for ApiError only; Starlette types every handler for Exception
     metrics.ERRORS.labels(exc.code).inc()
@@ -256,6 +261,7 @@ ROUTES = [
     Route("/readyz", readyz, methods=["GET"]),
     Route("/metrics", metrics_endpoint, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
+    Route("/asyncapi.json", asyncapi, methods=["GET"]),
 ]
 
 # The reference web client (api/static/): not part of the JSON API, so not in OpenAPI.
@@ -330,5 +336,6 @@ def create_app(settings: Settings) -> ASGIApp:
                     exception_handlers={ApiError: api_error, 404: not_found, 405: method_not_allowed})
     # The document of this process's limits, serialised once.
     app.state.openapi = orjson.dumps(document(settings.body_max_chars, settings.request_max_bytes))
+    app.state.asyncapi = orjson.dumps(asyncapi_document(settings))
     app.add_middleware(metrics.MetricsMiddleware)
     return front(app, POST_MESSAGE)

@@ -265,6 +265,12 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                 "503": overloaded,
                 **_HEAD_ANSWERS,
             }}},
+            "/asyncapi.json": {"get": {"summary": "The AsyncAPI 3.0 document of the daemons' /v1/ws and /v1/poll: "
+                                                  "every frame, the close codes", "responses": {
+                "200": _ok("AsyncAPI 3.0", {"type": "object"}),
+                "503": overloaded,
+                **_HEAD_ANSWERS,
+            }}},
         },
     }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything `make run` and `make test` need, idempotently:
-# Debian packages, the venv with pinned deps, and FerretDB 1.24.
+# Debian packages, the venv with pinned deps, FerretDB 1.24 and the AsyncAPI parser.
 # A second run does no network work and returns in about a second.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -10,6 +10,8 @@ need_pkgs=()
 for p in mariadb-server libmariadb-dev pkg-config apache2-utils build-essential nginx-light chromium; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
+# Node.js runs the web client's pure tests and the AsyncAPI parser; Debian's if the machine has none.
+command -v npm >/dev/null || need_pkgs+=(nodejs npm)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "bootstrap: installing Debian packages: ${need_pkgs[*]}"
   sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
@@ -28,3 +30,4 @@ if [ ! -f "$stamp" ]; then
 fi
 
 scripts/install-ferretdb.sh
+scripts/install-asyncapi-parser.sh

@@ -16,7 +16,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+
+from chatctl.client import Inbox
+from tests.frame_contract import violations
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP = ROOT / "scripts" / "autobahn-setup.sh"
@@ -78,3 +82,39 @@ def autobahn_setup(request: pytest.FixtureRequest):
         yield setup.wait()
     finally:
         setup.stop()  # when the wait was cut short (pytest-timeout)
+
+
+@pytest.fixture(autouse=True)
+def frames_match_the_asyncapi_document(monkeypatch):
+    """Every WebSocket frame a client of chatctl's receives in a test, and
+    every long-poll answer, is checked against the AsyncAPI document
+    (tests/frame_contract.py); the test fails at its end naming each one
+    that differs. (tests/e2e/helpers.py checks the frames it reads itself.)"""
+    found: list[str] = []
+    accept = Inbox.accept
+
+    def checked_accept(inbox: Inbox, frame: dict) -> bool:
+        found.extend(violations(frame))
+        return accept(inbox, frame)
+
+    def check_poll(request: httpx.Request, response: httpx.Response) -> None:
+        if request.url.path == "/v1/poll" and response.status_code == 200 and response.is_stream_consumed:
+            found.extend(violations(response.json(), "PollAnswer"))
+
+    async_send, send = httpx.AsyncClient.send, httpx.Client.send
+
+    async def checked_async_send(client: httpx.AsyncClient, request: httpx.Request, **kwargs) -> httpx.Response:
+        response = await async_send(client, request, **kwargs)
+        check_poll(request, response)
+        return response
+
+    def checked_send(client: httpx.Client, request: httpx.Request, **kwargs) -> httpx.Response:
+        response = send(client, request, **kwargs)
+        check_poll(request, response)
+        return response
+
+    monkeypatch.setattr(Inbox, "accept", checked_accept)
+    monkeypatch.setattr(httpx.AsyncClient, "send", checked_async_send)
+    monkeypatch.setattr(httpx.Client, "send", checked_send)
+    yield
+    assert found == [], "frames that differ from the AsyncAPI document"

@@ -18,6 +18,7 @@ from db import mongo
 from db.sql import make_engine
 from writer.message_writer import MessageWriter
 from harness.system import System
+from tests.frame_contract import violations
 from tests.timing import PATIENCE, eventually
 
 
@@ -75,6 +76,7 @@ async def connect(system: System, user: str, since: str | None = None, **kwargs)
     ws = await websockets.connect(url, additional_headers=headers, **kwargs)
     hello = orjson.loads(await asyncio.wait_for(ws.recv(), PATIENCE))
     assert hello["type"] == "hello"
+    assert violations(hello) == []  # as the AsyncAPI document has it
     return ws, hello
 
 
@@ -83,6 +85,7 @@ async def receive(ws, count: int, timeout: float = PATIENCE) -> list[dict]:
     async with asyncio.timeout(timeout):
         while len(frames) < count:
             frames.append(orjson.loads(await ws.recv()))
+            assert violations(frames[-1]) == []  # as the AsyncAPI document has it
     return frames
 
 
