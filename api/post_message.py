@@ -24,7 +24,7 @@ from api.state import State
 from api.validation import parse_bearer, parse_message
 from chat.errors import ChatError, error_body
 from chat.parsing import is_decimal
-from chat.write_errors import ClientIdConflict, WriterOverloaded, WriteUnavailable, answer_for
+from chat.write_errors import WRITE_FAILURES, answer_for
 
 log = logging.getLogger("chat.api")
 
@@ -76,10 +76,10 @@ class PostMessage:
         draft = parse_message(raw, sender, st.settings.body_max_chars)
         try:
             msg, created = await st.writer.submit(draft)
-        except (WriteUnavailable, WriterOverloaded, ClientIdConflict) as exc:
-            status, code, message, field = answer_for(exc)
-            headers = {"Retry-After": "1"} if status == 503 else None
-            raise ApiError(status, code, message, field=field, headers=headers) from None
+        except WRITE_FAILURES as exc:
+            answer = answer_for(exc)
+            headers = None if answer.retry_after is None else {"Retry-After": str(answer.retry_after)}
+            raise ApiError(answer.status, answer.code, answer.message, field=answer.field, headers=headers) from None
         (metrics.MESSAGES_CREATED if created else metrics.MESSAGES_REPLAYED).inc()
         return (201 if created else 200), orjson.dumps(msg.to_public()), []
 

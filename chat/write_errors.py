@@ -1,4 +1,4 @@
-"""How a write can fail, as the writer raises it and the API answers it.
+"""How a write can end, as the writer raises it and the API answers it (``Outcome``).
 
 The writer of the API process itself and the host's writer process (through
 writer/client.py) raise the same exceptions, so the POST route does not know
@@ -6,6 +6,9 @@ which one stored its message.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum, unique
 
 from chat.errors import ChatError
 from chat.messages import Message
@@ -43,27 +46,98 @@ class ClientIdConflict(ChatError):
         self.original = original
 
 
-# The one table from a write's failure to the client's answer: (status, error
-# code, message, field). The code of a WriteUnavailable is its ``kind``
-# (`mysql_unavailable`, `partition_busy`, or `writer_unavailable` from the writer's client).
-# Subclasses first: the first class in an exception's MRO found here answers.
-ANSWERS: dict[type[ChatError], tuple[int, str | None, str, str | None]] = {
-    WriteOutcomeUnknown: (503, "outcome_unknown", "the permanent store failed while committing; the message may "
-                          "have been stored: retry with the same client_msg_id", None),
-    PartitionBusy: (503, None, "another writer holds this partition's lock; nothing was stored, retry", None),
-    WriteUnavailable: (503, None, "the permanent store is unavailable; nothing was stored, retry", None),
-    WriterOverloaded: (503, "overloaded", "the permanent store is unavailable; nothing was stored, retry", None),
-    ClientIdConflict: (409, "client_msg_id_conflict",
-                       "client_msg_id was already used by this sender for a different message", "client_msg_id"),
-}
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The HTTP answer to a write: its status, and for a failure the error
+    code, message, field and Retry-After seconds of the JSON error."""
+
+    status: int
+    code: str = ""
+    message: str = ""
+    field: str | None = None
+    retry_after: int | None = None
 
 
-def answer_for(exc: ChatError) -> tuple[int, str, str, str | None]:
-    """(status, error code, message, field) of a write's failure, from ``ANSWERS``."""
-    for cls in type(exc).__mro__:
-        if cls in ANSWERS:
-            status, code, message, field = ANSWERS[cls]
-            kind: str = getattr(exc, "kind", "mysql_unavailable")
-            return status, code or kind, message, field
-    raise LookupError(f"no answer for {type(exc).__name__}")
+_UNAVAILABLE = "the permanent store is unavailable; nothing was stored, retry"
 
+
+@unique
+class Outcome(Enum):
+    """The one table of a write's outcomes. Each member is the string the host's
+    writer process sends for it (writer/protocol.py), and carries the exception
+    the API process raises for it (``raises``, with ``reason`` as its text; None:
+    stored) and the HTTP answer (``answer``). The code of ``UNAVAILABLE``'s answer
+    is the exception's ``kind``: `mysql_unavailable`, or `writer_unavailable`
+    from the writer's client."""
+
+    raises: type[ChatError] | None
+    reason: str
+    answer: Answer
+
+    def __new__(cls, wire: str, raises: type[ChatError] | None, reason: str, answer: Answer) -> Outcome:
+        member = object.__new__(cls)
+        member._value_ = wire
+        member.raises, member.reason, member.answer = raises, reason, answer
+        return member
+
+    CREATED = "created", None, "", Answer(201)
+    REPLAYED = "replayed", None, "", Answer(200)  # a retry: the original
+    CONFLICT = "conflict", ClientIdConflict, "", Answer(
+        409, "client_msg_id_conflict", "client_msg_id was already used by this sender for a different message",
+        "client_msg_id")
+    OVERLOADED = "overloaded", WriterOverloaded, "writer: too many requests queued", Answer(
+        503, "overloaded", _UNAVAILABLE, retry_after=1)
+    OUTCOME_UNKNOWN = "outcome_unknown", WriteOutcomeUnknown, "mysql: the commit failed and may have taken", Answer(
+        503, "outcome_unknown", "the permanent store failed while committing; the message may have been stored: "
+        "retry with the same client_msg_id", retry_after=1)
+    BUSY = "partition_busy", PartitionBusy, "writer: another writer holds this partition's lock", Answer(
+        503, "partition_busy", "another writer holds this partition's lock; nothing was stored, retry", retry_after=1)
+    UNAVAILABLE = "unavailable", WriteUnavailable, "mysql: unavailable", Answer(
+        503, "", _UNAVAILABLE, retry_after=1)
+
+    @property
+    def wire(self) -> str:
+        return self._value_
+
+    @classmethod
+    def on_the_wire(cls, wire: object) -> Outcome | None:
+        """The outcome a reply names, or None if it names none."""
+        return _BY_WIRE.get(wire) if isinstance(wire, str) else None
+
+    @classmethod
+    def of_failure(cls, exc: BaseException) -> Outcome | None:
+        """The outcome a write's exception is: the first class in its MRO that an
+        outcome raises (a subclass before its base). None: no outcome, a bug."""
+        for klass in type(exc).__mro__:
+            if (outcome := _BY_EXCEPTION.get(klass)) is not None:
+                return outcome
+        return None
+
+    def result(self, msg: Message | None) -> tuple[Message, bool]:
+        """What the API process's ``submit`` returns for this outcome, or raises:
+        (message, created), or the outcome's exception."""
+        if self.raises is None:
+            assert msg is not None, "a stored outcome carries its message"
+            return msg, self is _CREATED
+        if self.raises is ClientIdConflict:
+            assert msg is not None, "a conflict carries the original"
+            raise ClientIdConflict(msg)
+        raise self.raises(self.reason)
+
+
+_CREATED = Outcome.CREATED  # a module global: the outcome of nearly every reply, looked up fast
+_BY_WIRE: dict[str, Outcome] = {outcome.wire: outcome for outcome in Outcome}
+_BY_EXCEPTION: dict[type[BaseException], Outcome] = {o.raises: o for o in Outcome if o.raises is not None}
+# The exceptions a write may raise: each is an outcome's, and has its HTTP answer.
+WRITE_FAILURES: tuple[type[ChatError], ...] = tuple(o.raises for o in Outcome if o.raises is not None)
+
+
+def answer_for(exc: ChatError) -> Answer:
+    """The HTTP answer to a write's failure, from its ``Outcome``."""
+    outcome = Outcome.of_failure(exc)
+    if outcome is None or outcome.raises is None:
+        raise LookupError(f"no answer for {type(exc).__name__}")
+    answer = outcome.answer
+    if answer.code:
+        return answer
+    return replace(answer, code=getattr(exc, "kind", "mysql_unavailable"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
 from chat.drafts import Draft
@@ -11,12 +12,27 @@ from chat.messages import Message
 from chat.write_errors import ClientIdConflict
 from writer.copies import Copy
 
+log = logging.getLogger("chat.writer")
+
 
 @dataclass(slots=True)
 class Pending:
     """One request: its draft (or a copy owed to this partition), and the future its answer settles."""
     draft: Draft | Copy
     future: asyncio.Future = field(repr=False)
+
+
+def owed_copy(copy: Copy) -> Pending:
+    """A copy owed to this partition as a request. Nobody waits for its answer: a
+    failure leaves its echo row, and a later turn's drain makes the copy."""
+    future = asyncio.get_running_loop().create_future()
+    future.add_done_callback(_copy_settled)
+    return Pending(copy, future)
+
+
+def _copy_settled(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("event=copy_deferred error=%s", future.exception().__class__.__name__)
 
 
 @dataclass(slots=True)

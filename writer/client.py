@@ -28,13 +28,7 @@ from functools import partial
 
 from chat.drafts import Draft
 from chat.messages import Message
-from chat.write_errors import (
-    ClientIdConflict,
-    PartitionBusy,
-    WriteOutcomeUnknown,
-    WriterOverloaded,
-    WriteUnavailable,
-)
+from chat.write_errors import WriteOutcomeUnknown, WriteUnavailable
 from writer import protocol
 from writer.protocol import BadFrame
 
@@ -76,17 +70,7 @@ class RemoteWriter:
         self._pending[seq] = (future, loop.call_later(self._reply, self._expire, seq), stream)
         stream.write(protocol.request(seq, draft))
         outcome, msg = await future
-        if outcome == protocol.CREATED or outcome == protocol.REPLAYED:
-            return msg, outcome == protocol.CREATED
-        if outcome == protocol.CONFLICT:
-            raise ClientIdConflict(msg)
-        if outcome == protocol.OVERLOADED:
-            raise WriterOverloaded
-        if outcome == protocol.OUTCOME_UNKNOWN:
-            raise WriteOutcomeUnknown("mysql: the commit failed and may have taken")
-        if outcome == protocol.BUSY:
-            raise PartitionBusy("writer: another writer holds this partition's lock")
-        raise WriteUnavailable("mysql: unavailable")
+        return outcome.result(msg)
 
     async def ready(self, timeout: float) -> bool:
         """The writer process is connected, or answers a connection within ``timeout``."""
@@ -136,7 +120,7 @@ class RemoteWriter:
         try:
             while (payload := await protocol.read_frame(reader, protocol.REPLY_FRAME_MAX)) is not None:
                 seq, outcome, msg = protocol.parse_reply(payload)
-                if outcome == protocol.STOPPING:
+                if outcome is None:  # the goodbye
                     self._leave(stream)
                     continue
                 pending = self._pending.pop(seq, None)

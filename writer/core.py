@@ -1,7 +1,7 @@
 """The writer's decisions, pure: what a turn under the writer lock does next.
 
-A *turn* (a session) is one hold of the MySQL named lock ``chat.writer``
-(writer/message_writer.py does the I/O). Its phases, and the events that move
+A *turn* is one hold of the MySQL named lock ``chat.writer``
+(writer/turn.py does the I/O). Its phases, and the events that move
 it from one to the next, are a table (``TRANSITIONS``); an event the table
 does not list for the phase at hand is a bug of the shell, and raises
 ``IllegalTransition`` instead of being taken silently.
@@ -44,24 +44,21 @@ REPAIR_PAGE = 2000  # outbox rows copied to Mongo per MySQL read and insert
 # A turn whose Mongo insert failed ends after this long, so that the next one
 # repairs the outbox once Mongo is back (MONGO_RETRY_SECONDS) instead of
 # committing to it for as long as requests keep coming.
-SESSION_MAX_SECONDS = 0.25
+TURN_MAX_SECONDS = 0.25
 # A turn that runs on (requests keep coming, nobody else is queued for the
-# lock) records mirrored_upto and moves meta.head this often. Ending it
-# instead, to do that and take the lock again, stopped every commit for a
-# whole Mongo insert four times a second: most of a POST's p99.
+# lock) records mirrored_upto and moves meta.head this often, instead of
+# ending to do so: each end stops every commit for a whole Mongo insert
+# (docs/decisions/mongo-insert-pump.md).
 CHECKPOINT_SECONDS = 1.0
 # Committed messages that may wait for Mongo, in batches of batch_max: past
 # that, commits wait for the insert in flight (Mongo slower than MySQL for
 # long must slow the writer down, not grow a queue without end).
 UNSENT_BATCHES = 4
-# A pause after each Mongo insert before the next one starts. Back-to-back
-# inserts (the next one taking what was committed meanwhile) slowed
-# FerretDB's tails, ours and its own probe's alike: at 250 msg/s delivery
-# p50 went from 59-75 to 76-99 ms (interleaved runs) against a writer that
-# had a MySQL commit between its inserts. Commits never wait for this pause,
-# and what it delays is only the start of the next insert; with
-# INSERT_GAP_BELOW messages or more waiting for Mongo (a flood of POSTs:
-# ab -k -c 100 keeps about 100 waiting, 1,000 msg/s about 20), there is none.
+# A pause after each Mongo insert before the next one starts: back-to-back
+# inserts slow FerretDB's tails, and with them delivery. Commits never wait
+# for it, it delays only the start of the next insert, and with
+# INSERT_GAP_BELOW messages or more waiting for Mongo (a flood of POSTs)
+# there is none. The figures: docs/decisions/mongo-insert-pump.md.
 INSERT_GAP_SECONDS = 0.005
 INSERT_GAP_BELOW = 64
 # After a failed Mongo write, turns leave the outbox alone this long
@@ -158,7 +155,7 @@ class NextStep(Enum):
 class Timing:
     """The writer's intervals, in seconds (the module's constants by default)."""
 
-    session_max_seconds: float = SESSION_MAX_SECONDS
+    turn_max_seconds: float = TURN_MAX_SECONDS
     checkpoint_seconds: float = CHECKPOINT_SECONDS
     mongo_retry_seconds: float = MONGO_RETRY_SECONDS
     handover_check_seconds: float = HANDOVER_CHECK_SECONDS
@@ -257,7 +254,7 @@ class WriterCore:
         self.queued = self.queued or others_waiting
         if self.queued:
             return NextStep.END  # after the batch in hand: lingering must not hold another host's requests
-        if self.phase is Phase.OUTBOX and now - self.turn_started > self.timing.session_max_seconds:
+        if self.phase is Phase.OUTBOX and now - self.turn_started > self.timing.turn_max_seconds:
             return NextStep.END  # the next turn repairs the outbox once Mongo is back
         if now - self.checkpointed > self.timing.checkpoint_seconds:
             return NextStep.CHECKPOINT

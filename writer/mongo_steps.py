@@ -1,8 +1,10 @@
 """The writer's MongoDB steps: an insert under the writer's deadline (and what a duplicate _id means), meta.head.
 
-``MongoSteps`` is the half of ``MessageWriter`` that speaks to the fast store,
-always the collection of the writer's partition (``collection_name``), as
-``writer.mysql_steps`` is the half that speaks SQL.
+``MongoSteps`` is the part of a ``MessageWriter`` that speaks to the fast
+store, always the collection of the writer's partition (``collection_name``),
+as ``writer.mysql_steps`` is the part that speaks SQL. It tells the core what
+Mongo did (a failed insert, meta.head moved), and the outbox watch what the
+fast store lacks.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, PyMongoError
 
+from chat.partitions import collection_name
 from db import mongo
 from writer.core import WriterCore
 from writer.outbox_watch import OutboxWatch
@@ -23,15 +26,19 @@ log = logging.getLogger("chat.writer")
 
 
 class MongoSteps:
-    _mongo: AsyncDatabase
-    _collection: str
-    _partition: int
-    _timeout: float
-    _retention: int
-    _core: WriterCore
-    _outbox: OutboxWatch
-    _head_task: asyncio.Task | None
-    _observe_strays: Callable[[int], None]
+    """The Mongo calls of one partition's writer, each waited for ``timeout_seconds`` at most.
+    ``observe_strays``: documents not the writer's found at its ids, replaced."""
+
+    def __init__(self, db: AsyncDatabase, *, partition: int, timeout_seconds: float, core: WriterCore,
+                 outbox: OutboxWatch, observe_strays: Callable[[int], None] = lambda n: None):
+        self.db = db
+        self._partition = partition
+        self._collection = collection_name(partition)
+        self._timeout = timeout_seconds
+        self._core = core
+        self._outbox = outbox
+        self._observe_strays = observe_strays
+        self._head_task: asyncio.Task | None = None  # a meta.head write under way, in the background
 
     async def _within_timeout(self, operation):
         """A Mongo operation, waited for at most the writer's timeout. On time-out
@@ -48,7 +55,7 @@ class MongoSteps:
             raise TimeoutError
         return task.result()
 
-    async def _insert(self, docs: list[dict], ordered: bool = True) -> bool:
+    async def insert(self, docs: list[dict], ordered: bool = True) -> bool:
         """One insert_many under the writer's deadline. ``ordered=False`` (the
         outbox repair): every document is tried. A document refused only for a
         duplicate _id is settled by ``_settle_duplicates``; after one, an
@@ -57,13 +64,13 @@ class MongoSteps:
         become visible out of id order; a daemon reads such a hole back from
         MySQL, where all of them are committed."""
         try:
-            await self._within_timeout(self._mongo[self._collection].insert_many(docs, ordered=ordered))
+            await self._within_timeout(self.db[self._collection].insert_many(docs, ordered=ordered))
             return True
         except BulkWriteError as exc:
             if not mongo.only_duplicates(exc):
                 return self._insert_failed(exc, docs)
             refused = mongo.refused_at(exc)
-            if ordered and (rest := docs[refused[-1] + 1:]) and not await self._insert(rest, ordered=False):
+            if ordered and (rest := docs[refused[-1] + 1:]) and not await self.insert(rest, ordered=False):
                 return False
             return await self._settle_duplicates([docs[i] for i in refused])
         except (PyMongoError, TimeoutError) as exc:
@@ -81,7 +88,7 @@ class MongoSteps:
         and no daemon delivers a document MySQL does not confirm."""
         ids = [d["_id"] for d in ours]
         try:
-            found = await self._within_timeout(mongo.messages_with_ids(self._mongo, ids, self._partition))
+            found = await self._within_timeout(mongo.messages_with_ids(self.db, ids, self._partition))
         except (PyMongoError, TimeoutError) as exc:
             log.warning("event=duplicate_unchecked error=%s count=%d ids=%.200r action=counted_as_stored",
                         exc.__class__.__name__, len(ids), ids[:5])
@@ -95,7 +102,7 @@ class MongoSteps:
                   "action=replaced_by_mysql_row meaning=a_document_the_writer_did_not_write_held_its_id",
                   self._partition, len(strays), stray_ids[:5])
         try:
-            await self._within_timeout(mongo.replace_messages(self._mongo, strays, self._partition))
+            await self._within_timeout(mongo.replace_messages(self.db, strays, self._partition))
         except (PyMongoError, TimeoutError) as exc:
             log.error("event=stray_replace_failed error=%s count=%d ids=%.200r action=left_in_place",
                       exc.__class__.__name__, len(strays), stray_ids[:5])
@@ -108,14 +115,22 @@ class MongoSteps:
         self._outbox.seen(max(self._outbox.size, len(docs)), docs[0]["created_at"])  # the oldest unsent
         return False
 
-    def _hint_head(self, upto: int) -> None:
+    def inserter(self, turn: int) -> Callable[[list[dict]], Awaitable[bool]]:
+        """The Mongo insert of turn ``turn``'s pump: none once the turn is over, has
+        left a call in flight or seen one fail (``WriterCore.may_insert``); the rows are the outbox."""
+        async def insert(docs: list[dict]) -> bool:
+            return self._core.may_insert(turn) and await self.insert(docs)
+
+        return insert
+
+    def hint_head(self, upto: int, idle: bool = False) -> None:
         """Moves meta.head in the background (commits go on meanwhile), one write at a time."""
-        if self._core.head_due(upto, time.monotonic()) and (self._head_task is None or self._head_task.done()):
+        if self._core.head_due(upto, time.monotonic(), idle) and (self._head_task is None or self._head_task.done()):
             self._head_task = asyncio.create_task(self._advance_head(upto))
 
     async def _advance_head(self, upto: int) -> None:
         try:
-            await self._within_timeout(mongo.advance_head(self._mongo, upto, self._partition))
+            await self._within_timeout(mongo.advance_head(self.db, upto, self._partition))
             self._core.head_moved(upto, time.monotonic())
         except (PyMongoError, TimeoutError):
             # only a hint for the daemons' gap check; a later turn writes it again

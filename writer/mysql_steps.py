@@ -1,31 +1,33 @@
 """The writer's MySQL statements, each run in the writer's one thread.
 
-``MySQLSteps`` is the half of ``MessageWriter`` that speaks SQL: the lock,
+``MySQLSteps`` is the part of a ``MessageWriter`` that speaks SQL: the lock,
 the stream state, a batch's INSERT and COMMIT, the checkpoint and the
 release, all on the tables and lock of the writer's partition. The decisions
 (when to ask for a hand-over, which copies a batch owes) are the core's and
-``writer.copies``'.
+``writer.copies``'; the turn (writer/turn.py) passes them in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 
-from sqlalchemy import Table, func, select, text, tuple_
+from sqlalchemy import func, select, text, tuple_
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from chat.messages import Message, now_ms
 from chat.partitions import SlotMap, lock_name
 from chat.write_errors import PartitionBusy, WriteUnavailable
+from db.partition_map import tables_of
 from db.sql import conversation_key, row_to_message
 from db.threads import Threads
 from writer import echo_sql
 from writer.batch import CommitFailed, Committed, Pending
 from writer.copies import Copy, Known, copy_message, copy_plan, owed_copies
-from writer.core import REPAIR_PAGE, WriterCore
+from writer.core import REPAIR_PAGE
 
 log = logging.getLogger("chat.writer")
 
@@ -42,24 +44,78 @@ NEXT_LOCK_NAME = next_lock_name(0)
 
 
 class MySQLSteps:
-    _engine: Engine
-    _timeout: float
-    _core: WriterCore
-    _partition: int
-    _slot_map: SlotMap
-    _messages: Table
-    _stream_state: Table
-    _lock: str
-    _next_lock: str
-    _threads: Threads
+    """The SQL of one partition's writer (``partition``, of ``slot_map``): each
+    step is a coroutine that runs its statements on the writer's one MySQL thread."""
 
-    async def _mysql(self, fn, *args):
+    def __init__(self, engine: Engine, *, partition: int, slot_map: SlotMap, timeout_seconds: float):
+        self.engine = engine
+        self._partition = partition
+        self._slot_map = slot_map
+        self._timeout = timeout_seconds
+        tables = tables_of(partition)
+        self._messages, self._stream_state = tables.messages, tables.stream_state
+        self._lock, self._next_lock = lock_name(partition), next_lock_name(partition)
+        # A thread of its own for its MySQL calls: slow reads elsewhere must not
+        # hold a message back (db.threads). One, so that they run in order: a
+        # turn cancelled while a call is under way (a shutdown) releases the
+        # writer lock after that call, never beside it on the same connection
+        # (which failed the release and left the lock held by a connection back
+        # in the pool: every later turn timed out). Turns never overlap.
+        self._threads = Threads(1, "writer")
+
+    def close(self) -> None:
+        self._threads.close()
+
+    # --- the steps, as a turn awaits them ------------------------------------
+    async def connect(self) -> Connection:
+        """The connection of one turn; a MySQL error is ``WriteUnavailable``."""
+        return await self._run(self.engine.connect)
+
+    async def lock_and_read_state(self, conn: Connection) -> tuple[int, int]:
+        return await self._run(self._lock_and_read_state, conn)
+
+    async def commit_batch(self, conn: Connection, batch: list[Pending], last_id: int,
+                           ask_others: bool) -> tuple[Committed, int]:
+        """Writes and commits ``batch`` after ``last_id``; ``ask_others``: whether
+        its transaction asks if another process is queued for the lock (the core's ``handover_check_due``)."""
+        return await self._run(self._commit_batch, conn, batch, last_id, ask_others)
+
+    async def others_waiting(self, conn: Connection) -> bool:
+        return await self._run(self._others_waiting, conn, True)
+
+    async def mark(self, conn: Connection, mirrored: int, last_id: int) -> None:
+        await self._run(self._mark, conn, mirrored, last_id)
+
+    async def mark_alone(self, mirrored: int, last_id: int) -> None:
+        await self._threads.run(self._mark_alone, mirrored, last_id)
+
+    async def release(self, conn: Connection, mirrored: int | None, last_id: int) -> None:
+        """Records ``mirrored`` (unless None), releases the writer lock and closes ``conn``."""
+        # shielded: a second cancel must not drop the release from the thread's queue
+        await asyncio.shield(self._threads.run(self._mark_and_release, conn, mirrored, last_id))
+
+    async def outbox_page(self, conn: Connection, after: int) -> list[Row]:
+        return await self._run(self._outbox_page, conn, after)
+
+    async def found_committed(self, new: list[Message]) -> bool:
+        """Whether a batch whose COMMIT failed is stored after all; False when MySQL cannot say."""
+        try:
+            return await self._threads.run(self._rows_present, new)
+        except SQLAlchemyError:
+            return False
+
+    async def leftover_copies(self, conn: Connection, limit: int) -> list[Copy]:
+        """Copies owed to this partition that no hand-over brought (echo_sql.leftover_copies)."""
+        return await self._run(echo_sql.leftover_copies, conn, self._partition, limit)
+
+    async def _run(self, fn, *args):
         """``fn(*args)`` on the writer's one MySQL thread; a MySQL error is ``WriteUnavailable``."""
         try:
             return await self._threads.run(fn, *args)
         except SQLAlchemyError as exc:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
 
+    # --- the statements, run in the thread ---------------------------------------
     def _lock_and_read_state(self, conn: Connection) -> tuple[int, int]:
         """Takes the writer lock (queued behind the next-lock); returns (last_id, mirrored_upto).
         GET_LOCK answers 0 when the wait ran out with the lock still held by
@@ -89,19 +145,20 @@ class MySQLSteps:
         conn.commit()
         return state[0], state[1]
 
-    def _commit_batch(self, conn: Connection, batch: list[Pending], last_id: int) -> tuple[Committed, int]:
+    def _commit_batch(self, conn: Connection, batch: list[Pending], last_id: int,
+                      ask_others: bool) -> tuple[Committed, int]:
         started = time.perf_counter()
         try:
             # A retry of a stored message is rare (a client that lost an
             # answer), so the batch goes in without looking for them first, one
             # round trip fewer per batch: the unique (sender, client_msg_id)
             # refuses the INSERT if it holds one, and only then are they looked up.
-            return self._write_batch(conn, batch, last_id, started, Known.nothing())
+            return self._write_batch(conn, batch, last_id, started, Known.nothing(), ask_others)
         except IntegrityError:
-            return self._write_batch(conn, batch, last_id, started, self._existing(conn, batch))
+            return self._write_batch(conn, batch, last_id, started, self._existing(conn, batch), ask_others)
 
     def _write_batch(self, conn: Connection, batch: list[Pending], last_id: int, started: float,
-                     known: Known) -> tuple[Committed, int]:
+                     known: Known, ask_others: bool) -> tuple[Committed, int]:
         """``known``: what the table holds of the retries and copies in ``batch``."""
         new: list[Message] = []
         answers: list[tuple[Pending, Message, bool]] = []
@@ -142,17 +199,17 @@ class MySQLSteps:
             conn.rollback()
             raise
         try:
-            waiting = self._commit(conn)
+            waiting = self._commit(conn, ask_others)
         except SQLAlchemyError:
             with contextlib.suppress(SQLAlchemyError):
                 conn.rollback()  # on a live connection, never commit this later by accident
             raise CommitFailed(Committed(new, answers, started, stamped, False, owed)) from None
         return Committed(new, answers, started, stamped, waiting, owed), last_id
 
-    def _commit(self, conn: Connection) -> bool:
+    def _commit(self, conn: Connection, ask_others: bool) -> bool:
         """Commits a batch; returns whether another process is queued for the
-        writer lock, asked in the same transaction when the core says it is due."""
-        waiting = self._core.handover_check_due(time.monotonic()) and self._others_waiting(conn)
+        writer lock, asked in the same transaction if ``ask_others``."""
+        waiting = ask_others and self._others_waiting(conn)
         conn.commit()
         return waiting
 
@@ -192,7 +249,7 @@ class MySQLSteps:
         call left in flight at a hand-over proved once it succeeded. Both values
         only ever grow (GREATEST), so it may land before or after any turn's."""
         try:
-            with self._engine.connect() as conn:
+            with self.engine.connect() as conn:
                 self._mark(conn, mirrored, last_id)
         except SQLAlchemyError as exc:
             # the rows stay the outbox: a later turn copies them again (duplicates, counted as stored)
@@ -222,16 +279,12 @@ class MySQLSteps:
         if not new:
             return True  # only retries: nothing was to be written
         messages = self._messages
-        with self._engine.connect() as conn:
+        with self.engine.connect() as conn:
             rows = conn.execute(select(messages.c.id, messages.c.sender, messages.c.client_msg_id, messages.c.body)
                                 .where(messages.c.id.between(new[0].id, new[-1].id))).all()
         # One transaction: all of them or none. Another process may have taken
         # these ids since (a lost connection frees the writer lock): ours only if they match.
         return {tuple(r) for r in rows} == {(m.id, m.sender, m.client_msg_id, m.body) for m in new}
-
-    def _leftover_copies(self, conn: Connection, limit: int) -> list[Copy]:
-        """Copies owed to this partition that no hand-over brought (echo_sql.leftover_copies)."""
-        return echo_sql.leftover_copies(conn, self._partition, limit)
 
 
 # MariaDB's ER_STATEMENT_TIMEOUT. make_engine sets max_statement_time to the

@@ -46,14 +46,14 @@ class PartitionedWriter:
         self.writers[partition].offer_copy(copy)
 
     async def run(self, repair_every: float = 1.0) -> None:
-        """Every partition's writer, until cancelled."""
-        tasks = [asyncio.create_task(w.run(repair_every), name=f"writer_p{k}") for k, w in enumerate(self.writers)]
+        """Every partition's writer, until cancelled. One that fails ends them all,
+        and its error (the first, if several) is this one's, as a writer's own would be."""
         try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            async with asyncio.TaskGroup() as writers:
+                for k, w in enumerate(self.writers):
+                    writers.create_task(w.run(repair_every), name=f"writer_p{k}")
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
 
     def close(self) -> None:
         for writer in self.writers:
@@ -81,5 +81,5 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
 
 def engine_pool_size(slot_map: SlotMap) -> int:
     """Connections the writers' engine keeps: one per partition's turn, and one to
-    check a failed COMMIT on (``MessageWriter._settle``); bursts use the overflow."""
+    check a failed COMMIT on (``Turn._settle``); bursts use the overflow."""
     return slot_map.partitions + 1

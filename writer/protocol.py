@@ -8,7 +8,7 @@ decode into exactly these shapes ends that connection, and nothing of it is
 stored (``BadFrame``).
 
 request: ``[seq, sender, recipient, body, client_msg_id | null]``
-reply:   ``[seq, outcome, message | null]``, ``message`` as
+reply:   ``[seq, outcome, message | null]``, ``outcome`` an ``Outcome``'s wire string, ``message`` as
          ``[id, sender, recipient, body, created_at_ms, client_msg_id | null]``
 goodbye: ``[0, "stopping", null]`` from a writer that is stopping. The API
          process sends nothing more on that connection and half-closes it;
@@ -29,6 +29,7 @@ import orjson
 from chat.drafts import Draft
 from chat.frames import BadFrame, read_sized
 from chat.messages import Message
+from chat.write_errors import Outcome
 
 HEADER = struct.Struct("!I")
 # Replies come from our own writer, and may carry a message stored under a
@@ -37,12 +38,9 @@ REPLY_FRAME_MAX = 16 << 20
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MILLISECOND = timedelta(milliseconds=1)
 
-# Outcomes, one per answer the writer can give (the API maps each to its HTTP answer).
-CREATED, REPLAYED, CONFLICT = "created", "replayed", "conflict"
-UNAVAILABLE, OUTCOME_UNKNOWN, OVERLOADED = "unavailable", "outcome_unknown", "overloaded"
-BUSY = "partition_busy"  # another writer held the partition's lock for the whole lock wait
-OUTCOMES = frozenset({CREATED, REPLAYED, CONFLICT, UNAVAILABLE, OUTCOME_UNKNOWN, OVERLOADED, BUSY})
-STOPPING = "stopping"  # the goodbye's outcome; seq 0, which no request uses (the API counts from 1)
+# A reply's outcome is a ``chat.write_errors.Outcome``'s wire string; the goodbye's is this
+# one, with seq 0, which no request uses (the API counts from 1).
+STOPPING = "stopping"
 
 
 def frame(payload: list) -> bytes:
@@ -98,27 +96,27 @@ def parse_request(payload: list) -> tuple[int, Draft]:
     return seq, Draft(sender, recipient, body, client_msg_id)
 
 
-def reply(seq: int, outcome: str, msg: Message | None) -> bytes:
-    wire = None
+def reply(seq: int, outcome: Outcome, msg: Message | None) -> bytes:
+    fields = None
     if msg is not None:
         millis = (msg.created_at - EPOCH) // MILLISECOND  # exact: integer arithmetic
-        wire = [msg.id, msg.sender, msg.recipient, msg.body, millis, msg.client_msg_id]
-    return frame([seq, outcome, wire])
+        fields = [msg.id, msg.sender, msg.recipient, msg.body, millis, msg.client_msg_id]
+    return frame([seq, outcome.wire, fields])
 
 
 _GOODBYE = [0, STOPPING, None]
 GOODBYE = frame(_GOODBYE)
 
 
-def parse_reply(payload: list) -> tuple[int, str, Message | None]:
-    """A reply, or the goodbye as ``(0, STOPPING, None)``."""
+def parse_reply(payload: list) -> tuple[int, Outcome | None, Message | None]:
+    """A reply, or the goodbye as ``(0, None, None)``."""
     if payload == _GOODBYE:
-        return 0, STOPPING, None
-    if len(payload) != 3 or not _is_seq(payload[0]) or payload[1] not in OUTCOMES:
+        return 0, None, None
+    if len(payload) != 3 or not _is_seq(payload[0]) or (outcome := Outcome.on_the_wire(payload[1])) is None:
         raise BadFrame("reply: bad shape")
-    seq, outcome, wire = payload
-    if wire is None:
+    seq, _outcome, fields = payload
+    if fields is None:
         return seq, outcome, None
-    msg_id, sender, recipient, body, millis, client_msg_id = wire
+    msg_id, sender, recipient, body, millis, client_msg_id = fields
     created = EPOCH + millis * MILLISECOND
     return seq, outcome, Message(msg_id, sender, recipient, body, created, client_msg_id)

@@ -3,8 +3,8 @@
 Ids must reach MongoDB in commit order (writer/message_writer.py), so writers take turns
 under a MySQL lock, and each turn ends with a wait for its last Mongo insert.
 With a writer in each API process, two processes on one host spent most of a
-message's creation time waiting for each other's turn (41-49 ms p50 against
-14-15 with one process, at 1,000 msg/s). Here the API processes
+message's creation time waiting for each other's turn
+(docs/decisions/one-writer-per-host.md). Here the API processes
 parse, authenticate and validate, and hand the message to this one process
 over a Unix socket; it batches them all together and holds the lock, in
 turns, only against the writers of other hosts. It runs one writer per
@@ -30,13 +30,7 @@ from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
 from chat.unix_socket import bind_owner_only
-from chat.write_errors import (
-    ClientIdConflict,
-    PartitionBusy,
-    WriteOutcomeUnknown,
-    WriterOverloaded,
-    WriteUnavailable,
-)
+from chat.write_errors import ClientIdConflict, Outcome, WriterOverloaded
 from db import mongo
 from db.partition_map import load_slot_map
 from db.sql import make_engine
@@ -47,24 +41,23 @@ from writer.protocol import BadFrame
 log = logging.getLogger("chat.writer.server")
 
 
-def outcome_of(future: asyncio.Future) -> tuple[str, Message | None]:
+# Module globals: the outcomes of nearly every reply, looked up fast.
+CREATED, REPLAYED, OUTCOME_UNKNOWN = Outcome.CREATED, Outcome.REPLAYED, Outcome.OUTCOME_UNKNOWN
+
+
+def outcome_of(future: asyncio.Future) -> tuple[Outcome, Message | None]:
     """A settled ``MessageWriter.enqueue`` future as (outcome, message or None)."""
     if future.cancelled():
-        return protocol.OUTCOME_UNKNOWN, None
+        return OUTCOME_UNKNOWN, None
     exc = future.exception()
     if exc is None:
         msg, created = future.result()
-        return (protocol.CREATED if created else protocol.REPLAYED), msg
-    if isinstance(exc, ClientIdConflict):
-        return protocol.CONFLICT, exc.original
-    if isinstance(exc, WriteOutcomeUnknown):  # before WriteUnavailable: a subclass of it
-        return protocol.OUTCOME_UNKNOWN, None
-    if isinstance(exc, PartitionBusy):  # the same
-        return protocol.BUSY, None
-    if isinstance(exc, WriteUnavailable):
-        return protocol.UNAVAILABLE, None
-    log.error("event=writer_unexpected_error error=%r", exc)
-    return protocol.OUTCOME_UNKNOWN, None  # a bug of ours: the message may have been stored
+        return (CREATED if created else REPLAYED), msg
+    outcome = Outcome.of_failure(exc)
+    if outcome is None:
+        log.error("event=writer_unexpected_error error=%r", exc)
+        return OUTCOME_UNKNOWN, None  # a bug of ours: the message may have been stored
+    return outcome, exc.original if isinstance(exc, ClientIdConflict) else None
 
 
 class Link:
@@ -84,7 +77,7 @@ class Link:
                 try:
                     future = self._writer.enqueue(draft)
                 except WriterOverloaded:
-                    self._stream.write(protocol.reply(seq, protocol.OVERLOADED, None))
+                    self._stream.write(protocol.reply(seq, Outcome.OVERLOADED, None))
                     continue
                 self._unanswered.add()
                 future.add_done_callback(partial(self._answer, seq))

@@ -1,8 +1,8 @@
 """How a turn waits while it holds the writer lock, and what it leaves in flight.
 
-``TurnWaits`` is the part of ``MessageWriter`` that waits: for requests to
-form the next batch (``_next_batch``, ``_linger``) and for Mongo
-(``_under_lock``). Waiting on Mongo under the lock is what held every other
+``TurnWaits`` is the part of a ``MessageWriter`` that waits: for requests to
+form the next batch (``next_batch``, ``linger``) and for Mongo
+(``under_lock``). Waiting on Mongo under the lock is what held every other
 host's writes of the partition hostage when this host's Mongo hung: each
 call waited out its timeout while the queued writers' lock wait, the same
 timeout, ran out. So once another process is queued, a Mongo call is waited
@@ -18,34 +18,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from db.threads import Threads
 from writer.batch import Pending
 from writer.core import WriterCore, batch_room
 from writer.mirror import Mirror
+from writer.mysql_steps import MySQLSteps
 
 log = logging.getLogger("chat.writer")
 
 
 class TurnWaits:
-    _core: WriterCore
-    _queue: asyncio.Queue[Pending]
-    _window: float
-    _batch_max: int
-    _partition: int
-    _threads: Threads
-    _left: set[asyncio.Future]  # Mongo work left in flight at a hand-over, referenced till it ends
-    # the other parts' (MySQLSteps, MongoSteps)
-    _mysql: Callable[..., Awaitable[Any]]
-    _others_waiting: Callable[..., bool]
-    _mark_alone: Callable[[int, int], None]
-    _insert: Callable[..., Awaitable[bool]]
+    """The waits of one partition's writer: on ``queue``, its requests (a batch
+    of ``batch_max`` at most, gathered for ``window_ms``), and on Mongo under the lock."""
 
-    async def _next_batch(self, first: Pending | None) -> list[Pending]:
+    def __init__(self, queue: asyncio.Queue[Pending], *, core: WriterCore, sql: MySQLSteps, partition: int,
+                 batch_max: int, window_ms: float):
+        self._queue = queue
+        self._core = core
+        self._sql = sql
+        self._partition = partition
+        self._batch_max = batch_max
+        self._window = window_ms / 1000
+        self._left: set[asyncio.Future] = set()  # Mongo work left in flight at a hand-over, referenced till it ends
+
+    async def next_batch(self, first: Pending | None) -> list[Pending]:
         if first is None:
             if self._queue.empty():
                 return []
@@ -73,17 +73,17 @@ class TurnWaits:
             if getter.cancelled() and current is not None and not current.cancelling():
                 return []
             raise
-        return await self._next_batch(first)
+        return await self.next_batch(first)
 
-    async def _linger(self, mirror: Mirror, conn: Connection) -> list[Pending]:
+    async def linger(self, mirror: Mirror, conn: Connection) -> list[Pending]:
         """The next batch: the answered clients' next requests, taken as they
         come while Mongo works (each finished insert hands on what was committed
         meanwhile); [] once Mongo has everything and nobody else asks, or
         another process is queued for the lock (past the grace, with the insert
-        still in flight: it is left so, see ``_under_lock``)."""
+        still in flight: it is left so, see ``under_lock``)."""
         core, started = self._core, time.monotonic()
         while True:
-            batch = await self._next_batch(None)
+            batch = await self.next_batch(None)
             if batch or mirror.inserting is None:
                 break
             patience = core.mongo_patience(time.monotonic() - started)
@@ -96,12 +96,12 @@ class TurnWaits:
             if mirror.inserting.done():
                 await mirror.settle()
             elif not core.queued:
-                core.others_asked(await self._mysql(self._others_waiting, conn, True))
-        if batch or await self._mysql(self._others_waiting, conn, True):
+                core.others_asked(await self._sql.others_waiting(conn))
+        if batch or await self._sql.others_waiting(conn):
             return batch
-        return await self._next_batch(None)
+        return await self.next_batch(None)
 
-    async def _under_lock(self, conn: Connection, task: asyncio.Future) -> bool:
+    async def under_lock(self, conn: Connection, task: asyncio.Future) -> bool:
         """Waits for ``task``, Mongo work of a turn that holds the lock: True once
         it is done (its error raised). False once another process is queued for
         the lock and it has waited ``handover_grace_seconds``: then it is left
@@ -116,7 +116,7 @@ class TurnWaits:
                     return False
                 await asyncio.wait({task}, timeout=patience)
                 if not task.done() and not core.queued:
-                    core.others_asked(await self._mysql(self._others_waiting, conn, True))
+                    core.others_asked(await self._sql.others_waiting(conn))
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 task.cancel()  # a shutdown: the work goes with the turn, as when it was awaited
@@ -145,7 +145,7 @@ class TurnWaits:
         if not task.cancelled():
             task.exception()  # retrieved: its failure, if any, was taken where it happened (_insert_failed)
 
-    def _record_when_done(self, task: asyncio.Future, proven: Callable[[Any], int], last_id: int) -> None:
+    def record_when_done(self, task: asyncio.Future, proven: Callable[[Any], int], last_id: int) -> None:
         """Once ``task``, left in flight, is done: records the mirrored_upto its
         success proves (``proven(result)``; 0: nothing). Later turns then do not
         copy those ids again: each such copy would be a duplicate, and a
@@ -157,14 +157,6 @@ class TurnWaits:
                 return
             self._core.left_call_landed()
             if upto:
-                await self._threads.run(self._mark_alone, upto, last_id)
+                await self._sql.mark_alone(upto, last_id)
 
         self._keep(asyncio.ensure_future(record()))
-
-    def _inserter(self, turn: int) -> Callable[[list[dict]], Awaitable[bool]]:
-        """The Mongo insert of turn ``turn``'s pump: none once the turn is over, has
-        left a call in flight or seen one fail (``WriterCore.may_insert``); the rows are the outbox."""
-        async def insert(docs: list[dict]) -> bool:
-            return self._core.may_insert(turn) and await self._insert(docs)
-
-        return insert

@@ -27,7 +27,7 @@ class Insert:
 @dataclass
 class FakeMongo:
     inserted: list[list[int]] = field(default_factory=list)  # each insert that succeeded, in order
-    log: list[str] = field(default_factory=list)  # inserts' starts and ends, and the session's commits
+    log: list[str] = field(default_factory=list)  # inserts' starts and ends, and the turn's commits
     started: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     async def insert(self, docs: list[dict]) -> bool:
@@ -95,16 +95,16 @@ async def test_ids_reach_mongo_once_each_in_id_order_each_insert_taking_all_comm
     assert (mirror.ok, mirror.mirrored, mirror.inserting) == (True, 5, None)
 
 
-async def test_the_next_insert_starts_when_the_last_one_ends_not_when_the_session_gets_to_it():
-    # The session may be in a long MySQL commit when an insert ends; the
-    # next insert must not wait for the session to come back to the mirror.
+async def test_the_next_insert_starts_when_the_last_one_ends_not_when_the_turn_gets_to_it():
+    # The turn may be in a long MySQL commit when an insert ends; the
+    # next insert must not wait for the turn to come back to the mirror.
     mongo = FakeMongo()
     mirror = mirror_of(mongo)
     await commit(mirror, 1)
     first = await mongo.next_insert()
     await commit(mirror, 2)
     await commit(mirror, 3)
-    # From here the session does not call the mirror again (it is in its next commit).
+    # From here the turn does not call the mirror again (it is in its next commit).
     first.outcome.set_result(True)
     second = await mongo.next_insert()
     assert second.ids == [2, 3]
@@ -123,7 +123,7 @@ async def test_commits_wait_for_the_insert_in_flight_once_the_unsent_messages_re
     reaching = batches[UNSENT_BATCHES]  # the batch after the one in flight and UNSENT_BATCHES - 1 more
     about_to_reach = asyncio.Event()
 
-    async def session() -> None:  # the turn's next commits, while the first insert runs
+    async def commits() -> None:  # the turn's next commits, while the first insert runs
         for batch in batches[1:]:
             if batch is reaching:
                 about_to_reach.set()
@@ -133,9 +133,9 @@ async def test_commits_wait_for_the_insert_in_flight_once_the_unsent_messages_re
     await commit(mirror, *batches[0])
     first = await mongo.next_insert()
     assert first.ids == batches[0]
-    turn = asyncio.create_task(session())
+    turn = asyncio.create_task(commits())
     async with asyncio.timeout(PATIENCE):
-        await about_to_reach.wait()  # the session ran until it waits (or, were it unbounded, past it)
+        await about_to_reach.wait()  # the turn ran until it waits (or, were it unbounded, past it)
     committed = [line for line in mongo.log if line.startswith("committed")]
     assert committed == [f"committed {b}" for b in batches[1:UNSENT_BATCHES]]  # and the one in flight
     first.outcome.set_result(True)
@@ -175,7 +175,7 @@ async def test_a_hung_insert_holds_commits_only_at_the_bound_and_its_failure_rel
     mirror = mirror_of(mongo, bound=4)
     about_to_reach = asyncio.Event()
 
-    async def session() -> None:  # the turn's next commits, while the first insert hangs
+    async def commits() -> None:  # the turn's next commits, while the first insert hangs
         for batch in ([2, 3], [4, 5]):
             if batch == [4, 5]:
                 about_to_reach.set()
@@ -184,7 +184,7 @@ async def test_a_hung_insert_holds_commits_only_at_the_bound_and_its_failure_rel
 
     await commit(mirror, 1)
     hung = await mongo.next_insert()
-    turn = asyncio.create_task(session())
+    turn = asyncio.create_task(commits())
     async with asyncio.timeout(PATIENCE):
         await about_to_reach.wait()
     assert mongo.log[-1] == "committed [2, 3]" and not turn.done()  # [4, 5] makes 4 unsent: it waits

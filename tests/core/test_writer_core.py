@@ -21,7 +21,7 @@ from writer.core import (
     unsent_max,
 )
 
-TIMING = Timing(session_max_seconds=0.25, checkpoint_seconds=1.0, mongo_retry_seconds=2.0,
+TIMING = Timing(turn_max_seconds=0.25, checkpoint_seconds=1.0, mongo_retry_seconds=2.0,
                 handover_check_seconds=0.02, head_every_seconds=1.0, handover_grace_seconds=0.25)
 GRACE = TIMING.handover_grace_seconds
 
@@ -103,15 +103,15 @@ def test_a_busy_turn_checkpoints_every_checkpoint_seconds_and_keeps_the_lock():
     assert core.committed(False, now=500.0) is not NextStep.END  # Mongo keeps up: no end however long
 
 
-def test_after_a_failed_insert_the_turn_ends_once_it_is_session_max_old():
+def test_after_a_failed_insert_the_turn_ends_once_it_is_turn_max_old():
     core = core_in(Phase.MIRRORING, now=100.0)
     core.mongo_failed(now=100.1)
     assert core.phase is Phase.OUTBOX
-    assert core.committed(False, now=100.25) is NextStep.GO_ON  # 0.25 s: not past SESSION_MAX yet
+    assert core.committed(False, now=100.25) is NextStep.GO_ON  # 0.25 s: not past TURN_MAX yet
     assert core.committed(False, now=100.26) is NextStep.END
 
 
-def test_a_turn_that_started_behind_ends_once_it_is_session_max_old():
+def test_a_turn_that_started_behind_ends_once_it_is_turn_max_old():
     core = WriterCore(TIMING)
     core.mongo_failed(now=99.0)  # an insert that outlived its turn still opens the retry window
     assert core.phase is Phase.IDLE

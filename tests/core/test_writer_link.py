@@ -15,7 +15,7 @@ import pytest
 
 from chat.drafts import Draft
 from chat.messages import Message
-from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
+from chat.write_errors import ClientIdConflict, Outcome, WriteOutcomeUnknown, WriterOverloaded, WriteUnavailable
 from tests.timing import PATIENCE
 from writer import protocol
 from writer.client import RemoteWriter, WriterUnreachable
@@ -176,9 +176,9 @@ async def test_a_request_already_on_its_way_when_the_goodbye_is_sent_is_read_and
         future.set_result((stored(3, "in flight"), True))
         async with asyncio.timeout(PATIENCE):
             assert protocol.parse_reply(await protocol.read_frame(reader, protocol.REPLY_FRAME_MAX)) == \
-                (0, protocol.STOPPING, None)
+                (0, None, None)  # the goodbye
             assert protocol.parse_reply(await protocol.read_frame(reader, protocol.REPLY_FRAME_MAX)) == \
-                (7, protocol.CREATED, stored(3, "in flight"))
+                (7, Outcome.CREATED, stored(3, "in flight"))
         stream.close()
     finally:
         await host.close()

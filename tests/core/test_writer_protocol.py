@@ -9,7 +9,7 @@ import pytest
 
 from chat.drafts import Draft
 from chat.messages import Message
-from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown, WriteUnavailable
+from chat.write_errors import ClientIdConflict, Outcome, WriteOutcomeUnknown, WriteUnavailable
 from writer import protocol
 from writer.protocol import BadFrame
 from writer.server import outcome_of
@@ -41,10 +41,10 @@ async def test_a_request_and_its_reply_come_back_exactly():
     draft = Draft("alice", "bob", MSG.body, None)
     [payload] = await frames_of(protocol.request(41, draft))
     assert protocol.parse_request(payload) == (41, draft)
-    [payload] = await frames_of(protocol.reply(41, protocol.CREATED, MSG))
-    assert protocol.parse_reply(payload) == (41, protocol.CREATED, MSG)  # id past 2**53, the millisecond, the text
-    [payload] = await frames_of(protocol.reply(42, protocol.UNAVAILABLE, None))
-    assert protocol.parse_reply(payload) == (42, protocol.UNAVAILABLE, None)
+    [payload] = await frames_of(protocol.reply(41, Outcome.CREATED, MSG))
+    assert protocol.parse_reply(payload) == (41, Outcome.CREATED, MSG)  # id past 2**53, the millisecond, the text
+    [payload] = await frames_of(protocol.reply(42, Outcome.UNAVAILABLE, None))
+    assert protocol.parse_reply(payload) == (42, Outcome.UNAVAILABLE, None)
 
 
 def framed(obj) -> bytes:
@@ -91,12 +91,12 @@ def settled(result=None, exc=None) -> asyncio.Future:
 
 
 @pytest.mark.parametrize(("future", "outcome"), [
-    (lambda: settled((MSG, True)), (protocol.CREATED, MSG)),
-    (lambda: settled((MSG, False)), (protocol.REPLAYED, MSG)),
-    (lambda: settled(exc=ClientIdConflict(MSG)), (protocol.CONFLICT, MSG)),
-    (lambda: settled(exc=WriteOutcomeUnknown("x")), (protocol.OUTCOME_UNKNOWN, None)),
-    (lambda: settled(exc=WriteUnavailable("x")), (protocol.UNAVAILABLE, None)),
-    (lambda: settled(exc=RuntimeError("a bug")), (protocol.OUTCOME_UNKNOWN, None)),  # may have been stored
+    (lambda: settled((MSG, True)), (Outcome.CREATED, MSG)),
+    (lambda: settled((MSG, False)), (Outcome.REPLAYED, MSG)),
+    (lambda: settled(exc=ClientIdConflict(MSG)), (Outcome.CONFLICT, MSG)),
+    (lambda: settled(exc=WriteOutcomeUnknown("x")), (Outcome.OUTCOME_UNKNOWN, None)),
+    (lambda: settled(exc=WriteUnavailable("x")), (Outcome.UNAVAILABLE, None)),
+    (lambda: settled(exc=RuntimeError("a bug")), (Outcome.OUTCOME_UNKNOWN, None)),  # may have been stored
 ])
 async def test_each_writer_answer_has_its_outcome(future, outcome):
     assert outcome_of(future()) == outcome

@@ -1,6 +1,6 @@
 """A COMMIT that fails is answered by what MySQL holds, never by a guess.
 
-The failure is injected at the batch's COMMIT (``MessageWriter._commit``), against the real MariaDB and
+The failure is injected at the batch's COMMIT (``MySQLSteps._commit``), against the real MariaDB and
 FerretDB: once after the commit took (its answer lost on the way back, as
 with a read time-out on a slow MySQL), once before it was sent.
 """
@@ -23,20 +23,31 @@ from tests.e2e.helpers import running_writer
 from harness.system import databases
 from tests.timing import PATIENCE, eventually
 from writer.message_writer import MessageWriter
+from writer.mysql_steps import MySQLSteps
 
 
-class _LosesOneCommit(MessageWriter):
-    def __init__(self, *args, took: bool | None, **kwargs):
+class _CommitLost(MySQLSteps):
+    """Loses the answer of one COMMIT once armed: ``took`` says whether that commit took."""
+
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.took, self.armed = took, took is not None  # None: loses nothing
+        self.took, self.armed = None, False
 
-    def _commit(self, conn):
+    def _commit(self, conn, ask_others):
         if self.armed:
             self.armed = False
             if self.took:
-                super()._commit(conn)  # committed; the answer is what goes missing
+                super()._commit(conn, ask_others)  # committed; the answer is what goes missing
             raise OperationalError("COMMIT", {}, Exception("Lost connection to server during query"))
-        return super()._commit(conn)
+        return super()._commit(conn, ask_others)
+
+
+class _LosesOneCommit(MessageWriter):
+    mysql_steps = _CommitLost
+
+    def __init__(self, *args, took: bool | None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._sql.took, self._sql.armed = took, took is not None  # None: loses nothing
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +78,7 @@ async def test_a_commit_that_took_but_lost_its_answer_is_answered_201_and_still_
         assert all(created for _msg, created in msgs)  # stored, and told so (was: 503 "nothing stored")
         assert _bodies(engine, sender) == [f"m{i}" for i in range(5)]
         ids = sorted(msg.id for msg, _ in msgs)
-        # the outbox: the next session copies the batch to Mongo
+        # the outbox: the next turn copies the batch to Mongo
         assert await _ids_in_mongo(db, sender, 5) == ids
 
 
@@ -139,10 +150,10 @@ async def test_a_batch_with_retries_of_stored_messages_answers_them_with_origina
         assert await _ids_in_mongo(db, sender, 3) == [first.id, first.id + 1, first.id + 2]
 
 
-async def test_a_session_numbers_on_from_the_highest_stored_id_when_stream_state_lags_behind(own_dbs):
+async def test_a_turn_numbers_on_from_the_highest_stored_id_when_stream_state_lags_behind(own_dbs):
     # The batches do not move stream_state.last_id (one round trip fewer each):
-    # it is recorded at checkpoints and at a session's end, so after a writer
-    # killed mid-session it is behind what `messages` holds. The next session
+    # it is recorded at checkpoints and at a turn's end, so after a writer
+    # killed mid-turn it is behind what `messages` holds. The next turn
     # must number on from the highest stored id, never reuse one.
     sender = f"s{uuid.uuid4().hex[:8]}"
     async with running_writer(own_dbs) as (writer, _engine, _db):
@@ -158,7 +169,7 @@ async def test_a_session_numbers_on_from_the_highest_stored_id_when_stream_state
         after, created = await writer.submit(Draft(sender, "r", "after"))
         assert created and after.id == before.id + 1
         assert _bodies(engine, sender) == ["before", "after"]
-        # in Mongo, and last_id recorded once the session ends
+        # in Mongo, and last_id recorded once the turn ends
         await eventually(lambda: db[mongo.MESSAGES].find_one({"_id": after.id}), "the message in Mongo")
 
         def last_id() -> int:
@@ -176,12 +187,12 @@ class _QueuesItsCalls(MessageWriter):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._threads.close()
-        self._threads = _Recording()
+        self._sql._threads.close()
+        self._sql._threads = _Recording()
 
     @property
     def queued(self) -> list[str]:
-        return self._threads.queued
+        return self._sql._threads.queued
 
 
 class _Recording(Threads):
@@ -202,11 +213,11 @@ def _waiting_for_a_table_lock(engine) -> bool:
 
 async def test_a_writer_cancelled_mid_call_releases_its_lock_after_that_call_and_the_next_writer_writes(
         own_dbs, caplog):
-    # A shutdown cancels the writer's task while a call on its session's
-    # connection is under way: here the session's first read, held up by a
+    # A shutdown cancels the writer's task while a call on its turn's
+    # connection is under way: here the turn's first read, held up by a
     # table lock. The release must run after that call, on the same connection,
     # not beside it (that failed with "connection in use from another thread"
-    # and left the writer lock held by a pooled connection: every later session
+    # and left the writer lock held by a pooled connection: every later turn
     # timed out), and the cancel must end the task (a shutdown waits for it).
     url = own_dbs.settings().mysql_url.get_secret_value()
     locker = make_engine(url, 10)
@@ -215,13 +226,13 @@ async def test_a_writer_cancelled_mid_call_releases_its_lock_after_that_call_and
             conn.execute(text("LOCK TABLES messages WRITE"))
             try:
                 async with asyncio.timeout(PATIENCE), running_writer(own_dbs, _QueuesItsCalls) as (writer, _e, _db):
-                    # its idle session now waits on `messages`
+                    # its idle turn now waits on `messages`
                     await eventually(lambda: asyncio.to_thread(_waiting_for_a_table_lock, locker),
                                      "the writer's read waiting for the table lock")
 
                     async def unlock_once_the_release_is_queued() -> None:
                         await eventually(lambda: "_mark_and_release" in writer.queued,
-                                         "the cancelled session's release queued behind its read")
+                                         "the cancelled turn's release queued behind its read")
                         await asyncio.to_thread(conn.execute, text("UNLOCK TABLES"))
 
                     unlocking = asyncio.create_task(unlock_once_the_release_is_queued())

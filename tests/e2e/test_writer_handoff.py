@@ -5,7 +5,7 @@ separate process would. The databases are the test's own: the lock is
 server-wide, and the shared system's API takes it every second to look for
 an outbox. A writer whose clients keep it busy still hands the
 lock over as soon as the other one queues for it, after the batch in hand:
-the other's message is not held up behind a whole session of someone else's.
+the other's message is not held up behind a whole turn of someone else's.
 """
 
 import asyncio
@@ -66,7 +66,7 @@ async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_h
         # Counted from the moment the other writer is queued for the lock (looked
         # at back to back, not every POLL_SECONDS: the count starts no later than needed).
         async with asyncio.timeout(PATIENCE):
-            while not sending.done() and not await asyncio.to_thread(_queued, busy._engine):
+            while not sending.done() and not await asyncio.to_thread(_queued, busy._sql.engine):
                 pass
         before = max(busy_ids)
         msg, created = await asyncio.wait_for(sending, PATIENCE)
@@ -75,7 +75,7 @@ async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_h
         # between were committed while the other one was queued. The batch being
         # written when it queued and, if it queued just after the busy one
         # looked, the next: at most 2 x 50. Without the hand-over, the busy
-        # writer keeps the lock for its whole session: 300 to 500 measured.
+        # writer keeps the lock for its whole turn: 300 to 500 measured.
         overtaken = [i for i in busy_ids if before < i < msg.id]
         if not check_every:
             assert len(overtaken) <= 100, len(overtaken)
@@ -90,13 +90,13 @@ async def test_a_busy_writer_hands_the_lock_to_a_queued_one_after_the_batch_in_h
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for w in (busy, other):
-            w._engine.dispose()
-            await w._mongo.client.close()
+            w._sql.engine.dispose()
+            await w._mongo.db.client.close()
 
 
 async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
-    """Sessions of two busy writers alternate, and `messages`, read in its
-    natural (insertion) order, holds every id once, in order, with no session
+    """Turns of two busy writers alternate, and `messages`, read in its
+    natural (insertion) order, holds every id once, in order, with no turn
     taking another's insert for an outbox. A daemon that saw id N can
     therefore rely on every id below N being there."""
     writers = [_writer(own_dbs), _writer(own_dbs)]
@@ -111,13 +111,13 @@ async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
 
     try:
         clients = asyncio.gather(*(client(w, i) for i, w in enumerate(writers * 40)))
-        # the first session repairs what the last test's cancelled writers left
+        # the first turn repairs what the last test's cancelled writers left
         await eventually(lambda: len(written) >= 200, "both writers under way")
         caplog.clear()
         await asyncio.wait_for(clients, 4 * PATIENCE)
-        # the last sessions' inserts are done once a session has recorded
+        # the last turns' inserts are done once a turn has recorded
         # mirrored_upto past the last id answered (at its end, or its checkpoint)
-        engine = writers[0]._engine
+        engine = writers[0]._sql.engine
 
         def state() -> tuple[int, int]:
             with engine.connect() as conn:
@@ -128,13 +128,13 @@ async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
             return last_and_mirrored if last_and_mirrored[1] >= max(written) else None
 
         last, mirrored = await eventually(recorded, "mirrored_upto recorded past the last id answered")
-        coll = writers[0]._mongo[mongo.MESSAGES]
+        coll = writers[0]._mongo.db[mongo.MESSAGES]
         natural = [d["_id"] async for d in coll.find({"body": "both busy"}, {"_id": 1})]
         mine = sorted(written)
         assert natural == mine, "Mongo holds the ids out of order or not each once"
         assert mine == list(range(mine[0], mine[0] + len(mine)))  # gap-free
         assert mirrored == last
-        # A session repairs an outbox only where the turn before it handed the lock
+        # A turn repairs an outbox only where the turn before it handed the lock
         # over with an insert still in flight (past HANDOVER_GRACE_SECONDS, which a
         # loaded machine can reach): never by taking another's insert as lost.
         logged = [r.getMessage() for r in caplog.records]
@@ -145,5 +145,5 @@ async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for w in writers:
-            w._engine.dispose()
-            await w._mongo.client.close()
+            w._sql.engine.dispose()
+            await w._mongo.db.client.close()

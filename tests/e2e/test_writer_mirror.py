@@ -20,26 +20,48 @@ from harness.system import databases
 from tests.timing import PATIENCE, eventually
 from writer.core import Timing
 from writer.message_writer import MessageWriter
+from writer.mongo_steps import MongoSteps
+from writer.mysql_steps import MySQLSteps
 
 
-class _GatedWriter(MessageWriter):
-    """Each Mongo insert waits for ``gate``; counts the turns it ends (each releases the lock)."""
+class _GatedMongo(MongoSteps):
+    """Each Mongo insert waits for ``gate``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.gate = asyncio.Event()
         self.gate.set()
-        self.released = 0
 
-    async def _insert(self, docs: list[dict], ordered: bool = True) -> bool:
+    async def insert(self, docs: list[dict], ordered: bool = True) -> bool:
         await self.gate.wait()
-        return await super()._insert(docs, ordered)
+        return await super().insert(docs, ordered)
+
+
+class _CountedReleases(MySQLSteps):
+    """Counts the turns it ends (each releases the lock)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.released = 0
 
     def _mark_and_release(self, conn, mirrored, last_id):
         try:
             return super()._mark_and_release(conn, mirrored, last_id)
         finally:
             self.released += 1
+
+
+class _GatedWriter(MessageWriter):
+    mongo_steps = _GatedMongo
+    mysql_steps = _CountedReleases
+
+    @property
+    def gate(self) -> asyncio.Event:
+        return self._mongo.gate
+
+    @property
+    def released(self) -> int:
+        return self._sql.released
 
     def close(self):
         self.gate.set()  # no insert left hanging
@@ -83,7 +105,7 @@ async def test_a_commit_is_answered_while_the_previous_insert_is_still_running(o
         assert await _in_mongo_in_order(db, sender, 5) == [first.id, *later]
 
 
-async def test_a_busy_session_records_its_progress_and_keeps_the_lock(own_dbs):
+async def test_a_busy_turn_records_its_progress_and_keeps_the_lock(own_dbs):
     sender = f"s-{uuid.uuid4().hex[:8]}"
     async with running_writer(own_dbs, _GatedWriter, queue_max=1000, timeout_seconds=30,
                               timing=Timing(checkpoint_seconds=0.2)) as (writer, engine, db):

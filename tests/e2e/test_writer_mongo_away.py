@@ -22,14 +22,13 @@ from pymongo import AsyncMongoClient, monitoring
 from sqlalchemy import bindparam, create_engine, text
 
 from chat.drafts import Draft
-from chat.write_errors import PartitionBusy, answer_for
+from chat.write_errors import Outcome, PartitionBusy, answer_for
 from db import mongo
 from db.mongo import DUPLICATE_KEY
 from db.sql import make_engine
 from tests.e2e.helpers import running_writer
 from harness.system import databases
 from tests.timing import PATIENCE, S, eventually
-from writer import protocol
 from writer.message_writer import MessageWriter
 from writer.mysql_steps import LOCK_NAME
 from writer.server import outcome_of
@@ -202,7 +201,7 @@ async def test_a_writer_whose_mongo_hangs_hands_the_lock_to_a_queued_one(own_dbs
             # A's insert, held on the wire all along, lands now: after B's copy of
             # the same id and B's newer ids. A duplicate: refused, nothing moves.
             link.restore()
-            await eventually(lambda: not a._left and inserts.all_answered(), "A's work left in flight ended")
+            await eventually(lambda: not a._waits._left and inserts.all_answered(), "A's work left in flight ended")
             assert held.id in inserts.duplicates  # it did land, after B's copy
             natural = await _ids_in_mongo(b_client[settings.mongo_db], [a_sender, b_sender])
             assert natural == ids  # each committed id once, inserted in id order
@@ -215,7 +214,7 @@ async def test_a_writer_whose_mongo_hangs_hands_the_lock_to_a_queued_one(own_dbs
             await asyncio.gather(*tasks, return_exceptions=True)
             for w in (a, b):
                 w.close()
-                w._engine.dispose()
+                w._sql.engine.dispose()
             await a_client.close()
             await b_client.close()
 
@@ -232,11 +231,11 @@ async def test_a_lock_held_for_the_whole_wait_is_partition_busy_not_mysql_unavai
             async with running_writer(own_dbs, timeout_seconds=1) as (writer, _engine, _db):
                 with pytest.raises(PartitionBusy) as refused:
                     await asyncio.wait_for(writer.submit(Draft(sender, "r", "busy", "c1")), PATIENCE)
-                status, code, _message, _field = answer_for(refused.value)
-                assert (status, code) == (503, "partition_busy")
+                answer = answer_for(refused.value)
+                assert (answer.status, answer.code) == (503, "partition_busy")
                 future = asyncio.get_running_loop().create_future()
                 future.set_exception(refused.value)
-                assert outcome_of(future) == (protocol.BUSY, None)  # what the writer process answers
+                assert outcome_of(future) == (Outcome.BUSY, None)  # what the writer process answers
                 assert _ids_in_mysql(own_dbs, [sender]) == []
                 holder.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
                 msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "busy", "c1")), PATIENCE)

@@ -1,0 +1,196 @@
+"""A turn: one hold of a partition's writer lock, its I/O driven by the pure ``WriterCore``.
+
+``Turn.take`` takes the lock, repairs the outbox if the core says so, then
+commits batches while they come, each answered at its commit and handed to
+the turn's ``Mirror`` for Mongo, until the core says to end (another process
+is queued, or Mongo is behind for too long) or no request comes; then it
+records ``mirrored_upto`` and releases the lock. The SQL is
+``writer.mysql_steps``', the Mongo calls ``writer.mongo_steps``', the waits
+``writer.turn_waits``'; what a turn does next is ``writer.core``'s to decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import partial
+
+from sqlalchemy.engine import Connection
+
+from chat.messages import Message
+from chat.partitions import SlotMap
+from chat.write_errors import WriteOutcomeUnknown, WriteUnavailable
+from db import mongo
+from db.sql import row_to_message
+from writer.batch import CommitFailed, Pending, answer_all, fail, owed_copy
+from writer.copies import Copy
+from writer.core import NextStep, OutboxPlan, WriterCore, unsent_max
+from writer.mirror import Mirror
+from writer.mongo_steps import MongoSteps
+from writer.mysql_steps import MySQLSteps
+from writer.outbox_watch import OutboxWatch
+from writer.turn_waits import TurnWaits
+
+log = logging.getLogger("chat.writer")
+
+
+class Turn:
+    """The turns of one partition's writer, one at a time. ``hand_over(partition, copy)``
+    offers a copy its originals owe to that partition's writer at once."""
+
+    def __init__(self, core: WriterCore, sql: MySQLSteps, mongo_steps: MongoSteps, waits: TurnWaits,
+                 outbox: OutboxWatch, *, slot_map: SlotMap, batch_max: int, retention_seconds: int,
+                 hand_over: Callable[[int, Copy], None],
+                 observe_batch: Callable[[int, float], None] = lambda n, s: None,
+                 observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
+                 observe_outbox: Callable[[int, float], None] = lambda n, s: None,
+                 observe_copies: Callable[[int], None] = lambda n: None):
+        self._core = core
+        self._sql = sql
+        self._mongo = mongo_steps
+        self._waits = waits
+        self._outbox = outbox
+        self._slot_map = slot_map
+        self._batch_max = batch_max
+        self._retention = retention_seconds
+        self._hand_over = hand_over
+        self._observe_batch = observe_batch
+        self._observe_mongo_lag = observe_mongo_lag
+        self._observe_outbox = observe_outbox  # (messages, age of the oldest in seconds), after each turn
+        self._observe_copies = observe_copies  # copies committed in this partition, per batch
+        self.in_hand: list[Pending] = []  # the batch being written: the one to fail if the turn breaks
+
+    async def take(self, batch: list[Pending], idle: bool = False) -> None:
+        """One turn under the writer lock: repair, then commit batches while they come."""
+        self.in_hand = batch
+        sql, core, waits = self._sql, self._core, self._waits
+        conn = await sql.connect()
+        mirrored, last_id = None, 0
+        try:
+            last_id, mirrored = await sql.lock_and_read_state(conn)
+            if mirrored < last_id:
+                self._outbox.seen(last_id - mirrored)
+            if core.locked(mirrored, last_id, time.monotonic()) is OutboxPlan.REPAIR:
+                mirrored, in_step = await self._repair(conn, mirrored, last_id)
+                core.repaired(in_step, time.monotonic())
+            if self._slot_map.partitions > 1:
+                batch = self.in_hand = await self._leftovers(conn) + batch
+            mirror = Mirror(self._mongo.inserter(core.turn), core.mirroring, mirrored, last_id,
+                            unsent_max(self._batch_max), self._observe_mongo_lag)
+            try:
+                while batch:
+                    try:
+                        committed, last_id = await sql.commit_batch(conn, batch, last_id,
+                                                                    core.handover_check_due(time.monotonic()))
+                    except WriteUnavailable as exc:
+                        fail(batch, exc)
+                        break
+                    except CommitFailed as failed:
+                        # The turn's connection, and the writer lock with it,
+                        # may be gone: the turn ends, and what did commit is an
+                        # outbox that the next turn copies to Mongo.
+                        await self._settle(failed)
+                        break
+                    answer_all(committed)  # stored: MySQL is the permanent store
+                    self._pass_on(committed.owed, committed.new_messages)
+                    self._observe_batch(len(committed.answers), time.perf_counter() - committed.started)
+                    step = core.committed(committed.others_waiting, time.monotonic())
+                    adding = asyncio.ensure_future(mirror.add(committed.new_messages, last_id, committed.stamped))
+                    if not await waits.under_lock(conn, adding) or step is NextStep.END:
+                        break
+                    if step is NextStep.CHECKPOINT:
+                        await sql.mark(conn, mirror.mirrored, last_id)
+                        self._mongo.hint_head(mirror.mirrored)
+                        core.checkpoint_done(time.monotonic())
+                    batch = self.in_hand = await waits.linger(mirror, conn)
+                core.ending()
+                draining = asyncio.ensure_future(mirror.drain())
+                if not await waits.under_lock(conn, draining):
+                    waits.record_when_done(draining, lambda _: mirror.mirrored, last_id)
+            finally:
+                mirrored = mirror.mirrored
+        finally:
+            try:
+                await sql.release(conn, mirrored, last_id)
+            finally:
+                core.released()
+            if mirrored is not None:
+                self._outbox.seen(last_id - mirrored)
+            self._report_outbox()
+        # meta.head after the release, in the background: a hint, not worth the lock while Mongo hangs
+        self._mongo.hint_head(mirrored, idle)
+
+    def _report_outbox(self) -> None:
+        now = datetime.now(UTC)
+        self._observe_outbox(self._outbox.size, self._outbox.age(now))
+        if self._outbox.due_loud(now, time.monotonic()):
+            log.error("event=outbox_aging messages=%d age_s=%.0f meaning=the_fast_store_lags_mysql "
+                      "delivery=from_mysql_by_the_daemons_gap_check", self._outbox.size, self._outbox.age(now))
+
+    async def _settle(self, failed: CommitFailed) -> None:
+        """Answers a batch whose COMMIT failed. Its rows, read on a fresh
+        connection, say if it took: then the answers are the usual 201s. If
+        they are not there, the commit may still be under way (a read time-out
+        on a slow MySQL), so the answer is "may be stored", never "nothing stored"."""
+        new = failed.committed.new_messages
+        took = await self._sql.found_committed(new)
+        log.warning("event=commit_failed messages=%d found_committed=%s", len(new), took)
+        if took:
+            answer_all(failed.committed)
+        else:
+            fail([pending for pending, _msg, _created in failed.committed.answers],
+                 WriteOutcomeUnknown("mysql: the commit failed and may have taken"))
+
+    async def _leftovers(self, conn: Connection) -> list[Pending]:
+        """Copies owed to this partition that no hand-over made (a writer killed
+        between the two commits, a full queue, another host's original)."""
+        return [owed_copy(copy) for copy in await self._sql.leftover_copies(conn, self._batch_max)]
+
+    def _pass_on(self, owed: list[tuple[int, Copy]], new: list[Message]) -> None:
+        """After a commit: the copies its originals owe, to their partitions' writers at once."""
+        for partition, copy in owed:
+            self._hand_over(partition, copy)
+        if self._slot_map.partitions > 1:
+            self._observe_copies(sum(1 for m in new if m.origin_part is not None))
+
+    async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:
+        """Copies outbox rows to Mongo, oldest first, a page at a time; returns
+        (mirrored_upto, ok). Each page is one MySQL read by primary key and one
+        unordered insert, in which a duplicate key means "already there" (a
+        crash mid-insert leaves part of the outbox in Mongo). Nothing asks the
+        fast store what it holds: on FerretDB such a read scans the whole
+        collection, longer than the writer's timeout, and a repair that cannot
+        finish one step within its timeout would retry that step for ever
+        (docs/decisions/outbox-repair-without-reads.md). A page costs the same
+        whatever the store holds, and every page done is progress kept: a
+        failure resumes after it."""
+        cutoff = mongo.expired_before(self._retention)
+        while mirrored < last_id:
+            rows = await self._sql.outbox_page(conn, mirrored)
+            if not rows:
+                return last_id, True
+            docs = [row_to_message(r).to_doc() for r in rows]
+            self._outbox.seen(last_id - mirrored, docs[0]["created_at"])
+            self._report_outbox()
+            # An expired message is not copied back: the sweeper removed it, and the retention floor covers it.
+            live = [d for d in docs if d["created_at"] >= cutoff]
+            log.warning("event=outbox_repair rows=%d live=%d from_id=%d to_id=%d", len(docs), len(live),
+                        docs[0]["_id"], docs[-1]["_id"])
+            if live:
+                inserting = asyncio.ensure_future(self._mongo.insert(live, ordered=False))
+                if not await self._waits.under_lock(conn, inserting):  # another process is queued: left in flight
+                    self._waits.record_when_done(inserting, partial(_if_inserted, docs[-1]["_id"]), last_id)
+                    return mirrored, False
+                if not inserting.result():
+                    return mirrored, False
+            mirrored = docs[-1]["_id"]
+        self._outbox.cleared()
+        return mirrored, True
+
+
+def _if_inserted(upto: int, inserted: bool) -> int:
+    """What an outbox page's insert, left in flight, proves once it is done: every id up to ``upto``, if it went in."""
+    return upto if inserted else 0
