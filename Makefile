@@ -27,11 +27,13 @@ conformance: bootstrap
 	scripts/autobahn-setup.sh
 	.venv/bin/python -m pytest -q tests/e2e/test_autobahn.py
 
+# A quick run into var/bench/ (git-ignored), its tables printed; `make bench-full` publishes:
+# it rewrites loadtest/results/ and docs/benchmarks.md.
 bench: bootstrap
 	.venv/bin/python -m loadtest.bench --quick
 
 bench-full: bootstrap
-	.venv/bin/python -m loadtest.bench --full
+	.venv/bin/python -m loadtest.bench --full --publish
 
 status:
 	.venv/bin/supervisorctl status
@@ -48,4 +50,4 @@ cluster-down:
 # The cluster under load, P = 1, 2, 4 and the global lock, then three faults (under 10 min, as root).
 bench-cluster: bootstrap
 	scripts/cluster/install-toxiproxy.sh
-	.venv/bin/python -m loadtest.cluster_bench
+	.venv/bin/python -m loadtest.cluster.bench

@@ -2,8 +2,10 @@
 
 Starts its own private MariaDB, FerretDB, API and daemons on free ports
 (loopback only), runs bounded scenarios, checks what it sent (a run that
-loses or duplicates a message fails loudly), and writes
-loadtest/results/latest.json, report.md and PNG plots.
+loses or duplicates a message fails loudly), and writes latest.json,
+report.md and PNG plots. Into var/bench/ (git-ignored) unless ``--publish``:
+only a publishing run rewrites loadtest/results/ and docs/benchmarks.md, so
+a newcomer's `make bench` leaves the published figures as they are.
 """
 
 from __future__ import annotations
@@ -15,24 +17,33 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import orjson
 import typer
 
-from loadtest import ab, machine, million, peer_report, peers, replay, scrape, wsload
-from loadtest.report import DOCS, write_report
+from loadtest.common import ab
+from loadtest.common import machine
+from loadtest.million import scenario as million
+from loadtest.peers import report as peer_report
+from loadtest.peers import scenario as peers
+from loadtest import replay
+from loadtest.common import scrape
+from loadtest import wsload
+from loadtest.common.results import DOCS, RESULTS, UNPUBLISHED
+from loadtest.report.write import PLOTS, write_report
+from harness.servers import ROOT
 from harness.system import databases, running_system
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _deployed(program: str) -> int:
     """How many processes of ``program`` `make run` starts (supervisord.conf):
     the whole-system scenarios run as deployed."""
     conf = configparser.RawConfigParser()
-    conf.read(RESULTS.parent.parent / "supervisord.conf")
+    conf.read(ROOT / "supervisord.conf")
     if not conf.has_section(f"program:{program}"):
         return 0
     return conf.getint(f"program:{program}", "numprocs", fallback=1)
@@ -174,7 +185,7 @@ def database_alone(system, seconds: float, result: dict):
     # Its own process: in this one it would share the GIL with the sender. It
     # inserts after about a second (its start-up, and half a second for its
     # tail to open): one second less keeps its samples inside the window.
-    prober = subprocess.Popen([sys.executable, "-m", "loadtest.probe", system.dbs.ferretdb.url, "20",
+    prober = subprocess.Popen([sys.executable, "-m", "loadtest.common.probe", system.dbs.ferretdb.url, "20",
                                str(max(1.0, seconds - 1))], stdout=subprocess.PIPE)
     # its tails' polling spends most of FerretDB's share of the machine, whatever the rate
     ferretdb = machine.ProcessCpu([system.dbs.ferretdb.proc.pid])
@@ -284,13 +295,42 @@ def peers_run(clients: int, rounds: int, steps: str, overload_steps: str, out: P
     return {k: v for k, v in result.items() if k not in ("rounds", "overload")}
 
 
+@dataclass(frozen=True)
+class Outputs:
+    """Where a run writes: its folder, the million and peers scenarios' own
+    JSON (each with a PNG beside it), and the docs page whose generated
+    tables it rewrites (a publishing run only)."""
+    folder: Path
+    million: Path
+    peers: Path
+    docs: Path | None
+
+    def files(self) -> list[Path]:
+        """Every file the run may write."""
+        own = [self.folder / "latest.json", self.folder / "report.md", *(self.folder / name for name in PLOTS)]
+        scenarios = [path for json in (self.million, self.peers) for path in (json, json.with_suffix(".png"))]
+        return own + scenarios + ([self.docs] if self.docs else [])
+
+
+def outputs(full: bool, publish: bool, folder: Path | None = None) -> Outputs:
+    """A publishing run writes loadtest/results/ and docs/benchmarks.md; any
+    other run writes var/bench/ (or ``folder``), which git ignores."""
+    folder = folder or (RESULTS if publish else UNPUBLISHED)
+    mode = "latest" if full else "quick"
+    return Outputs(folder, folder / f"million-{mode}.json", folder / f"peers-{mode}.json", DOCS if publish else None)
+
+
 @app.command()
 def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option(False, "--full"),
-         out_dir: Path = typer.Option(RESULTS),
+         publish: bool = typer.Option(False, "--publish", help="write loadtest/results/ and docs/benchmarks.md "
+                                      "(the published figures) instead of var/bench/"),
+         out_dir: Path | None = typer.Option(None, help="where the run's files go (default: var/bench/, or "
+                                             "loadtest/results/ with --publish)"),
          only: list[str] = typer.Option([], "--only", help="rerun just these sections (replay, ws, rates, ab, "
                                         "post_alone, hold, million, peers) into the existing latest.json; "
                                         "the report says which and when")) -> None:
     sections = set(only) or {"replay", "ws", "rates", "ab", "post_alone", "hold", "million", "peers"}
+    out = outputs(full, publish, out_dir)
     if full:
         levels, seconds, iterations = [10, 100, 500, 1000], 20, 5
         sizes, rate, ws_seconds, daemons = [100, 1000, 10_000], 1000, 20, DEPLOYED_DAEMONS
@@ -300,8 +340,8 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         post_alone_matrix = ([100, 1000], 20, 3)  # levels, seconds, iterations
         # connections, seconds of messages, ping interval: at 20 s, a million sockets' pings alone
         # would take more than the 2 cores (docs/decisions/million-connections.md)
-        million_args = (1_000_000, 60.0, 120.0, RESULTS / "million-latest.json")
-        peers_args = (10_000, 2, peers.DEFAULT_STEPS, peers.OVERLOAD_STEPS, RESULTS / "peers-latest.json")
+        million_args = (1_000_000, 60.0, 120.0, out.million)
+        peers_args = (10_000, 2, peers.DEFAULT_STEPS, peers.OVERLOAD_STEPS, out.peers)
     else:
         levels, seconds, iterations = [10, 100, 500, 1000], 5, 1
         sizes, rate, ws_seconds, daemons = [100, 1000], 200, 10, DEPLOYED_DAEMONS
@@ -309,10 +349,10 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         hold = None
         rates = None  # the full run's; the quick one keeps under 5 minutes
         post_alone_matrix = ([100], 5, 1)
-        million_args = (10_000, 10.0, 20.0, out_dir / "million-quick.json")
-        peers_args = (2_000, 1, "2000x3,5000x3,10000x3", "100x3,200x3,400x3", out_dir / "peers-quick.json")
+        million_args = (10_000, 10.0, 20.0, out.million)
+        peers_args = (2_000, 1, "2000x3,5000x3,10000x3", "100x3,200x3,400x3", out.peers)
     if only:
-        results = orjson.loads((out_dir / "latest.json").read_bytes())
+        results = orjson.loads((out.folder / "latest.json").read_bytes())
         results.setdefault("reruns", {}).update({name: machine.describe() for name in only})
     else:
         results = {"machine": machine.describe(), "mode": "full" if full else "quick"}
@@ -349,11 +389,12 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
     if "peers" in sections:
         results["peers"] = peers_run(*peers_args)
     results["failures"] = failures(results)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "latest.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
-    write_report(results, out_dir, DOCS if out_dir == RESULTS else None)
-    log(f"wrote {out_dir}/latest.json, report.md, plots and (into the default folder) docs/benchmarks.md")
-    print((out_dir / "report.md").read_text())
+    out.folder.mkdir(parents=True, exist_ok=True)
+    (out.folder / "latest.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    write_report(results, out.folder, out.docs)
+    log(f"wrote {out.folder}/latest.json, report.md and plots" + (f", and {out.docs}" if out.docs else
+        " (the published figures are left alone: --publish writes them)"))
+    print((out.folder / "report.md").read_text())
     if results["failures"]:
         raise SystemExit("FAILED: " + "; ".join(results["failures"]))
 

@@ -8,17 +8,18 @@ limits of this machine; every output line says how it was computed.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import orjson
 import typer
 
-RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
+from loadtest.common.results import RESULTS
+
+LATEST = RESULTS / "latest.json"
 app = typer.Typer(add_completion=False)
 
 
 def measured() -> dict:
-    data = orjson.loads(RESULTS.read_bytes()) if RESULTS.exists() else {}
+    data = orjson.loads(LATEST.read_bytes()) if LATEST.exists() else {}
     ws = data.get("ws", [])
     biggest = data.get("hold") or (max(ws, key=lambda w: w["clients"]) if ws else {})
     return {

@@ -23,8 +23,10 @@ import typer
 from sqlalchemy import create_engine, text
 
 from chatctl.client import Inbox, listen
-from loadtest import ab, machine
-from loadtest.bench import DEPLOYED_APIS, RESULTS, log, post_body
+from loadtest.common import ab
+from loadtest.common import machine
+from loadtest.bench import DEPLOYED_APIS, log, post_body
+from loadtest.common.results import RESULTS
 from harness.system import databases, running_system
 
 app = typer.Typer(add_completion=False)

@@ -47,7 +47,9 @@ from tqdm import tqdm
 from chat.auth_config import require_safe_auth
 from chat.logs import setup_logging
 from chat.settings import Settings
-from loadtest import machine, scrape, wsload
+from loadtest.common import machine
+from loadtest.common import scrape
+from loadtest import wsload
 from loadtest.wsload import Job
 from oplog.events import Batch, OplogEvent, Restarted
 

@@ -23,9 +23,10 @@ import orjson
 import typer
 
 from chatctl.client import Inbox
-from loadtest import machine
-from loadtest.bench import RESULTS, log
-from loadtest.leanclient import connect
+from loadtest.common import machine
+from loadtest.bench import log
+from loadtest.common.results import RESULTS
+from loadtest.clients.lean import connect
 from loadtest.startup import fill
 from harness.system import databases, running_system
 

@@ -28,8 +28,9 @@ from sqlalchemy import text
 from chat.messages import Message, now_ms
 from db import mongo
 from db.sql import make_engine
-from loadtest import machine
-from loadtest.bench import RESULTS, log
+from loadtest.common import machine
+from loadtest.bench import log
+from loadtest.common.results import RESULTS
 from harness.system import databases, running_system
 
 app = typer.Typer(add_completion=False)

@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from chat import auth
 from chatctl.client import Inbox
-from loadtest import leanclient, machine
+from loadtest.clients import lean as leanclient
+from loadtest.common import machine
 
 CLIENTS_PER_PROC = 15_000  # under the 20k open-files limit, with room to spare
 SEND_CONNECTIONS = 64  # keep-alive connections the sender posts over

@@ -10,14 +10,17 @@ the gap check, and is read back from MySQL or the `messages` collection.
 
 While the relay is away (a restart: about a second under supervisord), the
 daemon reconnects every ``RECONNECT_CAP`` seconds at most, and its gap
-check delivers what is stored meanwhile.
+check delivers what is stored meanwhile. It logs the first failed attempt
+at once and then one line every ``UNREACHABLE_LOG_SECONDS`` at most, with
+the count of attempts that failed since the line before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 from bson import Timestamp
 from pymongo import AsyncMongoClient
@@ -31,13 +34,42 @@ from chat.stopping import reraise_if_cancelling
 log = logging.getLogger("chat.relay")
 
 RECONNECT_CAP = 1.0
+UNREACHABLE_LOG_SECONDS = 5.0
+
+
+class RepeatedFailures:
+    """When a failure that repeats is logged: the first at once, then at most
+    one line every ``every`` seconds, standing for the failures since the line
+    before. Holds no clock: the caller passes the time."""
+
+    def __init__(self, every: float):
+        self.every = every
+        self.unlogged = 0  # failures since the last line
+        self.quiet_until: float | None = None  # None: no failure since the last success
+
+    def failed(self, now: float) -> int:
+        """How many failures a line logged now stands for (this one included), or 0: stay quiet."""
+        self.unlogged += 1
+        if self.quiet_until is not None and now < self.quiet_until:
+            return 0
+        self.quiet_until = now + self.every
+        count, self.unlogged = self.unlogged, 0
+        return count
+
+    def succeeded(self) -> int:
+        """The failures that no line counted yet; the next failure is logged at once."""
+        count, self.unlogged, self.quiet_until = self.unlogged, 0, None
+        return count
 
 
 class RelayTail:
-    def __init__(self, client: AsyncMongoClient, namespace: str | tuple[str, ...], socket_path: str):
+    def __init__(self, client: AsyncMongoClient, namespace: str | tuple[str, ...], socket_path: str,
+                 clock: Callable[[], float] = time.monotonic):
         """``namespace``: one, or the several a daemon's partitions have (the first is ``namespace``);
-        the relay sends the entries of those only."""
+        the relay sends the entries of those only. ``clock`` paces the relay_unreachable lines."""
         self._client = client
+        self._clock = clock
+        self._failures = RepeatedFailures(UNREACHABLE_LOG_SECONDS)
         self.namespaces = (namespace,) if isinstance(namespace, str) else tuple(namespace)
         self.namespace = self.namespaces[0]
         self._path = socket_path
@@ -57,7 +89,8 @@ class RelayTail:
                 hello = await read_frame(reader, FRAME_MAX, codec)
                 if hello is None:
                     raise ConnectionError("the relay closed before its hello")
-                log.info("event=relay_connected resumed=%s", hello.get("resumed"))
+                log.info("event=relay_connected resumed=%s unlogged_failures=%d", hello.get("resumed"),
+                         self._failures.succeeded())
                 if not hello.get("resumed"):
                     yield Restarted()
                 backoff.reset()
@@ -73,7 +106,10 @@ class RelayTail:
                 log.warning("event=relay_closed action=reconnect")
             except (OSError, BadFrame) as exc:  # ConnectionError is an OSError
                 reraise_if_cancelling()
-                log.warning("event=relay_unreachable error=%s detail=%s", exc.__class__.__name__, exc)
+                failures = self._failures.failed(self._clock())
+                if failures:
+                    log.warning("event=relay_unreachable error=%s detail=%s failures=%d", exc.__class__.__name__,
+                                exc, failures)
             finally:
                 if writer is not None:
                     writer.close()

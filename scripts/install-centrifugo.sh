@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds Centrifugo v5.4.9 from the Go module proxy into .cache/centrifugo/bin/centrifugo,
-# the peer system the benchmarks run beside ours (loadtest/centrifugo.py starts it).
+# the peer system the benchmarks run beside ours (loadtest/clients/centrifugo.py starts it).
 # Idempotent: a second run with the binary and its VERSION stamp present returns at once.
 set -euo pipefail
 # An exact version: the proxy answers for a pinned version but refuses to list versions.

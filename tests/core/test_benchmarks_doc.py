@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.report import DOCS, GENERATED, RESULTS, generated_tables, write_report
-from loadtest.report_tables import compare_table
+from loadtest.report.write import DOCS, GENERATED, RESULTS, generated_tables, write_report
+from loadtest.report.compare_tables import compare_table
 
 
 def test_the_page_holds_exactly_the_generated_tables():

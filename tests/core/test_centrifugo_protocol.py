@@ -8,7 +8,7 @@ import jwt
 import orjson
 import pytest
 
-from loadtest import centrifugo
+from loadtest.clients import centrifugo
 
 SECRET = "peer-secret-" + "0" * 32
 

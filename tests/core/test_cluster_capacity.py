@@ -2,7 +2,7 @@
 
 import pytest
 
-from loadtest.cluster_capacity import pick_run, project
+from loadtest.cluster.capacity import pick_run, project
 
 RESULT = {"runs": [
     {"mode": "global-lock", "partitions": 1, "cpu_us_per_msg": {"writer": 1000.0}},

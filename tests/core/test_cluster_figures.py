@@ -1,9 +1,9 @@
-"""The cluster bench's figures from raw records (loadtest/cluster_figures.py), without I/O."""
+"""The cluster bench's figures from raw records (loadtest/cluster/figures.py), without I/O."""
 
 from __future__ import annotations
 
-from loadtest import cluster_figures as fig
-from loadtest.cluster_traffic import Attempt, Device, Sent
+from loadtest.cluster import figures as fig
+from loadtest.cluster.traffic import Attempt, Device, Sent
 
 
 def _sent(sender: str, recipient: str, msg_id: int | None, at: float, status: int = 201,

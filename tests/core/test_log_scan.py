@@ -1,7 +1,7 @@
 from pathlib import Path
 
 from chat import auth
-from loadtest.log_scan import tokens_in, tokens_in_logs
+from loadtest.common.log_scan import tokens_in, tokens_in_logs
 
 SECRET = "s" * 40
 

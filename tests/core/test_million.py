@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import random
 
-from websockets.frames import Frame, Opcode
-
 from chat import auth
-from daemon.wire import FrameReader
-from loadtest import kmem
-from loadtest.million import next_step_fits
-from loadtest.millionclient import backoff, head_status, masked, mint, split_frames
+from loadtest.million import kmem
+from loadtest.million.scenario import next_step_fits
+from loadtest.clients.million import backoff, mint
 
 SECRET = "test-secret-0123456789abcdef0123456789"
 
@@ -26,29 +23,6 @@ def test_a_token_signed_with_another_secret_is_refused() -> None:
     except auth.AuthError:
         return
     raise AssertionError("a forged token was accepted")
-
-
-def test_the_head_is_read_once_whole() -> None:
-    head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n"
-    assert head_status(head[:20]) == (None, head[:20])
-    assert head_status(head + b"\x81\x02{}") == (101, b"\x81\x02{}")
-    assert head_status(b"HTTP/1.1 503 Service Unavailable\r\n\r\n")[0] == 503
-
-
-def test_frames_of_every_length_form_split_where_they_end() -> None:
-    payloads = [b"x" * 5, b"y" * 300, b"z" * 70_000, b""]
-    wire = b"".join(Frame(Opcode.TEXT, p).serialize(mask=False) for p in payloads)
-    wire += Frame(Opcode.PING, b"").serialize(mask=False)
-    for cut in (1, 3, 7, 320, len(wire) - 1):
-        first, rest = split_frames(wire[:cut])
-        second, left = split_frames(rest + wire[cut:])
-        assert [p for _, p in first + second] == [*payloads, b""] and left == b""
-    assert split_frames(wire)[0][-1] == (9, b"")
-
-
-def test_its_client_frames_are_masked_frames_a_server_reads() -> None:
-    frames = FrameReader(max_size=125).feed(masked(0xA, b"ab") + masked(0x8, b""))
-    assert [(f.opcode, f.data) for f in frames] == [(Opcode.PONG, b"ab"), (Opcode.CLOSE, b"")]
 
 
 def test_backoff_doubles_to_two_seconds_jittered() -> None:

@@ -4,9 +4,9 @@ from array import array
 
 import pytest
 
-from loadtest import peer_figures as pf
-from loadtest.centrifugo_feed import publications
-from loadtest.feeder import parse_steps, recipients, step_ranges, ticks
+from loadtest.peers import figures as pf
+from loadtest.peers.centrifugo_feed import publications
+from loadtest.peers.feeder import parse_steps, recipients, step_ranges, ticks
 
 
 def test_a_schedule_is_rate_x_seconds_steps_and_their_ids_run_on_without_a_gap():
@@ -67,29 +67,10 @@ def test_ratios_need_both_sides():
     assert pf.ratio(None, 2.0) is None and pf.ratio(3.0, 0) is None
 
 
-def test_the_load_clients_parse_whole_unfragmented_and_fragmented_server_messages():
-    from loadtest.peerclients import split_messages
-
-    def frame(first: int, payload: bytes) -> bytes:
-        n = len(payload)
-        head = bytes([first, n]) if n < 126 else bytes([first, 126]) + n.to_bytes(2, "big")
-        return head + payload
-
-    big = b"x" * 300
-    data = frame(0x81, b'{"id":1}') + frame(0x01, b"ab") + frame(0x89, b"p") + frame(0x80, b"cd") + frame(0x81, big)
-    got, rest, partial = split_messages(data + frame(0x81, b"tail")[:3], None)
-    assert got == [(1, b'{"id":1}'), (9, b"p"), (1, b"abcd"), (1, big)]
-    assert rest == frame(0x81, b"tail")[:3] and partial is None
-    got, rest, partial = split_messages(frame(0x01, b"open"), None)
-    assert got == [] and rest == b"" and partial == (1, [b"open"])
-    got, _, partial = split_messages(frame(0x80, b"ed"), partial)
-    assert got == [(1, b"opened")] and partial is None
-
-
 def test_the_schedule_hands_out_every_id_once_in_ticks_and_marks_each_step():
     import asyncio
 
-    from loadtest.feeder import schedule
+    from loadtest.peers.feeder import schedule
 
     async def run():
         marks: list[dict] = []
@@ -105,7 +86,7 @@ def test_the_schedule_hands_out_every_id_once_in_ticks_and_marks_each_step():
 def test_a_busy_sender_takes_what_queued_meanwhile_as_one_group_and_sees_the_end():
     import asyncio
 
-    from loadtest.feeder import take_all
+    from loadtest.peers.feeder import take_all
 
     async def run():
         q: asyncio.Queue = asyncio.Queue()

@@ -1,6 +1,6 @@
 """Quantiles from Prometheus buckets, as the benchmarks read the processes' histograms."""
 
-from loadtest.scrape import quantile, quantile_interpolated
+from loadtest.common.scrape import quantile, quantile_interpolated
 
 INF = float("inf")
 # cumulative counts: 50 in (0.01, 0.02], 50 in (0.02, 0.05], none above

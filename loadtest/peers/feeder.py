@@ -18,7 +18,7 @@ Message i (from 1) goes to recipient ``recipients(clients, count)[i - 1]``;
 senders are users with no connection, so each message is one frame, the unit
 of published figures (a publication to one user's channel).
 
-    python -m loadtest.feeder --socket S --mysql-url U --mongo-db chat --clients 10000 \\
+    python -m loadtest.peers.feeder --socket S --mysql-url U --mongo-db chat --clients 10000 \\
         --steps 20000x5,40000x5 --gap 3 --entries entries.bson --out feed.json
     (SIGUSR1 starts the schedule)
 """

@@ -1,4 +1,4 @@
-"""The A/B tables of docs/benchmarks.md: one per loadtest.compare result
+"""The A/B tables of docs/benchmarks.md: one per loadtest.common.compare result
 (compare-*.json) and one for loadtest.hole_fill's (hole_fill.json).
 
 Each table says what was compared, when and on what, from the file itself;
@@ -31,7 +31,7 @@ def _when(data: dict) -> str:
 
 
 def compare_table(name: str, data: dict) -> list[str]:
-    """Medians per revision of one interleaved A/B (`python -m loadtest.compare`)."""
+    """Medians per revision of one interleaved A/B (`python -m loadtest.common.compare`)."""
     revisions = list(data["runs"])
     rounds = data.get("rounds") or len(data["runs"][revisions[0]])
     clients, rate = data.get("clients", 10_000), data.get("rate", 1000)
@@ -70,7 +70,7 @@ def hole_fill_table(data: dict) -> list[str]:
 
 
 def tiers_table(name: str, data: dict) -> list[str]:
-    """Medians per revision of `python -m loadtest.compare_tiers`: the write path and the daemon tier."""
+    """Medians per revision of `python -m loadtest.common.compare_tiers`: the write path and the daemon tier."""
     revisions = list(data["runs"]["ab"])
     lines = [f"### `{name}`: {' against '.join(revisions)}, the write path and the daemon tier", "",
              f"_{_when(data)} {data['rounds']} alternating rounds per revision. ab: `ab -k -c 100` on POST for "
@@ -110,7 +110,7 @@ def restart_tables(results: Path) -> list[str]:
 
 def comparison_tables(results: Path) -> list[str]:
     """Every A/B result kept in the results folder, oldest first."""
-    lines = ["## A/B comparisons (`python -m loadtest.compare`, `python -m loadtest.hole_fill`)", ""]
+    lines = ["## A/B comparisons (`python -m loadtest.common.compare`, `python -m loadtest.hole_fill`)", ""]
     hole_fill = results / "hole_fill.json"
     if hole_fill.exists():
         lines += hole_fill_table(json.loads(hole_fill.read_text()))

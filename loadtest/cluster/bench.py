@@ -27,12 +27,12 @@ from cluster import netns, procs
 from cluster.partitions import partition_of, writer_lock_names
 from cluster.plan import DAEMON_METRICS_BASE, RELAY_METRICS_PORT, make_plan
 from cluster.up import Cluster
-from loadtest import cluster_figures as fig
-from loadtest import machine
-from loadtest.cluster_traffic import ClientJob, Device, Sent, client_process, send
-from loadtest.log_scan import tokens_in_logs
+from loadtest.cluster import figures as fig
+from loadtest.common import machine
+from loadtest.cluster.traffic import ClientJob, Device, Sent, client_process, send
+from loadtest.common.log_scan import tokens_in_logs
+from loadtest.common.results import RESULTS
 
-RESULTS = Path(__file__).resolve().parent / "results"
 IDLE_SECONDS = 5.0  # the idle window before each run's traffic
 WHERE = ("FerretDB 1.24 (SQLite) and MariaDB 10.11 in one network namespace, 3 application hosts and nginx in "
          "namespaces of their own, Toxiproxy on every host-database link; all on 2 shared cores")
@@ -259,7 +259,7 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
         out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
         print(f"wrote {out}")
         if result["runs"]:
-            from loadtest.cluster_plot import plot
+            from loadtest.cluster.plot import plot
             print(f"wrote {plot(result, out.with_suffix('.png'))}")
     bad = [r for r in result["runs"] + result["faults"] if r["lost"] or r["duplicated"]]
     if bad:

@@ -3,12 +3,12 @@
     .venv/bin/python -m loadtest.peers --clients 10000 --rounds 2
 
 Each side in turn (ours, Centrifugo; the next round the other way round):
-1. the server alone, then the same load clients (``loadtest.peerclients``)
+1. the server alone, then the same load clients (``loadtest.clients.peers``)
    connect ``--clients`` users to it: server memory per idle connection (PSS);
 2. a separate feed process follows the same schedule of rates, message for
    message: ours is the host's relay on its Unix socket, each batch committed
-   to MySQL first (``loadtest.feeder``); Centrifugo's is its server HTTP API,
-   one batch request per tick (``loadtest.centrifugo_feed``);
+   to MySQL first (``loadtest.peers.feeder``); Centrifugo's is its server HTTP API,
+   one batch request per tick (``loadtest.peers.centrifugo_feed``);
 3. per step: delivered, lost, duplicated, latency p50/p99 from the feed's
    clock to the client, and CPU per message of the server and of its feed.
 The sustained rate is the highest step with p99 < 100 ms and nothing lost,
@@ -40,12 +40,16 @@ import typer
 from sqlalchemy import text
 
 from db.sql import make_engine
-from loadtest import centrifugo, machine, peer_figures, peer_report, peerclients
-from loadtest.feeder import parse_steps, step_ranges
-from loadtest.million import pss
+from loadtest.clients import centrifugo
+from loadtest.common import machine
+from loadtest.peers import figures as peer_figures
+from loadtest.peers import report as peer_report
+from loadtest.clients import peers as peerclients
+from loadtest.peers.feeder import parse_steps, step_ranges
+from loadtest.million.scenario import pss
+from loadtest.common.results import RESULTS
+from harness.servers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "loadtest" / "results"
 # One daemon process: with two (as supervisord.conf runs them here) each decodes every message,
 # and on two cores already full with the load clients and the feed, ours sustained less
 # (loadtest/results/peers-two-daemons.json).
@@ -200,7 +204,7 @@ def run_ours(dbs, entries_file: Path, clients: int, devices: int, steps_text: st
     env = env_for(dbs.mariadb, dbs.ferretdb, CHAT_DAEMON_PORT=str(port), CHAT_OPLOG_RELAY_SOCKET=str(sock),
                   CHAT_LOG_LEVEL="WARNING", CHAT_MAX_CONNECTIONS="18000", CHAT_PING_INTERVAL_SECONDS="120",
                   CHAT_METRICS_PORT=str(free_port()), CHAT_FILL_HOLES_FROM_MYSQL=str(truth).lower())
-    feed_cmd = [sys.executable, "-m", "loadtest.feeder", "--socket", str(sock), "--entries", str(entries_file),
+    feed_cmd = [sys.executable, "-m", "loadtest.peers.feeder", "--socket", str(sock), "--entries", str(entries_file),
                 "--mysql-url", dbs.mariadb.url() if truth else "", "--clients", str(clients // devices),
                 "--steps", steps_text, "--gap", str(gap), "--subscribers", str(daemons)]
     procs = [subprocess.Popen([sys.executable, "-m", "daemon"], env={**env, "CHAT_METRICS_PORT": str(free_port())},
@@ -222,7 +226,7 @@ def run_centrifugo(clients: int, devices: int, steps_text: str, gap: float, tmp:
 
     port, secret, api_key = free_port(), "peer-secret-" + "0" * 32, "peer-api-key"
     server = centrifugo.start(tmp / "centrifugo", port, secret, api_key)
-    feed_cmd = [sys.executable, "-m", "loadtest.centrifugo_feed", "--api", f"http://127.0.0.1:{port}",
+    feed_cmd = [sys.executable, "-m", "loadtest.peers.centrifugo_feed", "--api", f"http://127.0.0.1:{port}",
                 "--api-key", api_key, "--clients", str(clients // devices), "--steps", steps_text, "--gap", str(gap)]
     try:
         return _measure("centrifugo", [server.pid], [], feed_cmd, None, "127.0.0.1", port, secret, clients,
@@ -351,7 +355,3 @@ def check(result: dict) -> str | None:
     if result.get("ours_lost_past_knee"):
         return "ours lost a message past its knee, with MySQL behind it"
     return None
-
-
-if __name__ == "__main__":
-    typer.run(main)

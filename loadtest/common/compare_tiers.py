@@ -1,15 +1,15 @@
 """Interleaved A/B of git revisions on the write path (`ab`) and on the daemon tier (`replay`).
 
-    .venv/bin/python -m loadtest.compare_tiers 7119f59 HEAD --rounds 3
+    .venv/bin/python -m loadtest.common.compare_tiers 7119f59 HEAD --name write-path-and-daemon --rounds 3
 
-As ``loadtest.compare`` does for delivery: every revision is checked out into
+As ``loadtest.common.compare`` does for delivery: every revision is checked out into
 a worktree of its own and its own code runs each scenario, alternately with
 the others, on fresh databases.
 - ``ab``: `ab -k -c 100` on POST /v1/messages for ``seconds``, the system as
   that revision's supervisord.conf deploys it (MySQL and FerretDB in the path).
 - ``replay``: recorded oplog entries fed as fast as they go into one real
   daemon holding ``clients`` WebSocket clients, every frame checked.
-Prints each run and the medians; writes loadtest/results/compare-tiers-<revisions>.json.
+Prints each run and the medians; writes loadtest/results/compare-tiers-<name>.json.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from pathlib import Path
 import orjson
 import typer
 
-from loadtest import machine
-from loadtest.compare import RESULTS, ROOT, worktree
+from loadtest.common import machine
+from harness.servers import ROOT
+from loadtest.common.compare import worktree
+from loadtest.common.results import RESULTS
 
 AB_RUN = """
 import sys, tempfile, orjson
 from pathlib import Path
-from loadtest import ab
-from loadtest.bench import AS_DEPLOYED, DEPLOYED_DAEMONS, post_body
+from loadtest.bench import AS_DEPLOYED, DEPLOYED_DAEMONS, ab, post_body
 from harness.system import databases, running_system
 seconds = float(sys.argv[1])
 env = {"CHAT_RATE_LIMIT_PER_SECOND": 0, "CHAT_LOG_LEVEL": "WARNING", "CHAT_WRITER_QUEUE_MAX": 50_000}
@@ -73,6 +74,7 @@ def figures(scenario: str, run: dict) -> dict:
 
 @app.command()
 def main(revisions: list[str] = typer.Argument(..., help="two or more git revisions, run alternately"),
+         name: str = typer.Option(..., help="what the revisions differ in, for the file name"),
          seconds: float = typer.Option(15.0, help="ab's run"),
          clients: int = typer.Option(10_000, help="replay's clients"),
          count: int = typer.Option(300_000, help="replay's messages"),
@@ -101,7 +103,7 @@ def main(revisions: list[str] = typer.Argument(..., help="two or more git revisi
             ratios = ", ".join(f"{key} {m[key]} ({m[key] / by_rev[base][key]:.2f}x)" if by_rev[base][key] else
                                f"{key} {m[key]}" for key, _ in FIGURES[scenario])
             print(f"  {scenario} {rev}: {ratios}")
-    out = RESULTS / f"compare-tiers-{'-'.join(resolved)}.json"
+    out = RESULTS / f"compare-tiers-{name}.json"
     out.write_bytes(orjson.dumps({"machine": machine.describe(), "rounds": rounds, "ab_seconds": seconds,
                                   "replay_clients": clients, "replay_messages": count,
                                   "order": "alternating, fresh databases", "runs": runs, "medians": medians},

@@ -25,7 +25,7 @@ import uvloop
 
 from chat import auth
 from chatctl.client import Inbox
-from loadtest import leanclient
+from loadtest.clients import lean as leanclient
 
 SEND_CONNECTIONS = 256  # requests in flight: a stalled partition's 503s (2 s each) must not starve the others
 RECONNECT_SECONDS = 60.0  # a device gives up reconnecting after this long without success

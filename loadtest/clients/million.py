@@ -35,6 +35,8 @@ import time
 
 import orjson
 
+from loadtest.clients.websocket import head_status, masked, split_messages, upgrade_request
+
 IN_FLIGHT = 128  # handshakes under way at once, per process: the listen backlogs stay short
 HANDSHAKE_TIMEOUT = 30.0
 TOKEN_TTL = 4 * 3600
@@ -44,48 +46,9 @@ IDLE, CONNECTING, HANDSHAKE, UPGRADED, OPEN = 0, 1, 2, 3, 4  # UPGRADED: the 101
 NO_SINCE = -1
 
 
-def head_status(buf: bytes) -> tuple[int | None, bytes]:
-    """The HTTP status of a complete response head and the bytes after it;
-    (None, buf) while the head is incomplete."""
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        return None, buf
-    return int(buf[9:12]), buf[end + 4:]
-
-
-def split_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
-    """Whole server frames (opcode, payload) at the front of ``buf`` and the
-    unfinished rest. Servers never mask; the daemon never fragments."""
-    frames = []
-    pos, n = 0, len(buf)
-    while n - pos >= 2:
-        length, head = buf[pos + 1] & 0x7F, 2
-        if length == 126:
-            if n - pos < 4:
-                break
-            length, head = int.from_bytes(buf[pos + 2:pos + 4], "big"), 4
-        elif length == 127:
-            if n - pos < 10:
-                break
-            length, head = int.from_bytes(buf[pos + 2:pos + 10], "big"), 10
-        if n - pos < head + length:
-            break
-        frames.append((buf[pos] & 0x0F, buf[pos + head:pos + head + length]))
-        pos += head + length
-    return frames, buf[pos:]
-
-
-def masked(opcode: int, payload: bytes) -> bytes:
-    """A client frame with a zero mask key (valid, RFC 6455 section 5.3), payload < 126 bytes."""
-    return bytes((0x80 | opcode, 0x80 | len(payload))) + b"\x00\x00\x00\x00" + payload
-
-
 def request(host: str, port: int, token: str, since: int) -> bytes:
-    query = f"since={since}" if since != NO_SINCE else ""
-    return (f"GET /v1/ws?{query} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
-            f"Authorization: Bearer {token}\r\n"
-            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-            "Sec-WebSocket-Version: 13\r\n\r\n").encode()
+    return upgrade_request(host, port, f"/v1/ws?since={since}" if since != NO_SINCE else "/v1/ws?",
+                           f"Authorization: Bearer {token}\r\n")
 
 
 def mint(secret: bytes, user: str, ttl_seconds: int) -> str:
@@ -232,7 +195,7 @@ class Clients:
                 self.retry(slot)
                 return
             self.phase[slot] = UPGRADED
-        frames, rest = split_frames(buf)
+        frames, rest, _open = split_messages(buf, None)  # the daemon never fragments
         for opcode, payload in frames:
             if opcode == 1:
                 self.text(slot, payload)

@@ -3,15 +3,13 @@ holds 15,000 of them (a full ``websockets`` client costs tens of KB each).
 
 It speaks just what a chat client needs: the handshake, text frames in
 (through ``chatctl.client.Inbox``, the reference client's dedup and resume
-bookkeeping), pongs out. Frames are parsed by the daemon's own
-``FrameReader`` (websockets' sans-I/O parser), unmasked as servers send them.
+bookkeeping), pongs out. The handshake and the frame parser are those every
+load client here shares (``loadtest.clients.websocket``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
 import time
 from collections.abc import Callable
 
@@ -19,13 +17,11 @@ import orjson
 from websockets.frames import Frame, Opcode
 
 from chatctl.client import Inbox
-from daemon.wire import FrameReader
-
-KEY = base64.b64encode(os.urandom(16)).decode()
+from loadtest.clients.websocket import Fragments, head_status, split_messages, upgrade_request
 
 
 class LeanClient(asyncio.Protocol):
-    __slots__ = ("inbox", "on_frame", "transport", "status", "head", "reader", "opened", "closed_code", "lost")
+    __slots__ = ("inbox", "on_frame", "transport", "status", "head", "buf", "partial", "opened", "closed_code", "lost")
 
     def __init__(self, inbox: Inbox, on_frame: Callable[[dict, float], None]):
         self.inbox = inbox
@@ -33,7 +29,8 @@ class LeanClient(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.status = 0  # HTTP status of the handshake answer; 101 once open
         self.head = b""
-        self.reader: FrameReader | None = None
+        self.buf = b""  # an unfinished frame
+        self.partial: Fragments | None = None
         self.opened = asyncio.get_running_loop().create_future()  # the hello frame, or the refusal status
         self.closed_code: int | None = None
         self.lost = asyncio.get_running_loop().create_future()  # done once the connection is gone
@@ -43,12 +40,11 @@ class LeanClient(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.status != 101:
-            self.head += data
-            end = self.head.find(b"\r\n\r\n")
-            if end < 0:
+            status, data = head_status(self.head + data)
+            if status is None:
+                self.head = data
                 return
-            self.status = int(self.head.split(b" ", 2)[1])
-            data, self.head = self.head[end + 4:], b""
+            self.status, self.head = status, b""
             if self.status != 101:
                 self._settle(self.status)
                 self.transport.close()
@@ -56,23 +52,20 @@ class LeanClient(asyncio.Protocol):
         if not data:
             return
         now = time.time()
-        if self.reader is None:
-            self.reader = FrameReader(None, mask=False)
-        for frame in self.reader.feed(data):
-            if frame.opcode is Opcode.TEXT:
-                doc = orjson.loads(frame.data)
+        frames, self.buf, self.partial = split_messages(self.buf + data if self.buf else data, self.partial)
+        for opcode, payload in frames:
+            if opcode == Opcode.TEXT:
+                doc = orjson.loads(payload)
                 if doc.get("type") == "hello":
                     self.inbox.accept(doc)
                     self._settle(doc)
                 elif self.inbox.accept(doc):
                     self.on_frame(doc, now)
-            elif frame.opcode is Opcode.PING:
-                self.transport.write(Frame(Opcode.PONG, frame.data).serialize(mask=True))
-            elif frame.opcode is Opcode.CLOSE:
-                self.closed_code = int.from_bytes(frame.data[:2], "big") if frame.data else 1005
+            elif opcode == Opcode.PING:
+                self.transport.write(Frame(Opcode.PONG, payload).serialize(mask=True))
+            elif opcode == Opcode.CLOSE:
+                self.closed_code = int.from_bytes(payload[:2], "big") if payload else 1005
                 self.transport.close()
-        if self.reader.idle:
-            self.reader = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._settle(0)
@@ -93,10 +86,7 @@ async def connect(host: str, port: int, token: str, inbox: Inbox, on_frame: Call
     _, client = await loop.create_connection(lambda: LeanClient(inbox, on_frame), host, port,
                                              local_addr=(source, 0) if source else None)
     # The token in a header, as the daemons require by default: a URL lands in proxies' error logs.
-    client.transport.write((f"GET /v1/ws?{query} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
-                            f"Authorization: Bearer {token}\r\n"
-                            f"Connection: Upgrade\r\nSec-WebSocket-Key: {KEY}\r\n"
-                            "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+    client.transport.write(upgrade_request(host, port, f"/v1/ws?{query}", f"Authorization: Bearer {token}\r\n"))
     try:
         result = await asyncio.wait_for(client.opened, timeout)
     except TimeoutError:

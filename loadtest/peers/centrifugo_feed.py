@@ -1,5 +1,5 @@
 """Centrifugo's feed in a peers run: the same schedule, messages and recipients
-as our feed (``loadtest.feeder``), published from a separate process through
+as our feed (``loadtest.peers.feeder``), published from a separate process through
 Centrifugo's server HTTP API, in batch requests of what each 10 ms tick made
 (of several ticks while the previous request is answered: one request at a
 time, so publications reach it in id order), as our feed hands the relay one
@@ -9,7 +9,7 @@ Each publication goes to the recipient's personal channel (``#p<k>``) with the
 same fields our frames carry, and ``t``: the wall-clock time the batch was
 made, before the HTTP hop. SIGUSR1 starts the schedule.
 
-    python -m loadtest.centrifugo_feed --api http://127.0.0.1:PORT --api-key K --clients 10000 \\
+    python -m loadtest.peers.centrifugo_feed --api http://127.0.0.1:PORT --api-key K --clients 10000 \\
         --steps 20000x5,40000x5 --gap 3 --out feed.json
 """
 
@@ -26,8 +26,8 @@ import orjson
 import typer
 import uvloop
 
-from loadtest import centrifugo
-from loadtest.feeder import parse_steps, ready, recipients, schedule, step_ranges, take_all
+from loadtest.clients import centrifugo
+from loadtest.peers.feeder import parse_steps, ready, recipients, schedule, step_ranges, take_all
 
 
 def publications(first: int, n: int, to: list[int], wall: float, created: str) -> list[dict]:

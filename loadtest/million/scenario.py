@@ -3,7 +3,7 @@ included: `python -m loadtest.million --target 1000000`.
 
 A private MariaDB and FerretDB, the deployed path (API -> writer -> MySQL ->
 FerretDB -> oplog -> relay -> daemons), ``--daemons`` daemon processes on
-the one SO_REUSEPORT port, and lean load clients (``loadtest.millionclient``,
+the one SO_REUSEPORT port, and lean load clients (``loadtest.clients.million``,
 each under the 20,000 open files a process may have, each from its own
 source address in 127.0.0.0/8). Connections ramp up in steps; before each
 step MemAvailable must stay over ``--floor-gib`` once the step's connections
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -30,11 +29,13 @@ import httpx
 import orjson
 import typer
 
-from loadtest import kmem, machine, wsload
+from loadtest.million import kmem
+from loadtest.common import machine
+from loadtest import wsload
 from harness.servers import ROOT, free_port, stop
 from harness.system import System, databases, running_system
+from loadtest.common.results import RESULTS
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PER_CLIENT_PROCESS = 16_000  # sockets per load process: under the 20,000 open files, with room
 PER_DAEMON = 17_000  # sockets per daemon, planned with one daemon down (restarting): under the 18,000 cap,
 # with room for the hash's imbalance
@@ -54,13 +55,13 @@ def log(msg: str) -> None:
 
 
 class LoadProcess:
-    """One ``loadtest.millionclient`` process and its latest status line."""
+    """One ``loadtest.clients.million`` process and its latest status line."""
 
     def __init__(self, index: int, size: int, system: System):
         self.prefix, self.size = f"m{index}x", size
         source = f"127.0.{1 + index // 250}.{2 + index % 250}"
         host, port = "127.0.0.1", system.daemon_port
-        self.proc = subprocess.Popen([sys.executable, "-m", "loadtest.millionclient", self.prefix, str(size), host,
+        self.proc = subprocess.Popen([sys.executable, "-m", "loadtest.clients.million", self.prefix, str(size), host,
                                       str(port), source], cwd=ROOT, env=system.env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, start_new_session=True)
         self.status: dict = {}
@@ -407,8 +408,3 @@ def main(target: int = typer.Option(1_000_000, help="connections to hold"),
     failed = check(result)
     if failed:
         raise SystemExit(f"FAILED million: {failed}")
-
-
-if __name__ == "__main__":
-    random.seed(1)
-    app()

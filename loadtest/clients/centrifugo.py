@@ -33,8 +33,8 @@ from typing import Any
 import aiohttp
 import jwt
 import orjson
+from harness.servers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / ".cache" / "centrifugo" / "bin" / "centrifugo"
 VERSION = "5.4.9"
 CONNECT_ID = 1  # the only command a load client sends with an id, so its reply is recognisable

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loadtest.cluster_traffic import Attempt, Device, Sent
+from loadtest.cluster.traffic import Attempt, Device, Sent
 
 
 @dataclass

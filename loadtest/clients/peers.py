@@ -26,8 +26,6 @@ memory engine keeps no history to recover from).
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
 import random
 import resource
 import time
@@ -41,9 +39,9 @@ from websockets.frames import Frame, Opcode
 
 from chat import auth
 from chatctl.client import Inbox
-from loadtest import centrifugo
+from loadtest.clients import centrifugo
+from loadtest.clients.websocket import Fragments, head_status, split_messages, upgrade_request
 
-KEY = base64.b64encode(os.urandom(16)).decode()
 HANDSHAKES_IN_FLIGHT = 200  # under somaxconn (4096), across the processes
 
 
@@ -90,45 +88,6 @@ class Tally:
         self.latency_ms.append((now - sent) * 1000)
 
 
-Fragments = tuple[int, list[bytes]]  # the opcode of a message still open, and its payloads so far
-
-
-def split_messages(buf: bytes, partial: Fragments | None) -> tuple[list[tuple[int, bytes]], bytes, Fragments | None]:
-    """Whole server messages (opcode, payload) at the front of ``buf``, the unfinished rest, and
-    the fragments of a message still open (a server sends unmasked frames; Centrifugo may split
-    a long message into continuation frames). Far cheaper than a general parser: the clients'
-    cost per frame is paid on the same cores as the server's."""
-    out: list[tuple[int, bytes]] = []
-    pos, n = 0, len(buf)
-    while n - pos >= 2:
-        first, length, head = buf[pos], buf[pos + 1] & 0x7F, 2
-        if length == 126:
-            if n - pos < 4:
-                break
-            length, head = int.from_bytes(buf[pos + 2:pos + 4], "big"), 4
-        elif length == 127:
-            if n - pos < 10:
-                break
-            length, head = int.from_bytes(buf[pos + 2:pos + 10], "big"), 10
-        if n - pos < head + length:
-            break
-        opcode, fin, payload = first & 0x0F, first & 0x80, buf[pos + head:pos + head + length]
-        pos += head + length
-        if opcode >= 0x8:  # control frames come whole, also between the fragments of a message
-            out.append((opcode, payload))
-        elif opcode:  # a new data message
-            if fin:
-                out.append((opcode, payload))
-            else:
-                partial = (opcode, [payload])
-        elif partial is not None:  # a continuation
-            partial[1].append(payload)
-            if fin:
-                out.append((partial[0], b"".join(partial[1])))
-                partial = None
-    return out, buf[pos:], partial
-
-
 class PeerClient(asyncio.Protocol):
     __slots__ = ("job", "device", "tally", "transport", "status", "head", "buf", "partial", "opened", "lost",
                  "close_code")
@@ -150,12 +109,11 @@ class PeerClient(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.status != 101:
-            self.head += data
-            end = self.head.find(b"\r\n\r\n")
-            if end < 0:
+            status, data = head_status(self.head + data)
+            if status is None:
+                self.head = data
                 return
-            self.status = int(self.head.split(b" ", 2)[1])
-            data, self.head = self.head[end + 4:], b""
+            self.status, self.head = status, b""
             if self.status != 101:
                 self._settle(False)
                 self.transport.close()  # type: ignore[union-attr]
@@ -213,9 +171,7 @@ def request(job: Job, device: Device) -> bytes:
         credential = f"Authorization: Bearer {auth.mint(job.secret, device.user, 7200)}\r\n"
     else:
         path, credential = "/connection/websocket", ""
-    return (f"GET {path} HTTP/1.1\r\nHost: {job.host}:{job.port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"{credential}"
-            f"Sec-WebSocket-Key: {KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    return upgrade_request(job.host, job.port, path, credential)
 
 
 async def run_clients(job: Job, connected, frames, stop) -> None:

@@ -1,6 +1,6 @@
 """Interleaved A/B of git revisions on the whole system, each as it deploys.
 
-    .venv/bin/python -m loadtest.compare 6a724aa HEAD --clients 10000 --rate 1000 --rounds 6
+    .venv/bin/python -m loadtest.common.compare 6a724aa HEAD --name insert-pump --clients 10000 --rate 1000 --rounds 6
 
 On this shared two-core machine one run's figures move by tens of percent
 from one minute to the next, so a change is judged only against another
@@ -9,7 +9,8 @@ revision is checked out into a git worktree of its own, and its own code
 runs the `ws` scenario of ``loadtest.bench`` (as that revision's
 supervisord.conf deploys it), so both sides are measured the same way.
 Prints one line per run and the medians; writes
-loadtest/results/compare-<revisions>-<clients>c-<rate>.json.
+loadtest/results/compare-<name>-<clients>c-<rate>.json: the name says what
+is compared, the file holds the revisions.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from pathlib import Path
 import orjson
 import typer
 
-from loadtest import machine  # this checkout's: the machine is described, not the revision
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "loadtest" / "results"
+from harness.servers import ROOT
+from loadtest.common import machine  # this checkout's: the machine is described, not the revision
+from loadtest.common.results import RESULTS
 
 # Runs inside the revision's worktree, on its own code (an older revision has
-# no loadtest/compare.py of its own).
+# no copy of this module of its own).
 ONE_RUN = """
 import sys, tempfile, orjson
 from pathlib import Path
@@ -106,6 +106,7 @@ def medians(runs: list[dict]) -> dict:
 
 @app.command()
 def main(revisions: list[str] = typer.Argument(..., help="two or more git revisions, run alternately"),
+         name: str = typer.Option(..., help="what the revisions differ in, for the file name (insert-pump)"),
          clients: int = typer.Option(10_000), rate: float = typer.Option(1000.0),
          seconds: float = typer.Option(20.0), rounds: int = typer.Option(3, min=1, max=20)) -> None:
     resolved = [subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
@@ -125,7 +126,7 @@ def main(revisions: list[str] = typer.Argument(..., help="two or more git revisi
         print(f"  {rev}: delivery p50 {m['e2e_ms.p50']}, p99 {m['e2e_ms.p99']}; gap p50 {m['gap.p50']}, "
               f"p99 {m['gap.p99']}; creation p50 {m['creation_ms.p50']}; stored → in FerretDB p50 "
               f"{m['mongo_lag_ms.p50']}")
-    out = RESULTS / f"compare-{'-'.join(resolved)}-{clients}c-{rate:g}.json"
+    out = RESULTS / f"compare-{name}-{clients}c-{rate:g}.json"
     out.write_bytes(orjson.dumps({"machine": machine.describe(), "clients": clients, "rate": rate,
                                   "seconds": seconds, "rounds": rounds, "order": "alternating, fresh databases",
                                   "runs": runs, "medians": summary}, option=orjson.OPT_INDENT_2))

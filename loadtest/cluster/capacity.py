@@ -1,5 +1,5 @@
 """Cores past two, from the cluster bench's measured CPU per message:
-`python -m loadtest.cluster_capacity [--rate R --partitions P]`.
+`python -m loadtest.cluster.capacity [--rate R --partitions P]`.
 
 Input: loadtest/results/cluster-latest.json (`make bench-cluster`). Each stage's
 CPU µs per message, measured on 3 hosts in network namespaces, is projected
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import orjson
 import typer
+from loadtest.common.results import RESULTS
 
-RESULTS = Path(__file__).resolve().parent / "results" / "cluster-latest.json"
+LATEST = RESULTS / "cluster-latest.json"
 OURS = ("api", "writer", "relay", "daemon")
 app = typer.Typer(add_completion=False)
 
@@ -61,7 +62,7 @@ def table(rows: list[tuple[str, str, str]]) -> str:
 
 @app.command()
 def main(rate: float = 10_000, partitions: int = 16, measured_partitions: int | None = None,
-         results: Path = RESULTS) -> None:
+         results: Path = LATEST) -> None:
     result = orjson.loads(results.read_bytes())
     run = pick_run(result, measured_partitions)
     print(f"From {results.name} ({result.get('where', '')}, commit {result.get('commit', '?')}), "
