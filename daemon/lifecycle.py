@@ -116,6 +116,7 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
     stop = stop_on_signals()
     # The slot map first (from MySQL, waited for): which streams to run, and whom to serve.
+    # A race, not a TaskGroup: the first of the two to end decides, where a group would wait for both.
     building = loop.create_task(partition_streams.build(settings, client, tail))
     stopping = loop.create_task(stop.wait())
     await asyncio.wait([building, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -128,34 +129,41 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
         return
     parts = building.result()
     daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, slot_map=parts.slot_map)
-    tasks: list[asyncio.Task] = [*(loop.create_task(run, name="stream") for run in parts.loops),
-             loop.create_task(heartbeats(daemon), name="heartbeats")]
     failed: list[BaseException] = []
 
     def must_not_end(task: asyncio.Task) -> None:
-        # Both run for the life of the process. One that ends has failed, and a
-        # daemon without its stream would accept clients and deliver nothing:
-        # drain and exit non-zero, so that supervisord starts a fresh one.
+        # The streams and the heartbeats run for the life of the process. One
+        # that ends has failed, and a daemon without its stream would accept
+        # clients and deliver nothing: drain and exit non-zero, so that
+        # supervisord starts a fresh one.
         if not task.cancelled() and not stop.is_set():
             failed.append(task.exception() or RuntimeError(f"{task.get_name()} ended"))
             log.error("event=task_failed task=%s action=exit", task.get_name(), exc_info=failed[-1])
             stop.set()
 
-    for task in tasks:
-        task.add_done_callback(must_not_end)
-    if parts.engine is not None:
+    def new_epoch(task: asyncio.Task) -> None:
         # A new epoch ends the daemon as SIGTERM does, with status 0: it is to run again on the new map.
-        watch = loop.create_task(partition_streams.epoch_changed(parts.engine, parts.slot_map.epoch,
-                                                                 settings.gap_check_seconds), name="epoch")
+        if not task.cancelled() and not stop.is_set():
+            if task.exception() is not None:
+                must_not_end(task)
+            stop.set()
 
-        def new_epoch(task: asyncio.Task) -> None:
-            if not task.cancelled() and not stop.is_set():
-                if task.exception() is not None:
-                    must_not_end(task)
-                stop.set()
+    async def lifelong() -> None:
+        # One TaskGroup holds what runs for the life of the process, and the
+        # shutdown cancels it as one (bounded: below). A task that ends does not
+        # end the daemon here but through ``stop`` (its callback): the drain
+        # comes first, with the rest still running, as on SIGTERM. One that
+        # fails makes the group cancel the rest at once; the drain still runs.
+        async with asyncio.TaskGroup() as group:
+            for run_stream in parts.loops:
+                group.create_task(run_stream, name="stream").add_done_callback(must_not_end)
+            group.create_task(heartbeats(daemon), name="heartbeats").add_done_callback(must_not_end)
+            if parts.engine is not None:
+                group.create_task(partition_streams.epoch_changed(parts.engine, parts.slot_map.epoch,
+                                                                  settings.gap_check_seconds),
+                                  name="epoch").add_done_callback(new_epoch)
 
-        watch.add_done_callback(new_epoch)
-        tasks.append(watch)  # cancelled and awaited with the rest
+    running = loop.create_task(lifelong(), name="daemon")
     # Past the cap, a connection is refused once it sends a request (503, as
     # it should be told); past the ceiling above it, at once, so that silent
     # sockets stop short of the open-files limit.
@@ -183,9 +191,8 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
         # Each step bounded: with a store that hangs, the stream's reads clean
         # up by talking to it, and the Mongo client's close asks it to end its
         # sessions, each up to a socket timeout (10 s).
-        for task in tasks:
-            task.cancel()
-        await bounded("tasks", asyncio.gather(*tasks, return_exceptions=True), SHUTDOWN_STEP_SECONDS, log)
+        running.cancel()
+        await bounded("tasks", asyncio.gather(running, return_exceptions=True), SHUTDOWN_STEP_SECONDS, log)
         await bounded("mongo_close", client.close(), SHUTDOWN_STEP_SECONDS, log)
         parts.close()
         log.info("event=daemon_stopped")

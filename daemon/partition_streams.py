@@ -52,6 +52,7 @@ class Partitions:
     engine: Engine | None  # MySQL: the streams' reads of the truth, the epoch watch
     loops: list[Coroutine[Any, Any, None]] = field(default_factory=list)  # each runs for the daemon's life
     ranges: list[StreamRanges] = field(default_factory=list)
+    fanout: Fanout | None = None  # the one source split among several partitions' streams
 
     @property
     def first(self) -> Stream:
@@ -108,6 +109,7 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
     namespaces = partition_namespaces(settings.mongo_db, served)
     loops: list[Coroutine[Any, Any, None]] = []
     sources: dict[int, OplogSource]
+    fanout = None
     if tail is not None:
         sources = {served[0]: tail}
     else:
@@ -134,7 +136,7 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
     log.info("event=partitions_served served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
              slot_map.partitions, slot_map.epoch, bool(settings.oplog_relay_socket))
     return Partitions(slot_map, streams, Hubs(hubs), engine, [*loops, *(s.run() for s in streams.values())],
-                      list(ranges.values()))
+                      list(ranges.values()), fanout)
 
 
 async def epoch_changed(engine: Engine, epoch: int, period: float) -> int:

@@ -3,7 +3,8 @@ global stream of messages, by id. Pure: no I/O, tested with plain dicts.
 
 Ids are gap-free and visible in id order (writer/message_writer.py). So a repeat is any
 id <= high, and a hole is an id above high+1 seen before high+1: the shell
-then reads the missing range from the truth.
+then reads the missing range from the stores (MySQL, the truth; else the
+`messages` collection of the fast store).
 
 The fast store is not the truth: anyone may put a document at the next id
 before the writer does. So a document is released only up to ``bound``, the
@@ -22,7 +23,7 @@ class Sequencer:
     high: int  # every id <= high has been released, in order
     max_held: int = 10_000  # out-of-order documents kept while a hole is filled
     # The highest id whose document may be released; None: no bound (a stream
-    # without MySQL). Only the shell moves it, after a read of the truth.
+    # without MySQL). Only the shell moves it, after a read of MySQL.
     bound: int | None = None
     _held: dict[int, dict] = field(default_factory=dict)
     repeats: int = 0
@@ -56,7 +57,7 @@ class Sequencer:
         return released
 
     def confirm(self, upto: int) -> list[dict]:
-        """The truth vouches for every document up to ``upto``: the bound moves
+        """MySQL vouches for every document up to ``upto``: the bound moves
         there, and the held documents it now covers are released."""
         if self.bound is not None and upto > self.bound:
             self.bound = upto
@@ -72,8 +73,8 @@ class Sequencer:
 
     @property
     def hole(self) -> tuple[int, int] | None:
-        """(after, upto): ids after < id <= upto need the truth (missing, or
-        held past ``bound``), or None."""
+        """(after, upto): ids after < id <= upto need a read of the stores
+        (missing, or held past ``bound`` until MySQL confirms them), or None."""
         if not self._held:
             return None
         return self.high, max(self._held)
@@ -88,7 +89,7 @@ class Sequencer:
         return [self._held[i] for i in sorted(self._held) if i <= upto]
 
     def offer_truth(self, docs: list[dict]) -> list[dict]:
-        """As ``offer``, for documents read from the truth (MySQL): they take
+        """As ``offer``, for documents read from MySQL, the truth: they take
         the place of any held document with the same id, and the bound moves
         up to the last of them."""
         for doc in docs:
@@ -100,8 +101,8 @@ class Sequencer:
         return self.offer(docs) + self.release()
 
     def drop_above(self, bound: int) -> list[int]:
-        """Forgets held documents with ids past ``bound`` (the highest id the
-        truth has committed: anything past it was not written by the writer).
+        """Forgets held documents with ids past ``bound`` (the highest id
+        MySQL has committed: anything past it was not written by the writer).
         Returns their ids."""
         dropped = sorted(i for i in self._held if i > bound)
         for i in dropped:
@@ -109,8 +110,9 @@ class Sequencer:
         return dropped
 
     def skip_to(self, upto: int) -> list[dict]:
-        """The range up to ``upto`` was read from the truth and what is missing
-        is gone for good (expired). Releases the held documents above it, up to ``bound``."""
+        """The range up to ``upto`` was read (from MySQL, or the `messages`
+        collection) and what is missing from it is gone for good (expired or
+        deleted). Releases the held documents above it, up to ``bound``."""
         for i in [i for i in self._held if i <= upto]:
             del self._held[i]
         self.high = max(self.high, upto)

@@ -1,12 +1,17 @@
 """The message stream of one partition in one daemon: oplog -> sequencer -> hub.
 
-Owns the stream position (the highest id released), the recent-message
-cache (daemon/recent_cache.py) that serves catch-up (daemon/catchup.py), and
-the reads of the truth: what MySQL has committed past the position, by
-primary key (db/stream_ranges.py), else, whenever MySQL cannot say, the
-`messages` collection. The fast store is not trusted blindly: only documents
-in the writer's shape are released, and only once MySQL has shown them to be
-its rows (``TruthFills._fill_from_truth``: one read per batch, not per message).
+Three parts, each with one job, held by the stream: the tail reader
+(``daemon.tail_reader``) reads the oplog into a bounded inbox; the consumer
+(``daemon.stream_consumer``) takes it, puts ids in order and hands what it
+releases to the partition's hub and the recent cache (daemon/recent_cache.py,
+which serves catch-up, daemon/catchup.py); the reader of the truth
+(``daemon.stream_fills``) settles what the consumer holds: what MySQL has
+committed past the position, by primary key (db/stream_ranges.py), else,
+whenever MySQL cannot say, the `messages` collection. The fast store is not
+trusted blindly: only documents in the writer's shape are released, and only
+once MySQL has shown them to be its rows (``TruthReader.fill``: one read per
+batch, not per message). The stream itself starts them, runs the gap check,
+and answers catch-up.
 
 A partition's stream reads its own table, collection and meta documents
 (``chat.partitions``; partition 0's are the single stream's) and hands its
@@ -19,47 +24,42 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any, NoReturn
 
 import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
-from sqlalchemy.exc import SQLAlchemyError
 
-from chat.messages import Encoded, encode_doc, inserted_docs, is_message_doc
-from daemon import catchup, metrics, store_reads
+from chat.messages import Encoded, encode_doc
+from chat.stopping import reraise_if_cancelling
+from daemon import catchup, metrics, store_reads, stream_fills
 from daemon.catchup import CatchUp
 from daemon.hub import Hub
 from daemon.recent_cache import RecentCache
-from daemon.sequencer import Sequencer
-from daemon.stream_fills import TruthFills
-from daemon.wire import text_frame
+from daemon.stream_consumer import Consumer, admit
+from daemon.stream_fills import TruthReader
+from daemon.tail_reader import Inbox, TailReader
 from db import mongo
 from db.stream_ranges import StreamRanges
 from oplog.backoff import Backoff
-from oplog.events import Batch, OplogSource, Restarted
-from chat.stopping import reraise_if_cancelling
+from oplog.events import OplogSource
 
 log = logging.getLogger("chat.stream")
 
-PAGE = 5000  # one read of the truth; FerretDB scans the whole collection per query anyway
-# A read of the truth may take longer than any other query: on FerretDB it
-# decodes all of `messages` (seconds at 50,000 documents on a busy machine),
-# and one cut off by the usual 10 s socket timeout is all work lost, retried
-# from scratch. Messages wait meanwhile; none is lost.
-FILL_TIMEOUT_SECONDS = 60.0
-TAIL_QUEUE_MAX = 20_000  # oplog entries waiting for the consumer; past it the reader waits
-CONFIRM_MAX = 5000  # held documents past which the consumer stops taking batches and reads the truth
+
+class LoopEnded(RuntimeError):
+    """A loop of the stream returned: it was to run for the stream's life."""
 
 
-@dataclass(frozen=True, slots=True)
-class FillRequest:
-    """In the consumer's queue, among the oplog batches: "read the truth now"."""
+async def _for_life(name: str, loop: Coroutine[Any, Any, None]) -> NoReturn:
+    """Runs ``loop``; if it returns, raises: a TaskGroup ends on a raise only,
+    and a loop that returns must end the stream as one that fails does."""
+    await loop
+    raise LoopEnded(f"{name} ended")
 
 
-class Stream(TruthFills):
+class Stream:
     def __init__(self, db: AsyncDatabase, tail: OplogSource, hub: Hub, *, retention_seconds: int,
                  cache_max: int, gap_check_seconds: float, cache_max_bytes: int = 64 << 20,
                  ranges: StreamRanges | None = None, partition: int = 0,
@@ -69,52 +69,28 @@ class Stream(TruthFills):
         self._db = db
         self.partition = partition
         self._encode = encode
-        self._primary = primary
-        label = str(partition)
-        self._decoded = metrics.OPLOG_DECODED.labels(label)
-        self._position_gauge = metrics.PARTITION_POSITION.labels(label)
-        self._lag_gauge = metrics.PARTITION_TAIL_LAG.labels(label)
         self._ranges = ranges  # holes below a shown id, read from MySQL
         self._tail = tail
-        self._hub = hub
         self._retention = retention_seconds
-        self.cache = RecentCache(cache_max, cache_max_bytes)
         self._gap_check = gap_check_seconds
-        self._seq = self._sequencer(0)
-        # oplog batches (and fill requests) for the consumer, each with the time
-        # it arrived; bounded by entries, not batches
-        self._inbox: asyncio.Queue[tuple[Batch | FillRequest, float]] = asyncio.Queue()
-        self._queued = 0
-        self._queue_max = TAIL_QUEUE_MAX
-        self._room = asyncio.Event()  # set while the reader may queue more
-        self._room.set()
-        self._fill_requested = False
-        # After a failed read of the truth, wait before the next: on FerretDB each scans
-        # all of `messages`, and a retry at once would make a busy FerretDB busier.
-        self._fill_backoff = Backoff(base=0.5, cap=10.0)
-        self._fill_retry: asyncio.TimerHandle | None = None  # set while a retry waits
-        self._advanced = asyncio.Event()  # set and replaced each time the position moves
-        self._lag, self._moved_at = 0.0, time.monotonic()  # for the tail-lag gauge
+        self.cache = RecentCache(cache_max, cache_max_bytes)
+        self.inbox = Inbox()
+        self.reader = TailReader(tail, self.inbox)
+        self.consumer = Consumer(hub, self.cache, tail.namespace, encode=encode, partition=partition,
+                                 primary=primary, checked_by_mysql=ranges is not None)
+        self.truth = TruthReader(db, ranges, self.consumer, self.inbox.request_fill, partition=partition,
+                                 retention_seconds=retention_seconds)
         self._stored_ids = store_reads.StoredIds(db, partition)
-        # The highest id MySQL has committed, as last read, and as read at the
-        # gap check before: what was committed a whole period ago and is still
-        # not released is read from MySQL (the fast store lags, or the tail stopped).
-        self._committed, self._committed_before = 0, 0
-        self._head_known = False  # MySQL has answered once: _committed is its head
-        # After a failed read of MySQL, held documents are settled without it for a
-        # while (``TruthFills._fill_unconfirmed``) rather than wait on it batch after batch.
-        self._mysql_backoff = Backoff(base=0.5, cap=10.0)
-        self._mysql_rests_until = 0.0
-        # When the oldest batch whose documents wait for the truth arrived (oplog -> socket counts the wait).
-        self._waiting_since: float | None = None
+        # MySQL's committed head as read at the gap check before: what was
+        # committed a whole period ago and is still not released is read from
+        # MySQL (the fast store lags, or the tail stopped).
+        self._committed_before = 0
         self.ready = asyncio.Event()
 
-    def _sequencer(self, high: int) -> Sequencer:
-        """With MySQL, nothing past ``high`` is released until MySQL confirms it."""
-        return Sequencer(high=high, bound=high if self._ranges is not None else None)
-
-    def _limits(self) -> tuple[int, float]:
-        return PAGE, FILL_TIMEOUT_SECONDS  # read at each call: tests make them small
+    @property
+    def position(self) -> int:
+        """The highest id released: every id up to it has gone out, in order."""
+        return self.consumer.position
 
     # --- start-up -------------------------------------------------------
     async def start(self) -> None:
@@ -125,21 +101,22 @@ class Stream(TruthFills):
         a daemon about 10 s at 50,000 messages before it served, and its peak
         of decoded documents stayed in the process as some 300 MB."""
         backoff = Backoff(base=0.5, cap=10.0)
+        page = stream_fills.PAGE
         while True:
             try:
                 # Without MySQL, the cache read gets the fill's time limit; a
                 # failed one starts over, never leaving the daemon un-ready for good.
-                with pymongo.timeout(FILL_TIMEOUT_SECONDS):
+                with pymongo.timeout(stream_fills.FILL_TIMEOUT_SECONDS):
                     last_ts = await self._tail.newest_ts()
-                    high = await self._read_committed()  # None without MySQL (no ranges)
+                    high = await self.truth.read_committed()  # None without MySQL (no ranges)
                     from_mysql = (high is not None and self._ranges is not None
-                                  and await store_reads.cache_from_mysql(self._ranges, self.cache, high, PAGE,
+                                  and await store_reads.cache_from_mysql(self._ranges, self.cache, high, page,
                                                                          self._encode))
                     if high is None:
                         high = await mongo.newest_id(self._db, self.partition)
                     if not from_mysql and self.cache.max_messages and high:
                         most = self.cache.max_messages
-                        self.cache.extend(self._admit(await mongo.messages_between(
+                        self.cache.extend(admit(await mongo.messages_between(
                             self._db, max(0, high - most), high, most, self.partition), "stored"), self._encode)
                 break
             except PyMongoError as exc:
@@ -149,135 +126,35 @@ class Stream(TruthFills):
                 log.warning("event=stream_start_retry error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
                 await asyncio.sleep(delay)
         self._tail.last_ts = last_ts
-        self._seq = self._sequencer(high)
+        self.consumer.start_at(high)
         # What is past those reads, now: a client resuming here finds this daemon as far along as its last one.
-        await self._fill_from_truth()
+        await self.truth.fill()
         self.ready.set()
         log.info("event=stream_ready position=%d cached=%d", high, len(self.cache))
 
     # --- the loop ---------------------------------------------------------
     async def run(self) -> None:
         """Three loops: the reader keeps the oplog cursor moving while the
-        consumer keeps up (a tail that pauses falls off a small oplog), the consumer releases,
-        and does every read of the truth, the gap check covers what the oplog
-        never shows. The reader and the consumer meet in a bounded queue; past
-        its bound the reader waits (``_read_oplog``).
+        consumer keeps up (a tail that pauses falls off a small oplog), the
+        consumer releases, and has every read of the truth made, the gap
+        check covers what the oplog never shows. The reader and the consumer
+        meet in a bounded inbox; past its bound the reader waits
+        (``daemon.tail_reader.Inbox.put``).
         Each loop runs for the life of the stream: one that ends, by an error
         or otherwise, ends the stream with it (the daemon then exits, and
-        supervisord starts a fresh one) instead of leaving the rest waiting."""
+        supervisord starts a fresh one) instead of leaving the rest waiting:
+        the TaskGroup cancels the others and waits for them."""
         await self.start()
-        loops = [asyncio.create_task(self._consume(), name="stream-consumer"),
-                 asyncio.create_task(self._read_oplog(), name="oplog-reader"),
-                 asyncio.create_task(self._periodic_gap_check(), name="gap-check")]
         try:
-            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
-            ended = done.pop()
-            ended.result()  # raises what stopped it
-            raise RuntimeError(f"{ended.get_name()} ended")
-        finally:
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
-
-    async def _consume(self) -> None:
-        while True:
-            # A cancel that landed in a driver call may come back as a plain
-            # return (PyMongo finishes some cancelled operations): the loop
-            # must still end, or a shutdown waits for it for ever.
-            reraise_if_cancelling()
-            item, received = await self._inbox.get()
-            ahead = self._step(item, received)
-            if self._seq.hole:
-                # Documents wait for the truth: whatever else has come meanwhile
-                # joins them, so that one read of MySQL settles them all.
-                while not self._inbox.empty() and self._seq.held < CONFIRM_MAX:
-                    ahead = self._step(*self._inbox.get_nowait()) or ahead
-            if ahead or self._seq.hole:
-                await self._fill_from_truth(ahead)
-            if not self._seq.hole:
-                self._waiting_since = None
-
-    def _step(self, item: Batch | FillRequest, received: float) -> bool:
-        """Takes one item of the queue; True: it asks for a read of the truth."""
-        if isinstance(item, FillRequest):
-            self._fill_requested = False
-            return True
-        self._queued -= len(item.entries)
-        if self._queued <= self._queue_max // 2:
-            self._room.set()  # the reader takes the oplog again once half the queue is free
-        self._take(item, received)
-        if self._waiting_since is None and self._seq.hole:
-            self._waiting_since = received
-        return False
-
-    def _take(self, batch: Batch, received: float) -> None:
-        """One oplog batch, without I/O: what is next in the stream goes out now,
-        what comes after a hole is held (loadtest/hotpath.py times this)."""
-        entries = batch.entries
-        docs = [d for entry in entries for d in inserted_docs(entry, self._tail.namespace)]
-        metrics.OPLOG_ENTRIES.inc(len(entries))
-        self._decoded.inc(len(entries))
-        if docs:
-            self._release(self._seq.offer(self._admit(docs, "oplog")), received)
-
-    def _admit(self, docs: list[dict], source: str) -> list[dict]:
-        """The documents in the writer's shape; the rest is logged, counted and
-        skipped (chat.messages.is_message_doc), never a crash of the stream."""
-        good = [d for d in docs if is_message_doc(d)]
-        if len(good) != len(docs):
-            self._reject("shape", source, [d.get("_id") for d in docs if not is_message_doc(d)])
-        return good
-
-    @staticmethod
-    def _reject(reason: str, source: str, ids: list, action: str = "skipped") -> None:
-        metrics.STRAYS.labels(reason).inc(len(ids))
-        log.error("event=stray_document reason=%s source=%s count=%d ids=%.200r action=%s "
-                  "meaning=a_document_the_writer_did_not_write", reason, source, len(ids), ids[:5], action)
-
-    async def _read_committed(self) -> int | None:
-        """The highest id committed to MySQL; None without MySQL or when it fails."""
-        if self._ranges is None:
-            return None
-        try:
-            self._committed = max(self._committed, await self._ranges.committed_head())
-        except SQLAlchemyError as exc:
-            log.warning("event=committed_head_failed error=%s", exc.__class__.__name__)
-            return None
-        self._head_known = True
-        self._mysql_rests_until = 0.0  # MySQL answers again: the next batch is checked against it
-        return self._committed
-
-    async def _read_oplog(self) -> None:
-        async for event in self._tail.batches():
-            if isinstance(event, Restarted):
-                # Nothing to do: ids are gap-free, so whatever a re-opened or
-                # fallen-off tail missed shows up as a hole (or in the gap
-                # check) and is read back then, and only then.
-                continue
-            size = len(event.entries)
-            if self._queued and self._queued + size > self._queue_max:
-                # Overload slows the tail down rather than shedding: while the consumer is this
-                # far behind, the oplog is not read. Through the relay the batches wait in its
-                # buffer for this daemon (32 MB), and a burst that fits is delivered late, with
-                # no read of the truth; past that the relay cuts us off, and what we then miss
-                # is a hole, read back from MySQL. A paused tail of a small oplog falls off it,
-                # with the same outcome.
-                metrics.TAIL_BACKPRESSURE.inc()
-                log.warning("event=tail_backpressure queued=%d action=wait_for_consumer", self._queued)
-                self._room.clear()
-                await self._room.wait()
-            self._queued += size
-            self._inbox.put_nowait((event, time.perf_counter()))
-
-    def _request_fill(self) -> None:
-        """Asks the consumer for one read of the truth; requests coalesce until it starts."""
-        if not self._fill_requested:
-            self._fill_requested = True
-            self._inbox.put_nowait((FillRequest(), 0.0))
-
-    def _retry_fill(self) -> None:
-        self._fill_retry = None
-        self._request_fill()
+            async with asyncio.TaskGroup() as loops:
+                loops.create_task(_for_life("stream-consumer", self.consumer.run(self.inbox, self.truth.fill)))
+                loops.create_task(_for_life("oplog-reader", self.reader.run()))
+                loops.create_task(_for_life("gap-check", self._periodic_gap_check()))
+        except BaseExceptionGroup as group:
+            ended = group.exceptions[0]
+        # Raised here, not in the handler: what stopped the first loop to end,
+        # as it was raised (the daemon logs it), rather than the group that holds it.
+        raise ended
 
     async def _periodic_gap_check(self) -> None:
         # Covers an oplog entry that never comes (FerretDB can store a document
@@ -290,74 +167,37 @@ class Stream(TruthFills):
         # tail and the next fill down until delivery was seconds late.
         last_position = self.position
         while True:
-            reraise_if_cancelling()  # a cancel a driver call returned from (see _consume)
+            reraise_if_cancelling()  # a cancel a driver call returned from (see Consumer.run)
             await asyncio.sleep(self._gap_check)
             # From the truth first: delivery must not wait for the fast store.
             # What MySQL had committed a whole period ago and is still not
             # released (the writer's outbox while Mongo is down or slow, or a
             # stopped tail) is read from MySQL now.
-            committed = await self._read_committed()
+            committed = await self.truth.read_committed()
             if committed is not None:
                 if self._committed_before > self.position:
-                    self._request_fill()
-                    self._set_lag(max(self._lag, time.monotonic() - self._moved_at))
+                    self.inbox.request_fill()
+                    self.consumer.note_stuck()
                 self._committed_before = committed
             try:
                 newest = await mongo.newest_id(self._db, self.partition)
                 if newest > self.position and self.position == last_position:
-                    self._request_fill()
-                    # Stuck with messages waiting: the lag keeps growing even
-                    # though nothing is released to measure it by.
-                    self._set_lag(max(self._lag, time.monotonic() - self._moved_at))
+                    self.inbox.request_fill()
+                    self.consumer.note_stuck()
                 last_position = self.position
             except PyMongoError as exc:
                 reraise_if_cancelling()
                 log.warning("event=gap_check_failed error=%s", exc.__class__.__name__)
 
-    def _release(self, docs: list[dict], received: float) -> None:
-        if not docs:
-            return
-        pushes = 0
-        for doc in docs:
-            encoded = self._encode(doc)
-            self.cache.append(encoded)
-            msg_id, sender, recipient, _, payload = encoded
-            delivered = self._hub.dispatch(msg_id, sender, recipient, payload, text_frame)
-            if delivered:
-                pushes += delivered
-                # dispatch wrote to every socket before returning: this is oplog -> socket
-                metrics.OPLOG_TO_SOCKET.observe(time.perf_counter() - received)
-        metrics.PUSHES.inc(pushes)
-        self._position_gauge.set(self.position)
-        if self._primary:
-            metrics.POSITION.set(self.position)
-        self._lag = max(0.0, time.time() - docs[-1]["created_at"].timestamp())
-        self._moved_at = time.monotonic()
-        self._set_lag(self._lag)
-        self._notify()
-
-    def _set_lag(self, lag: float) -> None:
-        self._lag_gauge.set(lag)
-        if self._primary:
-            metrics.TAIL_LAG.set(lag)
-
-    def _notify(self) -> None:
-        advanced, self._advanced = self._advanced, asyncio.Event()
-        advanced.set()
-
     async def wait_for(self, position: int, timeout: float) -> bool:
-        try:
-            async with asyncio.timeout(timeout):
-                while self.position < position:
-                    await self._advanced.wait()
-            return True
-        except TimeoutError:
-            return False
+        """Whether the position reaches ``position`` within ``timeout`` seconds."""
+        return await self.consumer.wait_for(position, timeout)
 
     async def is_stored(self, msg_id: int) -> bool:
         """Whether ``msg_id`` was ever written (ids are gap-free); on a read
         error, assume so: the client is told to retry, not to reload."""
-        return await self._stored_ids.contains(msg_id, max(self.position, self._committed), self._read_committed)
+        return await self._stored_ids.contains(msg_id, max(self.position, self.truth.committed),
+                                             self.truth.read_committed)
 
     # --- catch-up -----------------------------------------------------------
     async def catch_up(self, user: str, since: int, upto: int, most: int | None = None) -> CatchUp:
@@ -378,9 +218,10 @@ class Stream(TruthFills):
             items = catchup.from_cache(self.cache, user, since, upto)
         else:
             metrics.CATCHUP_QUERIES.labels("mongo").inc()
+            page = stream_fills.PAGE
             # One past the page: the first page, all a long-poll needs, is one
             # read of the store (a full scan on FerretDB) and still knows there is more.
-            items = store_reads.stored_items(self._db, user, since, upto, PAGE if most is None else min(PAGE, most + 1),
-                                             self._retention, lambda docs: self._admit(docs, "stored"),
+            items = store_reads.stored_items(self._db, user, since, upto, page if most is None else min(page, most + 1),
+                                             self._retention, lambda docs: admit(docs, "stored"),
                                              self.partition, self._encode)
         return catchup.paginate(items, mongo.expired_before(self._retention), most, max_bytes)

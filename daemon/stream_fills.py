@@ -1,12 +1,11 @@
-"""The stream's reads of the truth: the oplog's documents checked against
-MySQL, what is committed past its position, from MySQL by primary key up to
-the committed head, else from the `messages` collection, and the ids passed
-over for good (expired or deleted).
+"""The stream's reader of the truth: the oplog's documents checked against
+MySQL, what is committed past the stream's position, from MySQL by primary
+key up to the committed head, else from the `messages` collection, and the
+ids passed over for good (expired or deleted).
 
-A base of ``daemon.stream.Stream``, which owns the state these work on (the
-sequencer, the cache, the position) and the one way documents go out
-(``_release``). The page and the time limit of a read are the stream's
-(``Stream._limits``), read at each call.
+It settles what the consumer's sequencer holds (``daemon.stream_consumer``),
+and releases through the consumer; a read that failed asks the consumer's
+inbox for another once its backoff is over.
 """
 
 from __future__ import annotations
@@ -24,54 +23,69 @@ from sqlalchemy.exc import SQLAlchemyError
 from chat.messages import shown_digest, shown_digest_of
 from chat.stopping import reraise_if_cancelling
 from daemon import metrics
-from daemon.recent_cache import RecentCache
-from daemon.sequencer import Sequencer
+from daemon.stream_consumer import Consumer, admit, reject
 from db import mongo
 from db.stream_ranges import StreamRanges
 from oplog.backoff import Backoff
 
 log = logging.getLogger("chat.stream")
 
+# Both read at each call: tests make them small.
+PAGE = 5000  # rows (or documents) per read; FerretDB scans the whole collection per query anyway
+# A read of `messages` may take longer than any other query: on FerretDB it
+# decodes all of the collection (seconds at 50,000 documents on a busy machine),
+# and one cut off by the usual 10 s socket timeout is all work lost, retried
+# from scratch. Messages wait meanwhile; none is lost.
+FILL_TIMEOUT_SECONDS = 60.0
 
-class TruthFills:
-    """Declared here, set by ``Stream``: what the fills read and move."""
 
-    _db: AsyncDatabase
-    partition: int
-    _ranges: StreamRanges | None
-    _retention: int
-    _seq: Sequencer
-    _fill_backoff: Backoff
-    _fill_retry: asyncio.TimerHandle | None
-    _committed: int
-    _head_known: bool
-    _mysql_backoff: Backoff
-    _mysql_rests_until: float
-    _waiting_since: float | None
-    cache: RecentCache
-    _retry_fill: Callable[[], None]
+class TruthReader:
+    """Holds what the stream knows of MySQL (its committed head, as last
+    read) and the backoffs of the reads that failed."""
+
+    def __init__(self, db: AsyncDatabase, ranges: StreamRanges | None, consumer: Consumer,
+                 request_fill: Callable[[], None], *, partition: int, retention_seconds: int):
+        """``ranges``: the partition's MySQL table (None: no MySQL, `messages` alone);
+        ``request_fill``: asks the consumer for a read of the truth (a retry)."""
+        self._db = db
+        self._ranges = ranges
+        self._consumer = consumer
+        self._request_fill = request_fill
+        self._partition = partition
+        self._retention = retention_seconds
+        # After a failed read of `messages`, wait before the next: on FerretDB each scans
+        # all of `messages`, and a retry at once would make a busy FerretDB busier.
+        self._fill_backoff = Backoff(base=0.5, cap=10.0)
+        self._fill_retry: asyncio.TimerHandle | None = None  # set while a retry waits
+        self.committed = 0  # the highest id MySQL has committed, as last read
+        self._head_known = False  # MySQL has answered once: ``committed`` is its head
+        # After a failed read of MySQL, held documents are settled without it for a
+        # while (``_fill_unconfirmed``) rather than wait on it batch after batch.
+        self._mysql_backoff = Backoff(base=0.5, cap=10.0)
+        self._mysql_rests_until = 0.0
 
     @property
     def position(self) -> int:
-        return self._seq.high
+        return self._consumer.position
 
-    def _limits(self) -> tuple[int, float]:
-        """(documents per read, seconds a read may take)."""
-        raise NotImplementedError
+    async def read_committed(self) -> int | None:
+        """The highest id committed to MySQL; None without MySQL or when it fails."""
+        if self._ranges is None:
+            return None
+        try:
+            self.committed = max(self.committed, await self._ranges.committed_head())
+        except SQLAlchemyError as exc:
+            log.warning("event=committed_head_failed error=%s", exc.__class__.__name__)
+            return None
+        self._head_known = True
+        self._mysql_rests_until = 0.0  # MySQL answers again: the next batch is checked against it
+        return self.committed
 
-    async def _read_committed(self) -> int | None:
-        raise NotImplementedError
+    def _retry_fill(self) -> None:
+        self._fill_retry = None
+        self._request_fill()
 
-    def _admit(self, docs: list[dict], source: str) -> list[dict]:
-        raise NotImplementedError
-
-    def _reject(self, reason: str, source: str, ids: list, action: str = "skipped") -> None:
-        raise NotImplementedError
-
-    def _release(self, docs: list[dict], received: float) -> None:
-        raise NotImplementedError
-
-    async def _fill_from_truth(self, ahead: bool = True) -> None:
+    async def fill(self, ahead: bool = True) -> None:
         """Settles the documents held past the bound, in one read of MySQL
         (``StreamRanges.confirm``): those past its committed head are not the
         writer's and are dropped; those up to it are released as they came if
@@ -85,7 +99,8 @@ class TruthFills:
         if ranges is None:  # no MySQL: `messages` alone (development only)
             await self._fill_from_collection(None, through=False)
             return
-        hole = self._seq.hole
+        seq = self._consumer.seq
+        hole = seq.hole
         upto = hole[1] if hole else self.position
         if time.monotonic() < self._mysql_rests_until:
             await self._fill_unconfirmed()
@@ -99,15 +114,15 @@ class TruthFills:
             await self._fill_unconfirmed()
             return
         self._mysql_backoff.reset()
-        self._committed, self._head_known = max(self._committed, truth.head), True
-        if dropped := self._seq.drop_above(truth.head):
-            self._reject("past_committed_head", "oplog", dropped)
+        self.committed, self._head_known = max(self.committed, truth.head), True
+        if dropped := seq.drop_above(truth.head):
+            reject("past_committed_head", "oplog", dropped)
         span = min(upto, truth.head)
         if span > self.position:
-            shown = self._seq.held_upto(span)
+            shown = seq.held_upto(span)
             if len(shown) == truth.rows == span - self.position and shown_digest_of(shown) == truth.digest:
-                self._release(self._seq.confirm(span), self._waiting_since or time.perf_counter())
-        if (ahead or self._seq.hole) and self.position < truth.head:
+                self._consumer.release_held(seq.confirm(span))
+        if (ahead or seq.hole) and self.position < truth.head:
             if not await self._fill_from_mysql(ranges, truth.head):
                 await self._fill_from_collection(truth.head, through=False)
 
@@ -118,10 +133,11 @@ class TruthFills:
         if not self._head_known:
             await self._fill_from_collection(None, through=False)
             return
-        self._release(self._seq.confirm(self._committed), self._waiting_since or time.perf_counter())
-        self._seq.drop_above(self._committed)  # read back from MySQL once it answers (the gap check)
-        if self._seq.hole:
-            await self._fill_from_collection(self._committed, through=False)
+        seq = self._consumer.seq
+        self._consumer.release_held(seq.confirm(self.committed))
+        seq.drop_above(self.committed)  # read back from MySQL once it answers (the gap check)
+        if seq.hole:
+            await self._fill_from_collection(self.committed, through=False)
 
     async def _fill_from_collection(self, bound: int | None, through: bool) -> bool:
         """Releases what `messages` holds after the position, up to ``bound``
@@ -129,13 +145,15 @@ class TruthFills:
         ``through``: ids up to ``bound`` that it lacks are gone for good (MySQL
         lacks them too), and the position moves past them. False: the read
         failed, and a retry is scheduled."""
+        consumer = self._consumer
+        seq = consumer.seq
         while True:
             try:
-                page, limit = self._limits()
-                with pymongo.timeout(limit):
-                    upto = await mongo.head_hint(self._db, self.partition) if bound is None else bound
-                    stored = await mongo.messages_between(self._db, self.position, upto, page, self.partition)
-                    docs = self._admit(stored, "stored")
+                page = PAGE
+                with pymongo.timeout(FILL_TIMEOUT_SECONDS):
+                    upto = await mongo.head_hint(self._db, self._partition) if bound is None else bound
+                    stored = await mongo.messages_between(self._db, self.position, upto, page, self._partition)
+                    docs = admit(stored, "stored")
             except PyMongoError as exc:
                 reraise_if_cancelling()
                 delay = self._fill_backoff.next()
@@ -146,24 +164,24 @@ class TruthFills:
             if upto is not None:
                 # what `messages` holds up to the head is taken as it is (MySQL cannot
                 # say, or lacks those ids), and what the oplog showed of it; past it, nothing
-                self._release(self._seq.confirm(upto), self._waiting_since or time.perf_counter())
+                consumer.release_held(seq.confirm(upto))
             if not docs:
-                hole = self._seq.hole
+                hole = seq.hole
                 if through and upto is not None and self.position < upto:
-                    self._skip(upto)
+                    consumer.skip_to(upto)
                 elif hole and (upto is None or hole[1] <= upto):  # held documents above a range that is gone
-                    self._skip(hole[1])
+                    consumer.skip_to(hole[1])
                 elif hole and upto is not None:  # not None: the branch above takes a hole when it is
                     # Without MySQL, past meta.head nothing is confirmed: let go of
                     # them; once meta.head passes them, the gap check reads them back.
-                    self._seq.drop_above(upto)
+                    seq.drop_above(upto)
                 return True
             first = int(docs[0]["_id"])
             if first > self.position + 1:
-                self._skip(first - 1)
+                consumer.skip_to(first - 1)
             metrics.CATCHUP_QUERIES.labels("stream").inc()
             log.info("event=stream_fill after=%d got=%d", self.position, len(docs))
-            self._release(self._seq.offer(docs), time.perf_counter())
+            consumer.release(seq.offer(docs), time.perf_counter())
             if len(docs) < page and not through:
                 return True
 
@@ -175,7 +193,7 @@ class TruthFills:
         cutoff = mongo.expired_before(self._retention)
         while self.position < upto:
             try:
-                docs = await ranges.between(self.position, upto, self._limits()[0])
+                docs = await ranges.between(self.position, upto, PAGE)
             except SQLAlchemyError as exc:
                 log.warning("event=fill_mysql_failed error=%s action=read_messages", exc.__class__.__name__)
                 return False
@@ -186,7 +204,7 @@ class TruthFills:
                     return True  # the collection failed: its retry is scheduled
             expired = next((i for i, d in enumerate(docs) if d["created_at"] >= cutoff), len(docs))
             if expired:
-                self._skip(docs[expired - 1]["_id"])
+                self._consumer.skip_to(docs[expired - 1]["_id"])
             metrics.CATCHUP_QUERIES.labels("stream_mysql").inc()
             log.info("event=stream_fill source=mysql after=%d got=%d", self.position, len(docs) - expired)
             self._replace_held(docs[expired:])
@@ -197,13 +215,9 @@ class TruthFills:
         a held document that shows something else is logged as a stray."""
         if not truth:
             return
-        held = {d["_id"]: d for d in self._seq.held_upto(truth[-1]["_id"])}
+        seq = self._consumer.seq
+        held = {d["_id"]: d for d in seq.held_upto(truth[-1]["_id"])}
         if held and (differ := [d["_id"] for d in truth
                                 if (h := held.get(d["_id"])) is not None and shown_digest(h) != shown_digest(d)]):
-            self._reject("differs_from_mysql", "oplog", differ, action="replaced_by_mysql_row")
-        self._release(self._seq.offer_truth(truth), self._waiting_since or time.perf_counter())
-
-    def _skip(self, upto: int) -> None:
-        log.error("event=stream_skip after=%d upto=%d reason=expired_or_deleted", self.position, upto)
-        self.cache.clear()  # it must stay contiguous
-        self._release(self._seq.skip_to(upto), time.perf_counter())
+            reject("differs_from_mysql", "oplog", differ, action="replaced_by_mysql_row")
+        self._consumer.release_held(seq.offer_truth(truth))

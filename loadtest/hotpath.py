@@ -3,7 +3,7 @@
 The replay benchmark (loadtest/replay.py) measures a daemon whole: about
 17 us of CPU per one-frame message, of which about 10 us is the socket
 ``write()`` (on loopback the kernel runs the receiver's TCP in that call).
-This one times only what runs in Python for each message: ``Stream._take``
+This one times only what runs in Python for each message: ``Consumer.take``
 (oplog entries -> documents -> sequencer -> encode -> cache -> hub ->
 ``Connection.send``) for replay-shaped oplog entries, with
 10,000 live connections whose transports only count what they are given.
@@ -93,7 +93,7 @@ async def one_round(clients: int, count: int, batch: int) -> dict:
     gc.collect()
     cpu = time.process_time()
     for oplog_batch in batches:
-        stream._take(oplog_batch, time.perf_counter())  # what Stream._consume does with each oplog batch
+        stream.consumer.take(oplog_batch, time.perf_counter())  # what Consumer.run does with each oplog batch
     cpu = time.process_time() - cpu
     frames = sum(t.frames for t in transports)
     if stream.position != count or frames != count:

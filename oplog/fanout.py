@@ -11,6 +11,12 @@ The shared source opens once every stream has started (each sets its view's
 ``last_ts`` to the oplog's newest entry when it reads its position), from
 the oldest of those points: nothing a stream's start-up did not read is
 skipped. A restart of the shared source is every stream's restart.
+
+Each view's queue is bounded (``VIEW_QUEUE_MAX``): past it the fanout waits,
+and so does the shared source, so that a stream's back-pressure reaches the
+oplog and nothing is dropped. A partition's stream that falls further behind
+than its own queue holds the other partitions up with it (tails of their own
+would not); what waits then is held by the oplog, not by the daemon.
 """
 
 from __future__ import annotations
@@ -23,6 +29,12 @@ from bson import Timestamp
 
 from oplog.events import Batch, OplogEvent, Restarted
 from oplog.namespaces import split_by_namespace
+
+# Batches waiting for a stream's reader. The reader moves each at once into
+# its stream's own queue, bounded by entries (daemon/tail_reader.py): this one
+# fills only while that one is full, so a few batches are room enough, and
+# past them the fanout, and the shared source, wait.
+VIEW_QUEUE_MAX = 4
 
 
 class SharedSource(Protocol):
@@ -43,7 +55,7 @@ class FanoutView:
         self._fanout = fanout
         self.namespace = namespace
         self.last_ts: Timestamp | None = None  # the stream's start sets it: where the shared source opens
-        self.queue: asyncio.Queue[OplogEvent] = asyncio.Queue()  # the stream's reader drains it at once
+        self.queue: asyncio.Queue[OplogEvent] = asyncio.Queue(VIEW_QUEUE_MAX)  # read here: tests make it small
         self.subscribed = False
 
     async def newest_ts(self) -> Timestamp | None:
@@ -75,12 +87,13 @@ class Fanout:
         self.source.last_ts = start_point([view.last_ts for view in self.views.values()])
         views = self.views
         async for event in self.source.batches():
+            # A full view makes the fanout wait, and the source with it: back-pressure, nothing dropped.
             if isinstance(event, Restarted):
                 for view in views.values():
-                    view.queue.put_nowait(event)
+                    await view.queue.put(event)
                 continue
             for ns, entries in split_by_namespace(event.entries, views).items():
-                views[ns].queue.put_nowait(Batch(entries))
+                await views[ns].queue.put(Batch(entries))
         raise RuntimeError("the shared oplog source ended")
 
 

@@ -19,10 +19,9 @@ cursor whose first batch is shorter than the batch size.
 On FerretDB the cursor is tailable but not awaitData, and is polled every
 ``ferretdb_poll_seconds``: FerretDB answers an awaitData getMore by re-running
 the query and re-decoding the whole oplog every 10 ms while it waits, and
-twice more once data arrives. With two daemons that cost FerretDB about a
-core at 200 messages/s and put its tail at 260 ms p50; polling every 20 ms
-gave 160 ms (loadtest/results, README). MongoDB wakes an awaitData cursor
-when an entry commits, so there the cursor waits on the server.
+twice more once data arrives (the figures: docs/decisions/ferretdb-tail.md).
+MongoDB wakes an awaitData cursor when an entry commits, so there the cursor
+waits on the server.
 """
 
 from __future__ import annotations

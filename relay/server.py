@@ -1,12 +1,9 @@
 """The host's oplog relay: one tail of the oplog for all of the host's daemons.
 
 Every tail costs the database a cursor, and on FerretDB each poll of each
-tail re-reads the whole oplog. With a tail per daemon, that cost grows with
-the daemons a host runs (8 to hold 100k clients under the 20k open-files
-limit). At 10k clients and 1,000 msg/s through FerretDB, delivery p50 was
-149-195 ms with one daemon tailing against 218-353 ms with two (interleaved
-runs). A real MongoDB answers a tail cheaply, but N tails per
-host are still N cursors on the primary for the same entries.
+tail re-reads the whole oplog: with a tail per daemon, that cost grows with
+the daemons a host runs, and on MongoDB N tails are still N cursors on the
+primary for the same entries. The figures: docs/decisions/relay.md.
 
 The relay tails once (oplog/tail.py, the daemon's own tailer), the
 collections of every partition there can be, and writes to each daemon

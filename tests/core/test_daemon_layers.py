@@ -10,7 +10,8 @@ from chat.settings import Settings
 from daemon.connection import Connection, ServerState
 from daemon.http_phase import Request
 from daemon.hub import Hub
-from daemon.stream import FillRequest, Stream
+from daemon.stream import Stream
+from daemon.tail_reader import FillRequest
 from oplog.events import Batch, OplogSource, Restarted
 from oplog.tail import OplogTail
 from relay.client import RelayTail
@@ -110,7 +111,9 @@ async def test_fill_requests_in_the_stream_queue_are_typed_and_coalesce():
         namespace, last_ts = "layers.messages", None
 
     stream = Stream(None, Quiet(), Hub(1 << 20), retention_seconds=60, cache_max=10, gap_check_seconds=60)
-    stream._request_fill()
-    stream._request_fill()  # one read of the truth is already asked for
-    queued = [stream._inbox.get_nowait() for _ in range(stream._inbox.qsize())]
+    stream.inbox.request_fill()
+    stream.inbox.request_fill()  # one read of the truth is already asked for
+    queued = []
+    while not stream.inbox.empty():
+        queued.append(stream.inbox.get_nowait())
     assert [type(item) for item, _received in queued] == [FillRequest]

@@ -18,6 +18,7 @@ from pymongo import AsyncMongoClient, monitoring
 
 from chat.messages import Message, now_ms
 from daemon.hub import Hub, Subscriber
+from daemon import tail_reader
 from daemon.stream import Stream
 from db import mongo
 from oplog.events import Batch, Restarted
@@ -228,7 +229,8 @@ class _BurstTail(_SilentTail):
         await asyncio.Event().wait()
 
 
-async def test_a_burst_bigger_than_the_tail_queue_waits_for_the_consumer_and_is_read_from_the_oplog(dbs, caplog):
+async def test_a_burst_bigger_than_the_tail_queue_waits_for_the_consumer_and_is_read_from_the_oplog(
+        dbs, caplog, monkeypatch):
     # The queue between the oplog reader and the consumer is bounded: past the
     # bound the reader waits for the consumer (memory stays bounded) instead of
     # shedding entries to be read back by query. Every message arrives once, in
@@ -236,8 +238,8 @@ async def test_a_burst_bigger_than_the_tail_queue_waits_for_the_consumer_and_is_
     caplog.set_level(logging.INFO, logger="chat.stream")  # a fill would log event=stream_fill
     docs = [Message(i, "alice", "bob", f"m{i}", now_ms()).to_doc() for i in range(1, 101)]
     tail = _BurstTail(docs, batch=10)
+    monkeypatch.setattr(tail_reader, "TAIL_QUEUE_MAX", 20)  # small enough to pass
     async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=1000, gap_check_seconds=30) as (db, stream, bob):
-        stream._queue_max = 20  # the bound (TAIL_QUEUE_MAX in production), small enough to pass
         await db[mongo.MESSAGES].insert_many(docs)  # stored, as the writer stores them
         await mongo.advance_head(db, 100)
         tail.go.set()
@@ -253,10 +255,10 @@ async def test_a_resync_that_fails_while_ferretdb_is_down_is_retried_and_deliver
     # so the read fails at its deadline (60 s in production, 1 s here). It is
     # retried after a backoff, not dropped and not in a tight loop, and once
     # FerretDB is back every message arrives once, in order.
-    from daemon import stream as stream_module
+    from daemon import stream_fills
     from harness.servers import FerretDB, free_port
 
-    monkeypatch.setattr(stream_module, "FILL_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(stream_fills, "FILL_TIMEOUT_SECONDS", 1.0)
     ferretdb = FerretDB(tmp_path, free_port())
     ferretdb.start()
     try:
@@ -293,11 +295,11 @@ async def test_a_since_past_a_lagging_meta_head_is_retried_not_reset(dbs, monkey
     async with _stream_for_bob(dbs.ferretdb.url, _SilentTail(), cache_max=100, gap_check_seconds=30) as (db, stream, _):
         await mongo.advance_head(db, 0)
         await db[mongo.MESSAGES].insert_one(Message(1, "alice", "carol", "hi", now_ms()).to_doc())
-        daemon = Daemon(Settings(), stream._hub, stream)
-        registered = stream._hub.count
+        daemon = Daemon(Settings(), stream.consumer.hub, stream)
+        registered = stream.consumer.hub.count
         with pytest.raises(Behind):
             await daemon.subscribe(_Recorder("carol", 0), 1)
-        assert stream._hub.count == registered  # nothing left behind
+        assert stream.consumer.hub.count == registered  # nothing left behind
         pages, cursor = await daemon.subscribe(_Recorder("carol", 0), 7)
         assert [(p.recovered, p.frames, p.more) async for p in pages] == [(False, [], False)]
         assert cursor == stream.position == 0

@@ -9,7 +9,9 @@ of both users exactly once; each daemon decodes only its partitions' oplog
 entries, through the relay; a partition with no messages holds up nobody.
 """
 
+import asyncio
 import contextlib
+import functools
 import uuid
 
 import httpx
@@ -20,11 +22,12 @@ from sqlalchemy import create_engine, text
 from websockets.exceptions import InvalidStatus
 
 from chat.partitions import SlotMap, suffix
+from chat.settings import Settings
 from tests import front_door
 from tests.e2e.helpers import connect, post, receive
 from tests.e2e.test_chatctl import chatctl
 from harness.system import System, databases, running_system
-from tests.timing import S
+from tests.timing import PATIENCE, S, eventually
 
 TWO = SlotMap.even(2)
 
@@ -261,3 +264,75 @@ def test_chatctl_listen_follows_a_421_to_its_partition_and_resumes_with_cursors(
     # Resuming from the first one's cursor gives the second only.
     again = chatctl(front, "listen", "--as", ben, "--url", url, "--since", frames[0]["cursor"], "--count", "1")
     assert [orjson.loads(line) for line in again.stdout.splitlines()] == frames[1:]
+
+
+async def test_a_burst_past_the_stream_queues_of_a_daemon_of_two_partitions_waits_in_the_oplog_and_loses_nothing(
+        split, monkeypatch):
+    # A daemon serving both partitions, tailing on its own: one oplog tail split
+    # by the fanout (oplog/fanout.py) between the two streams. Both consumers are
+    # held at their first read of MySQL while a burst many times their queues is
+    # committed: the readers stop at the streams' bound, the fanout's queues at
+    # theirs, and the rest waits in the stores, not in the daemon. Let go, every
+    # message reaches its recipient once, in order: MySQL's rows of it.
+    from daemon import partition_streams, tail_reader
+    from db import mongo
+    from db.stream_ranges import StreamRanges
+    from oplog import fanout as fanout_module
+    from oplog.tail import OplogTail
+    from tests.e2e.test_oplog_tail import _Recorder, reach
+
+    front = split[0]
+    per_partition = 60
+    monkeypatch.setattr(tail_reader, "TAIL_QUEUE_MAX", 10)
+    monkeypatch.setattr(fanout_module, "VIEW_QUEUE_MAX", 2)
+    # One entry a batch: the burst comes as many batches, as a busy oplog's does.
+    monkeypatch.setattr(partition_streams, "OplogTail", functools.partial(OplogTail, batch_size=1))
+    let_go = asyncio.Event()
+    let_go.set()
+    confirm = StreamRanges.confirm
+
+    async def held_confirm(self, after, upto):
+        await let_go.wait()
+        return await confirm(self, after, upto)
+
+    monkeypatch.setattr(StreamRanges, "confirm", held_confirm)
+    for key, value in {**front.env, "CHAT_OPLOG_RELAY_SOCKET": "", "CHAT_DAEMON_PARTITIONS": ""}.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings(_env_file=None)
+    client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+    parts = await partition_streams.build(settings, client)
+    loops = [asyncio.create_task(loop) for loop in parts.loops]
+    try:
+        assert parts.fanout is not None and sorted(parts.streams) == [0, 1]
+        views = list(parts.fanout.views.values())
+        for stream in parts.streams.values():
+            await asyncio.wait_for(stream.ready.wait(), PATIENCE)
+        senders = {k: user_in(k, "ann") for k in (0, 1)}
+        recipients = {k: _Recorder(user_in(k, "bob"), parts.streams[k].position) for k in (0, 1)}
+        for k, bob in recipients.items():
+            parts.streams[k].consumer.hub.register(bob)
+            bob.go_live([])
+        let_go.clear()
+        async with httpx.AsyncClient(timeout=PATIENCE) as http:
+            for n in range(per_partition):
+                for k in (0, 1):
+                    reply = await post(front, senders[k], recipients[k].user, f"burst {n}", client=http)
+                    assert reply.status_code == 201, reply.text
+        await eventually(lambda: any(view.queue.full() for view in views), "the fanout waits at a full queue")
+        rows = {k: rows_of(front, k, senders[k]) for k in (0, 1)}
+        assert [len(rows[k]) for k in (0, 1)] == [per_partition] * 2  # all committed meanwhile
+        # What the daemon holds of the burst (an entry a batch): the bounds, and nothing past them.
+        held = [(stream.inbox.entries, view.queue.qsize()) for stream, view in zip(parts.streams.values(), views,
+                                                                                  strict=True)]
+        assert all(entries <= 10 and batches <= 2 for entries, batches in held), held
+        let_go.set()
+        for k, stream in parts.streams.items():
+            await reach(stream, rows[k][-1].id)
+            assert recipients[k].got == [row.id for row in rows[k]]
+            assert [row.body for row in rows[k]] == [f"burst {n}" for n in range(per_partition)]
+    finally:
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await client.close()
+        parts.close()

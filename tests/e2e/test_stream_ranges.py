@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from chat.messages import Message, encode_doc, now_ms, shown_digest_of
-from daemon import stream as stream_module
+from daemon import stream_fills
 from db import mongo
 from db.sql import make_engine, messages, metadata
 from db.stream_ranges import StreamRanges
@@ -63,7 +63,7 @@ async def until_position(stream, position):
 
 @pytest.mark.parametrize("page", [5000, 2], ids=["one-read", "paged"])
 async def test_a_hole_the_tail_skipped_is_read_from_mysql_not_the_collection(dbs, monkeypatch, page):
-    monkeypatch.setattr(stream_module, "PAGE", page)  # 2: the hole of 4 ids takes two reads
+    monkeypatch.setattr(stream_fills, "PAGE", page)  # 2: the hole of 4 ids takes two reads
     msgs = [Message(i, "alice", "bob", f"m{i} <b>é</b> 🙂", now_ms(), f"c{i}" if i % 2 else None) for i in range(1, 9)]
     shown = [msgs[0].to_doc(), *(m.to_doc() for m in msgs[5:])]  # the tail shows 1, 6, 7, 8: it skipped 2..5
     tail = _BurstTail(shown, batch=4)
@@ -73,7 +73,7 @@ async def test_a_hole_the_tail_skipped_is_read_from_mysql_not_the_collection(dbs
         async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
                                    ranges=ranges) as (db, stream, _bob):
             bob = _PayloadRecorder("bob", stream.position)
-            stream._hub.register(bob)
+            stream.consumer.hub.register(bob)
             bob.go_live([])
             store_in_mysql(engine, msgs)  # as the writer stores them: MySQL, then Mongo
             await db[mongo.MESSAGES].insert_many([m.to_doc() for m in msgs])
@@ -192,7 +192,7 @@ async def test_a_stray_at_the_next_id_is_never_released_and_mysql_s_row_takes_it
         async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
                                    ranges=ranges) as (_db, stream, _bob):
             bob = _PayloadRecorder("bob", stream.position)
-            stream._hub.register(bob)
+            stream.consumer.hub.register(bob)
             bob.go_live([])
             store_in_mysql(engine, msgs)
             reads.clear()
