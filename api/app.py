@@ -314,7 +314,7 @@ def create_app(settings: Settings) -> ASGIApp:
         # only what requests create (as in the daemon).
         gc.freeze()
         metrics.watch_gc()
-        serve_metrics(settings.api_host, settings.metrics_port)
+        serve_metrics(settings.metrics_host or settings.api_host, settings.metrics_port)
         log.info("event=api_started")
         try:
             yield

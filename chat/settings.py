@@ -159,6 +159,10 @@ class Settings(BaseSettings):
         0, ge=0, le=65535, description="A port of this process alone that serves /metrics (0: none): scrape each "
         "process here, not on the shared ports.",
     )
+    metrics_host: str = Field(
+        "", description="Address of that port. Empty: the process's own listen address (`CHAT_API_HOST`, "
+        "`CHAT_DAEMON_HOST`); the writer and the relay, which listen on Unix sockets only, use 127.0.0.1.",
+    )
     log_level: str = Field("INFO", description="Log level of every process.")
 
 

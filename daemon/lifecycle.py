@@ -177,7 +177,7 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     # passes walk only what the connections and messages create since.
     gc.freeze()
     metrics.watch_gc()
-    serve_metrics(settings.daemon_host, settings.metrics_port)
+    serve_metrics(settings.metrics_host or settings.daemon_host, settings.metrics_port)
     listener.listen(LISTEN_BACKLOG)  # only now: the kernel queues connections for this process from here on
     acceptor.start()
     log.info("event=daemon_started port=%d pid=%d", settings.daemon_port, os.getpid())

@@ -30,7 +30,7 @@ from bson.codec_options import CodecOptions
 from prometheus_client import Counter, Gauge
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
-from chat.metrics_port import serve_metrics
+from chat.metrics_port import LOOPBACK, serve_metrics
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
 from chat.unix_socket import bind_owner_only
@@ -190,7 +190,7 @@ async def run(settings: Settings) -> None:
     tailing = asyncio.create_task(relay.run(), name="relay-tail")
     tailing.add_done_callback(lambda _: stop.set())  # a tail that ends has failed: exit, supervisord restarts
     server = await asyncio.start_unix_server(relay.serve, sock=bind_owner_only(path, "relay"))
-    serve_metrics(settings.daemon_host, settings.metrics_port)
+    serve_metrics(settings.metrics_host or LOOPBACK, settings.metrics_port)
     log.info("event=relay_started socket=%s", path)
     try:
         await stop.wait()

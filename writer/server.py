@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from chat.messages import Message
-from chat.metrics_port import serve_metrics
+from chat.metrics_port import LOOPBACK, serve_metrics
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
 from chat.unix_socket import bind_owner_only
@@ -146,7 +146,7 @@ async def run(settings: Settings) -> None:
     server = await asyncio.start_unix_server(accept, sock=bind_owner_only(path, "writer"))
     gc.freeze()  # what start-up made lives as long as the process: out of the cyclic GC's walks (as in the API)
     metrics.watch_gc()
-    serve_metrics(settings.api_host, settings.metrics_port)
+    serve_metrics(settings.metrics_host or LOOPBACK, settings.metrics_port)
     log.info("event=writer_started socket=%s partitions=%d epoch=%d", path, slot_map.partitions, slot_map.epoch)
     try:
         await stop.wait()

@@ -129,3 +129,24 @@ def test_serve_with_its_defaults_bounds_a_head_that_arrives_in_parts():
         assert proc.poll() is None
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize("metrics_host,expected", [("", "127.0.0.1"), ("127.0.0.2", "127.0.0.2")])
+def test_the_writer_serves_its_metrics_on_the_metrics_host_or_the_loopback(dbs, metrics_host, expected):
+    # The writer listens on a Unix socket only: its /metrics port is on the
+    # loopback unless CHAT_METRICS_HOST says where, never on the API's address.
+    with running_system(dbs, daemons=0, apis=0, writer=True, CHAT_METRICS_HOST=metrics_host,
+                        CHAT_API_HOST="127.0.0.3") as s:
+        url = f"http://{expected}:{s.writer_metrics_port}/metrics"
+        scraped = eventually_sync(lambda: _scrape(url), f"the writer's /metrics on {expected}")
+        assert "chat_writer" in scraped
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.3:{s.writer_metrics_port}/metrics", timeout=PATIENCE)
+
+
+def _scrape(url: str) -> str | None:
+    try:
+        r = httpx.get(url, timeout=PATIENCE)
+    except httpx.ConnectError:
+        return None
+    return r.text if r.status_code == 200 else None
