@@ -2,7 +2,7 @@
 one JSON shape of an error answer, and the WebSocket close codes.
 
 An error answer, on the write API and on the daemons alike, is
-``{"error": code, "message": text, "field": name?}`` (README, "Errors"),
+``{"error": code, "message": text, "field": name?}`` (README, "Public contract"),
 with the few fields a code documents (``partition`` with ``wrong_partition``).
 """
 
@@ -43,7 +43,7 @@ def error_body(code: str, message: str, field: str | None = None, extra: Mapping
 
 
 class CloseCode(IntEnum):
-    """WebSocket close codes the daemons send (README, "Close codes")."""
+    """WebSocket close codes the daemons send (README, "Public contract", "Daemons")."""
 
     NORMAL = 1000
     PROTOCOL_ERROR = 1002

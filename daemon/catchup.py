@@ -21,7 +21,7 @@ class _Gap(enum.Enum):
 GAP: Final = _Gap.GAP  # in a catch-up's items: messages may be missing here
 
 # (id, created_at, JSON payload) of one of the user's messages, or GAP
-Item = tuple[int, datetime, bytes] | Literal[_Gap.GAP]
+MessageOrGap = tuple[int, datetime, bytes] | Literal[_Gap.GAP]
 
 
 @dataclass
@@ -31,19 +31,19 @@ class CatchUp:
     more: bool = False  # another page follows
 
 
-async def no_items() -> AsyncGenerator[Item, None]:
+async def no_items() -> AsyncGenerator[MessageOrGap, None]:
     return
     yield  # an async generator that yields nothing
 
 
-async def from_cache(cache: RecentCache, user: str, since: int, upto: int) -> AsyncGenerator[Item, None]:
+async def from_cache(cache: RecentCache, user: str, since: int, upto: int) -> AsyncGenerator[MessageOrGap, None]:
     """The user's messages (either side) in (since, upto], which the cache covers."""
     for msg_id, sender, recipient, created_at, payload in cache.between(since, upto):
         if recipient == user or sender == user:
             yield msg_id, created_at, payload
 
 
-async def paginate(items: AsyncGenerator[Item, None], cutoff: datetime, most: int | None,
+async def paginate(items: AsyncGenerator[MessageOrGap, None], cutoff: datetime, most: int | None,
                    max_bytes: int | None) -> AsyncGenerator[CatchUp, None]:
     """``items`` in pages of at most ``most`` messages and ``max_bytes`` of
     payload (one message at least); the last page has ``more`` False.

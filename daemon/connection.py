@@ -1,14 +1,15 @@
 """One client socket of a daemon: HTTP/1.1 until it upgrades, then a WebSocket.
 
 This is the whole per-connection state, kept small on purpose (an idle
-WebSocket costs a few KB, README "Why a lean server"): no task, no queue and
+WebSocket costs a few KB, docs/decisions/hand-written-wire.md): no task, no queue and
 no protocol object per connection once it is live. Frames are written
 straight to the transport when the hub offers them; the transport's unsent
 bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
 
 A connection knows its server only as a ``ServerState`` and a ``Handler``:
-routing and admission live in the handler (``daemon.routes``), the
-bookkeeping in ``daemon.hub``; what a client sends is judged by
+routing and admission live in the handler (``daemon.routes``); the
+delivery bookkeeping is the ``daemon.hub.Subscriber`` it holds once it is a
+WebSocket, whose sink it is; what a client sends is judged by
 ``daemon.inbound``. Close codes (``chat.errors.CloseCode``): a client's
 close is answered with its own code; 1002 protocol error, 1007 text or a
 close reason that is not UTF-8, 1008 inbound frame rate, 1009 inbound frame
@@ -74,15 +75,18 @@ class Handler(Protocol):
         ...
 
 
-class Connection(Subscriber, asyncio.Protocol):
-    __slots__ = ("state", "handler", "transport", "http", "reader", "ping_sent", "next_ping",
+class Connection(asyncio.Protocol):
+    __slots__ = ("state", "handler", "transport", "subscriber", "http", "reader", "ping_sent", "next_ping",
                  "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires", "first")
     # Set by connection_made: a connection counted in ``ServerState.conns``
     # may not have one yet, those in ``http_conns`` or among the WebSockets do.
     transport: asyncio.Transport
+    # Set once the WebSocket's user and partition are known (``daemon.websocket``),
+    # before it is subscribed: an HTTP connection, or a WebSocket still waiting
+    # for its ``auth`` frame, carries no delivery state.
+    subscriber: Subscriber
 
     def __init__(self, state: ServerState, handler: Handler):
-        Subscriber.__init__(self, "", 0)
         self.state = state
         self.handler = handler
         self.http: HttpPhase | None = HttpPhase()
@@ -217,7 +221,7 @@ class Connection(Subscriber, asyncio.Protocol):
             if not keep_alive:
                 self.transport.close()
 
-    def upgrade(self, user: str, response: bytes, identify: bool = False) -> None:
+    def upgrade(self, response: bytes, identify: bool = False) -> None:
         """Switches to WebSocket: the 101 goes out, the HTTP state is dropped.
         ``identify``: the user is not known yet, and the first message will say
         (``first_message``)."""
@@ -228,7 +232,6 @@ class Connection(Subscriber, asyncio.Protocol):
         rest = http.rest
         self.http = None
         self.state.http_conns.discard(self)
-        self.user = user
         # Paged catch-ups wait for the buffer to fall under low before their
         # next page, and a page is at most a quarter of the bound: catch-up
         # alone never trips the slow-consumer close.
@@ -240,18 +243,19 @@ class Connection(Subscriber, asyncio.Protocol):
         if rest:
             self._ws_data(rest)
 
-    # --- WebSocket: what the hub calls --------------------------------------
+    # --- WebSocket: frames out ------------------------------------------------
     def send_text(self, payload: bytes) -> None:
         """One text frame, written now (the hello before a catch-up)."""
         self.transport.write(text_frame(payload))
 
+    # send and overflow: what its subscriber calls, as its ``daemon.hub.Sink``
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
         if self.closing:  # nothing after the close frame (a catch-up can outlast its connection)
             return
         transport = self.transport
         transport.write(frame if frame is not None else text_frame(payload))
         if transport.get_write_buffer_size() > self.state.settings.send_buffer_max_bytes:
-            self.overflowed = True
+            self.subscriber.overflowed = True
             self.overflow()
 
     def overflow(self) -> None:

@@ -18,41 +18,64 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
+from typing import Final, Protocol
 
 # (message id, JSON payload, WebSocket frame or None to build it on demand)
-Item = tuple[int, bytes, bytes | None]
+OutgoingMessage = tuple[int, bytes, bytes | None]
+
+
+class Sink(Protocol):
+    """Where a subscriber's messages go: the I/O shell that holds it (a
+    WebSocket's connection, a long-poll's answer)."""
+
+    def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
+        """Writes the message now, without waiting."""
+        ...
+
+    def overflow(self) -> None:
+        """Live messages outgrew their bound while the catch-up ran: what was
+        sent is a gap-free prefix, and the shell ends there (a WebSocket closes with 4008)."""
+        ...
+
+
+class _Nowhere:
+    """The sink of a subscriber whose shell is gone: nothing more goes out."""
+
+    __slots__ = ()
+
+    def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
+        pass
+
+    def overflow(self) -> None:
+        pass
+
+
+NOWHERE: Final = _Nowhere()
 
 
 class Subscriber:
-    """One connection's delivery bookkeeping. The I/O shell subclasses it and
-    implements ``send`` (write now, without waiting) and ``overflow`` (close
-    with 4008)."""
+    """One connection's delivery bookkeeping, held by its I/O shell, which is
+    its ``sink``: the hub offers each message here, and what is to go out now
+    goes to ``sink.send``."""
 
-    __slots__ = ("user", "partition", "last_id", "pending", "pending_bytes", "overflowed")
+    __slots__ = ("sink", "user", "partition", "last_id", "pending", "pending_bytes", "overflowed")
 
-    def __init__(self, user: str, since: int, partition: int = 0):
+    def __init__(self, sink: Sink, user: str, since: int = 0, partition: int = 0):
+        self.sink = sink
         self.user = user
         self.partition = partition  # the user's, computed once: the hub it is registered in
         self.last_id = since  # never send an id <= last_id: the per-connection dedup
-        self.pending: list[Item] | None = []  # a list while catching up, None once live
+        self.pending: list[OutgoingMessage] | None = []  # a list while catching up, None once live
         self.pending_bytes = 0
         self.overflowed = False
 
-    # --- implemented by the I/O shell -------------------------------------
-    def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
-        raise NotImplementedError
-
-    def overflow(self) -> None:
-        raise NotImplementedError
-
-    # --- the bookkeeping ----------------------------------------------------
     def offer(self, msg_id: int, payload: bytes, frame: bytes | None, limit_bytes: int) -> None:
         if self.overflowed:
             return
         if self.pending is None:
             if msg_id > self.last_id:
                 self.last_id = msg_id
-                self.send(msg_id, payload, frame)
+                self.sink.send(msg_id, payload, frame)
             return
         self.pending_bytes += len(payload)
         if self.pending_bytes > limit_bytes:
@@ -62,23 +85,30 @@ class Subscriber:
             return
         self.pending.append((msg_id, payload, frame))
 
-    def send_page(self, catch_up: Iterable[Item]) -> None:
+    def send_page(self, catch_up: Iterable[OutgoingMessage]) -> None:
         """Sends one page of a catch-up that has more to come; live frames
         stay held. A long catch-up goes out a page at a time, each once the
         socket has sent most of the one before, so it is never all in memory."""
+        send = self.sink.send
         for msg_id, payload, frame in catch_up:
             if msg_id > self.last_id:
                 self.last_id = msg_id
-                self.send(msg_id, payload, frame)
+                send(msg_id, payload, frame)
 
-    def go_live(self, catch_up: Iterable[Item]) -> None:
+    def go_live(self, catch_up: Iterable[OutgoingMessage]) -> None:
         """Sends the (last page of the) catch-up frames (ids <= the stream
         position at register time), then the live frames held meanwhile, each
         id once, in order."""
         pending, self.pending, self.pending_bytes = self.pending or [], None, 0
         self.send_page(itertools.chain(catch_up, pending))
         if self.overflowed:
-            self.overflow()
+            self.sink.overflow()
+
+    def detach(self) -> None:
+        """Its shell is done (closed, or answered): nothing more goes out, and
+        the two no longer hold each other. Held both ways, a closed connection
+        that had lived long would wait for a full collection to be freed."""
+        self.sink = NOWHERE
 
 
 class Hub:

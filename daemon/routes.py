@@ -80,11 +80,12 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
         conn.respond(refusal.status, refusal.body(), keep, headers | refusal.headers)
         return
     waiter = PollWaiter(user, 0, partition)
+    sub = waiter.subscriber
     daemon.polls.add(waiter)
     metrics.POLLS_WAITING.inc()
     try:
         try:
-            pages, cursor = await daemon.subscribe(waiter, daemon.resume_point(query.get("since"), user), limit,
+            pages, cursor = await daemon.subscribe(sub, daemon.resume_point(query.get("since"), user), limit,
                                                    settings.send_buffer_max_bytes)
             catch = await first_page(pages)
         except Behind:
@@ -96,9 +97,9 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
             # Cut at `limit` messages or the byte bound: the answer is this
             # page alone (no live message, which would come after what is
             # left out), and the cursor resumes after it.
-            waiter.send_page(catch.frames)
+            sub.send_page(catch.frames)
         else:
-            waiter.go_live(catch.frames)
+            sub.go_live(catch.frames)
         if not waiter.items and timeout > 0 and not daemon.draining:
             waiter.wake.clear()
             try:
@@ -106,17 +107,18 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
             except TimeoutError:
                 pass
     finally:
-        daemon.hub.unregister(waiter)
+        daemon.hub.unregister(sub)
+        sub.detach()
         daemon.polls.discard(waiter)
         metrics.POLLS_WAITING.dec()
     items = waiter.items
     if len(items) > limit:  # live messages came on top of the catch-up: the rest waits for the next poll
         items = items[:limit]
         last = items[-1][0]
-    elif waiter.overflowed or catch.more:
-        last = waiter.last_id
+    elif sub.overflowed or catch.more:
+        last = sub.last_id
     else:
-        last = max(cursor, waiter.last_id)
+        last = max(cursor, sub.last_id)
     body = (b'{"messages":[' + b",".join(payload for _i, payload in items) + b'],"cursor":"'
             + daemon.cursor(partition, last).encode() + b'","recovered":'
             + (b"true" if catch.recovered else b"false") + b"}")

@@ -44,13 +44,13 @@ class Behind(ChatError):
     retries (1013, or 503 to a poll), here or elsewhere."""
 
 
-class PollWaiter(Subscriber):
-    """A long-poll: collects what the hub sends until the answer goes out."""
+class PollWaiter:
+    """A long-poll: collects what its subscriber sends until the answer goes out."""
 
-    __slots__ = ("items", "wake")
+    __slots__ = ("subscriber", "items", "wake")
 
     def __init__(self, user: str, since: int, partition: int = 0):
-        super().__init__(user, since, partition)
+        self.subscriber = Subscriber(self, user, since, partition)
         self.items: list[tuple[int, bytes]] = []
         self.wake = asyncio.Event()
 
@@ -157,7 +157,8 @@ class Daemon:
         """A WebSocket is gone (closed either way); idempotent."""
         if conn in self.sockets:
             self.sockets.discard(conn)
-            self.hub.unregister(conn)
+            self.hub.unregister(conn.subscriber)
+            conn.subscriber.detach()
             metrics.WS_OPEN.dec()
 
 

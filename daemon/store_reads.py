@@ -12,7 +12,7 @@ from pymongo.errors import PyMongoError
 from sqlalchemy.exc import SQLAlchemyError
 
 from chat.messages import Encoded, encode_doc
-from daemon.catchup import GAP, Item
+from daemon.catchup import GAP, MessageOrGap
 from daemon.recent_cache import RecentCache
 from db import mongo
 from db.stream_ranges import StreamRanges
@@ -42,7 +42,7 @@ async def cache_from_mysql(ranges: StreamRanges, cache: RecentCache, high: int, 
 
 async def stored_items(db: AsyncDatabase, user: str, since: int, upto: int, limit: int, retention_seconds: int,
                        admit: Callable[[list[dict]], list[dict]], partition: int = 0,
-                       encode: Callable[[dict], Encoded] = encode_doc) -> AsyncGenerator[Item, None]:
+                       encode: Callable[[dict], Encoded] = encode_doc) -> AsyncGenerator[MessageOrGap, None]:
     """The user's messages from `messages`, ``limit`` per read, only those
     ``admit`` keeps (the writer's), and GAP where some of them may have been
     deleted before a read: the retention floor (the sweeper raises it before

@@ -60,7 +60,7 @@ class Testee:
         response = accept(conn, path, request)
         if response is None:
             return False
-        conn.upgrade("", response)
+        conn.upgrade(response)
         return True
 
     async def handle_http(self, conn: Connection, request: Request) -> None:

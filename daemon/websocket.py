@@ -22,6 +22,7 @@ from daemon import admission, handshake, metrics
 from daemon.admission import split_target
 from daemon.connection import Connection
 from daemon.http_phase import Request
+from daemon.hub import Subscriber
 from daemon.server import Behind, Daemon
 
 log = logging.getLogger("chat.daemon")
@@ -61,15 +62,15 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
     if conn.closing:
         return True
     if token is None:
-        conn.upgrade("", response, identify=True)
+        conn.upgrade(response, identify=True)
         identified = await identify(daemon, conn, query.get("partition"))
         if identified is None:
             return True
         user, expires, partition = identified
-        conn.user = user
     else:
-        conn.upgrade(user, response)
-    conn.partition = partition  # before it is registered: its hub is its partition's
+        conn.upgrade(response)
+    # Its delivery state, once user and partition are known: the hub it joins is its partition's.
+    conn.subscriber = Subscriber(conn, user, partition=partition)
     # One number per socket; the heartbeat closes it with 4001 once it is past.
     conn.expires = time.monotonic() + (expires - time.time())
     daemon.join(conn)  # due for its heartbeat at its first ping, or at exp if sooner
@@ -131,18 +132,19 @@ async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int |
     frames wait behind the catch-up within their own bound; past it the
     client is closed with 4008 after the last catch-up frame it got, and
     resumes from there."""
-    pages, cursor = await daemon.subscribe(conn, since, CATCH_UP_PAGE, daemon.settings.send_buffer_max_bytes // 4)
+    sub = conn.subscriber
+    pages, cursor = await daemon.subscribe(sub, since, CATCH_UP_PAGE, daemon.settings.send_buffer_max_bytes // 4)
     try:
         page = await anext(pages)
         if conn.closing:
             return
         conn.send_text(orjson.dumps({"type": "hello", "recovered": page.recovered,
-                                     "cursor": daemon.cursor(conn.partition, cursor), "user": user}))
+                                     "cursor": daemon.cursor(sub.partition, cursor), "user": user}))
         while page.more:
-            conn.send_page(page.frames)
+            sub.send_page(page.frames)
             if not await conn.drained():
                 return
-            if conn.overflowed:  # live frames outran the catch-up: go no further
+            if sub.overflowed:  # live frames outran the catch-up: go no further
                 conn.overflow()
                 return
             page = await anext(pages)
@@ -152,6 +154,6 @@ async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int |
                 conn.close(CloseCode.TRY_AGAIN, "messages expired during catch-up: reconnect with since")
                 return
         if await conn.drained():
-            conn.go_live(page.frames)
+            sub.go_live(page.frames)
     finally:
         await pages.aclose()

@@ -7,7 +7,7 @@ the one frame built per message,
 a server's text frame, is a two-to-ten-byte header put on here (see
 ``text_frame``). This module keeps all of it out of the per-connection
 state, which is what lets a daemon hold an idle connection in a few
-kilobytes (README, "Which WebSocket stack").
+kilobytes (docs/decisions/hand-written-wire.md).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class FrameReader:
     as a header announces more than ``max_size`` (the payload is never
     buffered) and ``ProtocolError`` on unmasked or malformed frames.
 
-    A connection creates one only while inbound bytes are pending, and drops
-    it when the buffer is empty again.
+    What the load-test client and the tests read a daemon's frames with; a
+    daemon reads its clients' frames with ``daemon.inbound.Inbound``.
     """
 
     __slots__ = ("_reader", "_parser", "_max_size", "_mask")

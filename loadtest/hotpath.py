@@ -31,7 +31,7 @@ from chat.settings import Settings
 from daemon import metrics
 from daemon.connection import Connection, ServerState
 from daemon.http_phase import Request
-from daemon.hub import Hub
+from daemon.hub import Hub, Subscriber
 from daemon.stream import Stream
 from oplog.events import Batch
 
@@ -83,9 +83,11 @@ async def one_round(clients: int, count: int, batch: int) -> dict:
     transports = []
     for i in range(clients):
         conn = Connection(state, handler)
-        conn.transport, conn.user, conn.pending, conn.http = CountingTransport(), f"r{i}", None, None
+        conn.transport, conn.http = CountingTransport(), None
+        conn.subscriber = Subscriber(conn, f"r{i}")
+        conn.subscriber.pending = None  # live
         transports.append(conn.transport)
-        hub.register(conn)
+        hub.register(conn.subscriber)
     stream = Stream(None, SimpleNamespace(namespace=NAMESPACE), hub, retention_seconds=settings.retention_seconds,
                     cache_max=settings.recent_cache_max, gap_check_seconds=3600,
                     cache_max_bytes=settings.recent_cache_max_bytes)

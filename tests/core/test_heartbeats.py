@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from chat.errors import CloseCode
 from chat.settings import Settings
 from daemon.connection import Connection
-from daemon.hub import Hub
+from daemon.hub import Hub, Subscriber
 from daemon.lifecycle import HEARTBEAT_SLICE, heartbeats
 from daemon.routes import Router
 from daemon.server import Daemon
@@ -177,7 +177,7 @@ def websocket(daemon: Daemon, ticks: Ticks, expires: float = math.inf) -> tuple[
     conn.connection_made(transport)  # type: ignore[arg-type]
     conn.http = None
     daemon.state.http_conns.discard(conn)
-    conn.user = "bob"
+    conn.subscriber = Subscriber(conn, "bob")
     conn.next_ping, conn.expires = ticks.now + daemon.settings.ping_interval_seconds, expires
     daemon.join(conn)
     return conn, transport

@@ -82,10 +82,10 @@ def test_a_shared_tail_starts_at_the_oldest_start_point_of_its_streams():
     assert start_point([Timestamp(5, 1), None]) == Timestamp(0, 0)  # an empty oplog: every entry is wanted
 
 
-class Recorder(Subscriber):
+class Recorder:
     def __init__(self, user: str, partition: int):
-        super().__init__(user, 0, partition)
-        self.pending = None
+        self.subscriber = Subscriber(self, user, 0, partition)
+        self.subscriber.pending = None  # live
         self.got: list[int] = []
 
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
@@ -95,13 +95,13 @@ class Recorder(Subscriber):
 def test_a_partitions_hub_reaches_only_that_partitions_users():
     hubs = Hubs({0: Hub(1000), 1: Hub(1000)})
     ann, ben = Recorder("ann", 0), Recorder("ben", 1)
-    for sub in (ann, ben):
-        hubs.register(sub)
+    for recorder in (ann, ben):
+        hubs.register(recorder.subscriber)
     assert hubs.count == 2
     # The original (ann -> ben) in partition 0's stream, its copy in partition 1's.
     assert hubs.by_partition[0].dispatch(7, "ann", "ben", b"{}", lambda p: p) == 1
     assert hubs.by_partition[1].dispatch(3, "ann", "ben", b"{}", lambda p: p) == 1
     assert (ann.got, ben.got) == ([7], [3])
-    hubs.unregister(ben)
+    hubs.unregister(ben.subscriber)
     assert hubs.count == 1 and hubs.by_partition[1].connections_of("ben") == 0
 

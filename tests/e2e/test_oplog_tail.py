@@ -107,11 +107,11 @@ class _BrokenTail(_SilentTail):
         yield  # never reached: makes this an async generator
 
 
-class _Recorder(Subscriber):
-    __slots__ = ("got",)
+class _Recorder:
+    __slots__ = ("subscriber", "got")
 
     def __init__(self, user: str, since: int):
-        super().__init__(user, since)
+        self.subscriber = Subscriber(self, user, since)
         self.got: list[int] = []
 
     def send(self, msg_id, payload, frame):
@@ -133,8 +133,8 @@ async def _stream_for_bob(url, tail, timeout=5, **settings):
     try:
         await asyncio.wait_for(stream.ready.wait(), PATIENCE)
         bob = _Recorder("bob", stream.position)
-        hub.register(bob)
-        bob.go_live([])
+        hub.register(bob.subscriber)
+        bob.subscriber.go_live([])
         yield db, stream, bob
     finally:
         task.cancel()
@@ -298,9 +298,9 @@ async def test_a_since_past_a_lagging_meta_head_is_retried_not_reset(dbs, monkey
         daemon = Daemon(Settings(), stream.consumer.hub, stream)
         registered = stream.consumer.hub.count
         with pytest.raises(Behind):
-            await daemon.subscribe(_Recorder("carol", 0), 1)
+            await daemon.subscribe(_Recorder("carol", 0).subscriber, 1)
         assert stream.consumer.hub.count == registered  # nothing left behind
-        pages, cursor = await daemon.subscribe(_Recorder("carol", 0), 7)
+        pages, cursor = await daemon.subscribe(_Recorder("carol", 0).subscriber, 7)
         assert [(p.recovered, p.frames, p.more) async for p in pages] == [(False, [], False)]
         assert cursor == stream.position == 0
 

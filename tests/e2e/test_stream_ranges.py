@@ -73,8 +73,8 @@ async def test_a_hole_the_tail_skipped_is_read_from_mysql_not_the_collection(dbs
         async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
                                    ranges=ranges) as (db, stream, _bob):
             bob = _PayloadRecorder("bob", stream.position)
-            stream.consumer.hub.register(bob)
-            bob.go_live([])
+            stream.consumer.hub.register(bob.subscriber)
+            bob.subscriber.go_live([])
             store_in_mysql(engine, msgs)  # as the writer stores them: MySQL, then Mongo
             await db[mongo.MESSAGES].insert_many([m.to_doc() for m in msgs])
             reads.clear()  # the start-up read is the collection's
@@ -192,8 +192,8 @@ async def test_a_stray_at_the_next_id_is_never_released_and_mysql_s_row_takes_it
         async with _stream_for_bob(dbs.ferretdb.url, tail, cache_max=100, gap_check_seconds=30,
                                    ranges=ranges) as (_db, stream, _bob):
             bob = _PayloadRecorder("bob", stream.position)
-            stream.consumer.hub.register(bob)
-            bob.go_live([])
+            stream.consumer.hub.register(bob.subscriber)
+            bob.subscriber.go_live([])
             store_in_mysql(engine, msgs)
             reads.clear()
             tail.go.set()
