@@ -167,7 +167,7 @@ class Settings(BaseSettings):
 
 
 def markdown_table() -> str:
-    """The README's settings table, generated so that it cannot drift."""
+    """The settings table of docs/settings.md, generated so that it cannot drift (tests/core/test_readme.py)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
         default = field.get_default(call_default_factory=True)
