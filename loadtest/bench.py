@@ -17,8 +17,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import httpx
 import orjson
@@ -35,7 +37,7 @@ from loadtest import wsload
 from loadtest.common.results import DOCS, RESULTS, UNPUBLISHED
 from loadtest.report.write import PLOTS, write_report
 from harness.servers import ROOT
-from harness.system import databases, running_system
+from harness.system import Databases, System, databases, running_system
 
 
 
@@ -52,7 +54,23 @@ def _deployed(program: str) -> int:
 DEPLOYED_APIS, DEPLOYED_DAEMONS = _deployed("api"), _deployed("daemon")
 DEPLOYED_WRITER = _deployed("writer") == 1  # the API processes write through the host's writer process
 DEPLOYED_RELAY = _deployed("relay") == 1  # the daemons tail the oplog through the host's relay
-AS_DEPLOYED = {"apis": DEPLOYED_APIS, "writer": DEPLOYED_WRITER, "relay": DEPLOYED_RELAY}
+
+
+class Deployment(TypedDict):
+    """``running_system``'s API, writer and relay processes, as `make run` starts them."""
+    apis: int
+    writer: bool
+    relay: bool
+
+
+class ScenarioEnv(TypedDict):
+    """The settings every whole-system scenario here runs with (environment variables)."""
+    CHAT_RATE_LIMIT_PER_SECOND: str
+    CHAT_LOG_LEVEL: str
+    CHAT_WRITER_QUEUE_MAX: str
+
+
+AS_DEPLOYED = Deployment(apis=DEPLOYED_APIS, writer=DEPLOYED_WRITER, relay=DEPLOYED_RELAY)
 SEED = {  # the seed experiment: phpDaemon / Node.js behind ab -k, requests/s
     10: (54.36, 64.0), 100: (75.15, 64.12), 500: (67.73, 61.71), 1000: (56.99, 75.02)}
 
@@ -84,12 +102,12 @@ def failures(results: dict) -> list[str]:
 class Writer(threading.Thread):
     """Posts messages to one user at a fixed rate through the API while ab runs."""
 
-    def __init__(self, system, to: str, rate: float):
+    def __init__(self, system: System, to: str, rate: float):
         super().__init__(daemon=True)
         self.system, self.to, self.rate, self.sent = system, to, rate, 0
         self.stop = threading.Event()
 
-    def run(self):
+    def run(self) -> None:
         headers = {"Authorization": f"Bearer {self.system.token('bench-writer')}"}
         with httpx.Client(timeout=10) as c:
             start = time.monotonic()
@@ -106,9 +124,10 @@ def post_body() -> Path:
     return body
 
 
-def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
+def ab_matrix(system: System, levels: list[int], seconds: float, iterations: int,
+              poll_rate: int) -> dict[str, list[dict]]:
     body = post_body()
-    out = {"post": [], "poll": []}
+    out: dict[str, list[dict]] = {"post": [], "poll": []}
     # Long-polls first, on a settled system: after the POST flood the daemons
     # are still reading tens of thousands of messages back from FerretDB.
     reader = system.token("ab-reader")
@@ -145,7 +164,7 @@ def ab_matrix(system, levels, seconds, iterations, poll_rate) -> dict:
     return out
 
 
-def post_alone(levels, seconds, iterations, env: dict) -> list[dict]:
+def post_alone(levels: list[int], seconds: float, iterations: int, env: ScenarioEnv) -> list[dict]:
     """ab on POST /v1/messages with the write path by itself: one API process
     writing for itself, and the API tier as deployed (its processes and the
     writer process), with MariaDB and FerretDB, no daemon. Each daemon's oplog
@@ -176,7 +195,7 @@ def average(c: int, runs: list[dict]) -> dict:
 
 
 @contextlib.contextmanager
-def database_alone(system, seconds: float, result: dict):
+def database_alone(system: System, seconds: float, result: dict) -> Iterator[None]:
     """FerretDB's own insert -> tail latency and the cores it used, over the
     send window only. Started with the run instead, the
     probe spent most of its time in the clients' connection phase, 14-28 s at
@@ -188,7 +207,7 @@ def database_alone(system, seconds: float, result: dict):
     prober = subprocess.Popen([sys.executable, "-m", "loadtest.common.probe", system.dbs.ferretdb.url, "20",
                                str(max(1.0, seconds - 1))], stdout=subprocess.PIPE)
     # its tails' polling spends most of FerretDB's share of the machine, whatever the rate
-    ferretdb = machine.ProcessCpu([system.dbs.ferretdb.proc.pid])
+    ferretdb = machine.ProcessCpu([machine.pid_of(system.dbs.ferretdb.proc)])
     try:
         yield
     finally:
@@ -201,7 +220,7 @@ def database_alone(system, seconds: float, result: dict):
         result["ferretdb_tail_ms"] = wsload.percentiles(samples)
 
 
-def ws_runs(system, sizes, rate, seconds) -> list[dict]:
+def ws_runs(system: System, sizes: list[int], rate: float, seconds: float) -> list[dict]:
     out = []
     name = "chat_daemon_oplog_to_socket_seconds"
     daemons = sum(1 for n in system.procs if n.startswith("daemon"))
@@ -227,18 +246,20 @@ def ws_runs(system, sizes, rate, seconds) -> list[dict]:
     return out
 
 
-def _quantiles_ms(buckets: dict[float, float], quantile=scrape.quantile) -> dict[str, float | None]:
+def _quantiles_ms(buckets: dict[float, float],
+                  quantile: Callable[[dict[float, float], float], float | None] = scrape.quantile,
+                  ) -> dict[str, float | None]:
     return {q: (None if (v := quantile(buckets, p)) is None else round(v * 1000, 2))
             for q, p in (("p50", .5), ("p99", .99))}
 
 
-def rate_runs(system, clients: int, rates: list[float], seconds: float) -> list[dict]:
+def rate_runs(system: System, clients: int, rates: Sequence[float], seconds: float) -> list[dict]:
     """The whole system through FerretDB at rising message rates: which part
     of the delivery time grows with the rate, ours or the database's."""
     return [run for rate in rates for run in ws_runs(system, [clients], rate, seconds)]
 
 
-def replay_runs(clients: int, rates: list[float], seconds: float, max_count: int, daemons: int) -> list[dict]:
+def replay_runs(clients: int, rates: Sequence[float], seconds: float, max_count: int, daemons: int) -> list[dict]:
     """The daemon tier alone, fed recorded oplog entries (loadtest/replay.py):
     latency at each rate, then throughput as fast as it goes, with every
     message to two connections (recipient and sender) and then to one (the
@@ -255,11 +276,11 @@ def replay_runs(clients: int, rates: list[float], seconds: float, max_count: int
     return out
 
 
-def hold_run(dbs, clients: int, daemons: int, rate: float, seconds: float) -> dict:
+def hold_run(dbs: Databases, clients: int, daemons: int, rate: float, seconds: float) -> dict:
     """Many idle clients over several daemons (each under the 20k open-files
     limit), with messages flowing through the whole system meanwhile."""
     log(f"holding {clients} WebSocket clients on {daemons} daemons, {rate} msg/s for {seconds} s")
-    with running_system(dbs, daemons=daemons, apis=1, relay=DEPLOYED_RELAY, CHAT_RATE_LIMIT_PER_SECOND=0,
+    with running_system(dbs, daemons=daemons, apis=1, relay=DEPLOYED_RELAY, CHAT_RATE_LIMIT_PER_SECOND="0",
                         CHAT_LOG_LEVEL="WARNING") as s:
         result = wsload.run(s, clients, rate, seconds)
     log(f"  -> {orjson.dumps(result).decode()}")
@@ -358,7 +379,7 @@ def main(quick: bool = typer.Option(False, "--quick"), full: bool = typer.Option
         results = {"machine": machine.describe(), "mode": "full" if full else "quick"}
     if "replay" in sections:
         results["replay"] = replay_runs(replay_clients, replay_rates, 5 if not full else 10, replay_max, 1)
-    env = {"CHAT_RATE_LIMIT_PER_SECOND": 0, "CHAT_LOG_LEVEL": "WARNING", "CHAT_WRITER_QUEUE_MAX": 50_000}
+    env = ScenarioEnv(CHAT_RATE_LIMIT_PER_SECOND="0", CHAT_LOG_LEVEL="WARNING", CHAT_WRITER_QUEUE_MAX="50000")
     # Each on fresh databases: FerretDB scans `messages` whole for a daemon's
     # catch-up, so one scenario's leftovers (or a run that fell behind) would
     # weigh on the next one's figures.

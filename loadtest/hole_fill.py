@@ -27,13 +27,13 @@ from loadtest.common import ab
 from loadtest.common import machine
 from loadtest.bench import DEPLOYED_APIS, log, post_body
 from loadtest.common.results import RESULTS
-from harness.system import databases, running_system
+from harness.system import System, databases, running_system
 
 app = typer.Typer(add_completion=False)
 RECIPIENT = "ab-reader"
 
 
-def stored_ids(system) -> list[int]:
+def stored_ids(system: System) -> list[int]:
     engine = create_engine(system.env["CHAT_MYSQL_URL"])
     try:
         with engine.connect() as conn:
@@ -43,15 +43,15 @@ def stored_ids(system) -> list[int]:
         engine.dispose()
 
 
-def log_events(system, event: str) -> int:
+def log_events(system: System, event: str) -> int:
     return sum(p.read_text(errors="replace").count(f"event={event}") for p in system.logdir.glob("daemon_*.log"))
 
 
 def one_run(variant: str, concurrency: int, seconds: float, settle_seconds: float) -> dict:
-    env = {"CHAT_RATE_LIMIT_PER_SECOND": 0, "CHAT_WRITER_QUEUE_MAX": 50_000,
-           "CHAT_FILL_HOLES_FROM_MYSQL": str(variant == "mysql").lower()}
     with databases(Path(tempfile.mkdtemp(prefix="bench-fill-"))) as dbs:
-        with running_system(dbs, daemons=2, apis=DEPLOYED_APIS, writer=True, **env) as system:
+        with running_system(dbs, daemons=2, apis=DEPLOYED_APIS, writer=True, CHAT_RATE_LIMIT_PER_SECOND="0",
+                            CHAT_WRITER_QUEUE_MAX="50000",
+                            CHAT_FILL_HOLES_FROM_MYSQL=str(variant == "mysql").lower()) as system:
             row = asyncio.run(measure(system, variant, concurrency, seconds, settle_seconds))
             row.update(fall_offs=log_events(system, "oplog_fell_off"),
                        fills_from_mysql=log_events(system, "stream_fill source=mysql"))
@@ -59,7 +59,7 @@ def one_run(variant: str, concurrency: int, seconds: float, settle_seconds: floa
     return row
 
 
-async def measure(system, variant: str, concurrency: int, seconds: float, settle_seconds: float) -> dict:
+async def measure(system: System, variant: str, concurrency: int, seconds: float, settle_seconds: float) -> dict:
     inbox = Inbox()
     listener = asyncio.create_task(listen(system.ws_url, system.token(RECIPIENT), None, lambda f: None,
                                           max_backoff=0.5, inbox=inbox))
@@ -67,7 +67,7 @@ async def measure(system, variant: str, concurrency: int, seconds: float, settle
         async with asyncio.timeout(10):
             while not inbox.hellos:
                 await asyncio.sleep(0.05)
-        ferretdb = machine.ProcessCpu([system.dbs.ferretdb.proc.pid])
+        ferretdb = machine.ProcessCpu([machine.pid_of(system.dbs.ferretdb.proc)])
         log(f"{variant}: ab POST -c {concurrency} -t {seconds}")
         result = await asyncio.to_thread(ab.run, f"{system.api_url}/v1/messages", concurrency, seconds,
                                          system.token("ab-writer"), post_body())

@@ -38,15 +38,16 @@ from oplog.events import Batch
 NAMESPACE = "chat.messages"
 
 
-class CountingTransport:
+class CountingTransport(asyncio.Transport):
     """What a live connection writes to: counts frames, never backs up."""
 
     __slots__ = ("frames",)
 
-    def __init__(self):
+    def __init__(self) -> None:
+        super().__init__()
         self.frames = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         self.frames += 1
 
     def get_write_buffer_size(self) -> int:
@@ -83,12 +84,15 @@ async def one_round(clients: int, count: int, batch: int) -> dict:
     transports = []
     for i in range(clients):
         conn = Connection(state, handler)
-        conn.transport, conn.http = CountingTransport(), None
+        transport = CountingTransport()
+        conn.transport, conn.http = transport, None
         conn.subscriber = Subscriber(conn, f"r{i}")
         conn.subscriber.pending = None  # live
-        transports.append(conn.transport)
+        transports.append(transport)
         hub.register(conn.subscriber)
-    stream = Stream(None, SimpleNamespace(namespace=NAMESPACE), hub, retention_seconds=settings.retention_seconds,
+    # No database: only a catch-up reads it, and every connection here is live from the start.
+    stream = Stream(None, SimpleNamespace(namespace=NAMESPACE), hub,  # type: ignore[arg-type]
+                    retention_seconds=settings.retention_seconds,
                     cache_max=settings.recent_cache_max, gap_check_seconds=3600,
                     cache_max_bytes=settings.recent_cache_max_bytes)
     batches = oplog_batches(clients, count, batch)

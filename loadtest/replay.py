@@ -42,6 +42,7 @@ import orjson
 import pymongo
 import typer
 import uvloop
+from bson import Timestamp
 from tqdm import tqdm
 
 from chat.auth_config import require_safe_auth
@@ -62,7 +63,7 @@ GC_GENERATIONS = ("1", "2")  # generation 0 passes take well under a millisecond
 def record(mongo_url: str, count: int = 1000) -> list[dict]:
     """Inserts `count` messages into FerretDB in batches of 100, as the writer
     does, and reads back the oplog entries it wrote for them."""
-    client = pymongo.MongoClient(mongo_url)
+    client: pymongo.MongoClient[dict] = pymongo.MongoClient(mongo_url)
     try:
         coll, oplog = client[RECORD_DB]["messages"], client["local"]["oplog.rs"]
         entries: list[dict] = []
@@ -80,7 +81,12 @@ def record(mongo_url: str, count: int = 1000) -> list[dict]:
 def pairs(clients: int, count: int, seed: int = 7) -> list[tuple[int, int]]:
     """Who sends to whom, message by message: the same list in every process."""
     rng = random.Random(seed)
-    return [tuple(rng.sample(range(clients), 2)) for _ in range(count)]
+
+    def pair() -> tuple[int, int]:
+        sender, recipient = rng.sample(range(clients), 2)
+        return sender, recipient
+
+    return [pair() for _ in range(count)]
 
 
 class ReplayTail:
@@ -93,10 +99,10 @@ class ReplayTail:
         self.sender_prefix = "x" if senders_offline else "r"  # connected users are r0, r1, ...
         self.namespace = entries[0]["ns"]
         self.pairs = pairs(clients, count)
-        self.last_ts = None
+        self.last_ts: Timestamp | None = None
         self.go = asyncio.Event()
 
-    async def newest_ts(self):
+    async def newest_ts(self) -> Timestamp | None:
         return None
 
     async def batches(self) -> AsyncIterator[OplogEvent]:
@@ -169,7 +175,8 @@ def bench(clients: int, rate: float, count: int, daemons: int, batch: int, progr
                 stop(p, signal.SIGTERM)
 
 
-def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, senders_offline) -> dict:
+def _drive(procs: list[subprocess.Popen], port: int, secret: str, clients: int, rate: float, count: int, daemons: int,
+           batch: int, progress: bool, senders_offline: bool) -> dict:
     users = [f"r{i}" for i in range(clients)]
     per_proc = wsload.CLIENTS_PER_PROC
     nprocs = max(1, -(-clients // per_proc))
@@ -199,8 +206,8 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
     # every message goes to its recipient's connection, and to its sender's unless offline
     want = count if senders_offline else 2 * count
     started = time.monotonic()
-    for p in procs:
-        p.send_signal(signal.SIGUSR1)
+    for daemon in procs:
+        daemon.send_signal(signal.SIGUSR1)
     bar = tqdm(total=want, desc="frames", unit="frame", disable=not progress, leave=False)
     last, still = frames.value, time.monotonic()
     while frames.value < want and time.monotonic() - still < 10:
@@ -219,7 +226,9 @@ def _drive(procs, port, secret, clients, rate, count, daemons, batch, progress, 
     stop_ev.set()
     for p in clients_procs:
         p.join(60)
-    received, latencies, dups, failures = {}, [], 0, 0
+    received: dict[str, list[int]] = {}
+    latencies: list[float] = []
+    dups = failures = 0
     for job in jobs:
         data = orjson.loads(Path(job.out).read_bytes())
         received.update(data["received"])
@@ -276,6 +285,8 @@ def main(clients: int = typer.Option(10_000),
          out: Path | None = typer.Option(None), serve_mode: bool = typer.Option(False, "--serve", hidden=True),
          entries: Path | None = typer.Option(None, hidden=True)) -> None:
     if serve_mode:
+        if entries is None:
+            raise typer.BadParameter("--serve replays the entries of --entries")
         serve(entries, clients, count, rate, batch or tick_batch(rate), senders_offline)
         return
     result = bench(clients, rate, count, daemons, batch or tick_batch(rate), senders_offline=senders_offline)

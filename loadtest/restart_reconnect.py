@@ -28,7 +28,7 @@ from loadtest.bench import log
 from loadtest.common.results import RESULTS
 from loadtest.clients.lean import connect
 from loadtest.startup import fill
-from harness.system import databases, running_system
+from harness.system import System, databases, running_system
 
 app = typer.Typer(add_completion=False)
 
@@ -42,7 +42,7 @@ class Tally:
         self.back_at: dict[int, float] = {}  # client -> its first hello after the restart
 
 
-async def keep_connected(system, i: int, tally: Tally) -> None:
+async def keep_connected(system: System, i: int, tally: Tally) -> None:
     """One client: connected, and reconnected with `since` whenever it is closed."""
     inbox, token = Inbox(), system.token(f"r{i}")
     delay = 0.1
@@ -61,7 +61,7 @@ async def keep_connected(system, i: int, tally: Tally) -> None:
         await asyncio.sleep(random.uniform(0.0, 0.5))  # a client's jitter before the first retry
 
 
-async def measure(system, clients: int) -> dict:
+async def measure(system: System, clients: int) -> dict:
     tally = Tally(clients)
     started = time.monotonic()
     tasks = [asyncio.create_task(keep_connected(system, i, tally)) for i in range(clients)]
@@ -82,7 +82,7 @@ async def measure(system, clients: int) -> dict:
             "all_back_seconds": round(all_back, 1) if all_back is not None else None}
 
 
-def restart_all(system) -> None:
+def restart_all(system: System) -> None:
     """SIGTERM to every daemon, wait for each to exit, then start them again."""
     names = sorted(n for n in system.procs if n.startswith("daemon"))
     for name in names:

@@ -31,13 +31,13 @@ from db.sql import make_engine
 from loadtest.common import machine
 from loadtest.bench import log
 from loadtest.common.results import RESULTS
-from harness.system import databases, running_system
+from harness.system import Databases, System, databases, running_system
 
 app = typer.Typer(add_completion=False)
 BODY = "a message of a typical length, in a chat between two people who talk about their day at some length" + "."
 
 
-async def fill(dbs, count: int) -> None:
+async def fill(dbs: Databases, count: int) -> None:
     """``count`` messages in both stores, as the writer leaves them."""
     created = now_ms()
     engine = make_engine(dbs.mariadb.url(), 60)
@@ -56,7 +56,7 @@ async def fill(dbs, count: int) -> None:
     await client.close()
 
 
-def time_to_ready(system, name: str, timeout: float = 120) -> tuple[float, int]:
+def time_to_ready(system: System, name: str, timeout: float = 120) -> tuple[float, int]:
     """Starts daemon ``name``; (seconds until its own /healthz says ok, its pid)."""
     started = time.monotonic()
     proc = system.start(name, wait=False)

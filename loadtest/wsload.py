@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -29,6 +30,12 @@ from chat import auth
 from chatctl.client import Inbox
 from loadtest.clients import lean as leanclient
 from loadtest.common import machine
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized
+    from multiprocessing.synchronize import Event
+
+    from harness.system import System
 
 CLIENTS_PER_PROC = 15_000  # under the 20k open-files limit, with room to spare
 SEND_CONNECTIONS = 64  # keep-alive connections the sender posts over
@@ -43,18 +50,18 @@ class Job:
     out: str
 
 
-def _client_proc(job: Job, connected, frames, stop) -> None:
+def _client_proc(job: Job, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     uvloop.run(_clients(job, connected, frames, stop))
 
 
-async def _clients(job: Job, connected, frames, stop) -> None:
+async def _clients(job: Job, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     inboxes = {u: Inbox() for u in job.users}
     latencies: list[float] = []
     since_stored: list[float] = []  # from the commit's time stamp (created_at, ms precision)
     failures = 0
-    clients = []
+    clients: list[leanclient.LeanClient] = []
     gate = asyncio.Semaphore(200)  # handshakes in flight: stay under somaxconn (4096)
     host, port = job.ws_url.removeprefix("ws://").rsplit(":", 1)
     counted = 0
@@ -65,7 +72,7 @@ async def _clients(job: Job, connected, frames, stop) -> None:
         since_stored.append(now - datetime.fromisoformat(doc["created_at"]).timestamp())
         counted += 1
 
-    async def one(user: str):
+    async def one(user: str) -> None:
         nonlocal failures
         token = auth.mint(job.secret, user, 7200)
         for attempt in range(5):
@@ -106,7 +113,8 @@ def _rss(pids: list[int]) -> int:
     return sum(psutil.Process(p).memory_info().rss for p in pids)
 
 
-async def _send(api_url: str, secret: str, users: list[str], rate: float, seconds: float, progress: bool):
+async def _send(api_url: str, secret: str, users: list[str], rate: float, seconds: float,
+                progress: bool) -> tuple[dict[str, list[int]], list[float], int, list[str]]:
     """Posts `rate` messages/s for `seconds` between random pairs; returns
     (expected: user -> ids, creation latencies in s, errors)."""
     rng = random.Random(1)
@@ -118,7 +126,7 @@ async def _send(api_url: str, secret: str, users: list[str], rate: float, second
     creation: list[float] = []
     errors = 0
     refused: list[str] = []
-    tokens = {}
+    tokens: dict[str, str] = {}
     # aiohttp, not httpx: at a few hundred requests/s httpx's pool bookkeeping
     # took most of this process's CPU, and its queueing showed up as
     # "creation" and end-to-end latency that the system never had.
@@ -128,11 +136,11 @@ async def _send(api_url: str, secret: str, users: list[str], rate: float, second
         gate = asyncio.Semaphore(SEND_CONNECTIONS)  # requests in flight; more would only queue in the pool
         url = f"{api_url}/v1/messages"
 
-        async def one(i: int):
+        async def one(i: int) -> None:
             async with gate:
                 await send_one(i)
 
-        async def send_one(i: int):
+        async def send_one(i: int) -> None:
             nonlocal errors
             a, b = rng.sample(users, 2)
             tok = tokens.get(a) or tokens.setdefault(a, auth.mint(secret, a, 7200))
@@ -177,13 +185,13 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict:
         return {"p50": None, "p90": None, "p99": None, "max": None, "n": 0}
     v = sorted(values)
 
-    def q(p):
+    def q(p: float) -> float:
         return round(v[min(len(v) - 1, int(p * len(v)))] * scale, 2)
 
     return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(v[-1] * scale, 2), "n": len(v)}
 
 
-def run(system, clients: int, rate: float, seconds: float, progress: bool = True, settle: float = 10.0,
+def run(system: System, clients: int, rate: float, seconds: float, progress: bool = True, settle: float = 10.0,
         alongside: contextlib.AbstractContextManager | None = None) -> dict:
     """One load run against a running System; returns its measured figures.
     ``alongside`` is entered for the send window only (once every client is
@@ -271,7 +279,7 @@ def main(clients: int = typer.Option(1000), rate: float = typer.Option(200.0, he
     from harness.system import databases, running_system
 
     with databases(Path(tempfile.mkdtemp(prefix="wsload-dbs-"))) as dbs:
-        with running_system(dbs, daemons=daemons, apis=apis, writer=writer, relay=relay, CHAT_RATE_LIMIT_PER_SECOND=0,
+        with running_system(dbs, daemons=daemons, apis=apis, writer=writer, relay=relay, CHAT_RATE_LIMIT_PER_SECOND="0",
                             CHAT_LOG_LEVEL="WARNING") as system:
             result = run(system, clients, rate, seconds)
     publish(result, out)

@@ -12,43 +12,38 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import cast
 
 import orjson
 from websockets.frames import Frame, Opcode
 
 from chatctl.client import Inbox
-from loadtest.clients.websocket import Fragments, head_status, split_messages, upgrade_request
+from loadtest.clients.websocket import Fragments, Handshake, split_messages, upgrade_request
 
 
 class LeanClient(asyncio.Protocol):
-    __slots__ = ("inbox", "on_frame", "transport", "status", "head", "buf", "partial", "opened", "closed_code", "lost")
+    __slots__ = ("inbox", "on_frame", "transport", "handshake", "buf", "partial", "opened", "closed_code", "lost")
+    transport: asyncio.Transport  # set by connection_made, which asyncio calls before anything else
 
     def __init__(self, inbox: Inbox, on_frame: Callable[[dict, float], None]):
         self.inbox = inbox
         self.on_frame = on_frame
-        self.transport: asyncio.Transport | None = None
-        self.status = 0  # HTTP status of the handshake answer; 101 once open
-        self.head = b""
+        self.handshake = Handshake()
         self.buf = b""  # an unfinished frame
         self.partial: Fragments | None = None
         self.opened = asyncio.get_running_loop().create_future()  # the hello frame, or the refusal status
         self.closed_code: int | None = None
         self.lost = asyncio.get_running_loop().create_future()  # done once the connection is gone
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream socket's: it reads and writes
 
     def data_received(self, data: bytes) -> None:
-        if self.status != 101:
-            status, data = head_status(self.head + data)
-            if status is None:
-                self.head = data
-                return
-            self.status, self.head = status, b""
-            if self.status != 101:
-                self._settle(self.status)
+        if self.handshake.status != 101:
+            data = self.handshake.read(data)
+            if self.handshake.refused:
+                self._settle(self.handshake.status)
                 self.transport.close()
-                return
         if not data:
             return
         now = time.time()
@@ -72,7 +67,7 @@ class LeanClient(asyncio.Protocol):
         if not self.lost.done():
             self.lost.set_result(None)
 
-    def _settle(self, result) -> None:
+    def _settle(self, result: dict | int) -> None:
         if not self.opened.done():
             self.opened.set_result(result)
 

@@ -118,6 +118,7 @@ class Clients:
 
     def connect(self, slot: int) -> None:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        code: int | None  # an OSError may carry no errno
         try:
             # bind() picks a free port from a random offset. Left to connect()
             # (IP_BIND_ADDRESS_NO_PORT), a retry got the port just freed back:

@@ -32,6 +32,7 @@ import time
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import orjson
 import uvloop
@@ -40,7 +41,11 @@ from websockets.frames import Frame, Opcode
 from chat import auth
 from chatctl.client import Inbox
 from loadtest.clients import centrifugo
-from loadtest.clients.websocket import Fragments, head_status, split_messages, upgrade_request
+from loadtest.clients.websocket import Fragments, Handshake, split_messages, upgrade_request
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized
+    from multiprocessing.synchronize import Event
 
 HANDSHAKES_IN_FLIGHT = 200  # under somaxconn (4096), across the processes
 
@@ -89,14 +94,12 @@ class Tally:
 
 
 class PeerClient(asyncio.Protocol):
-    __slots__ = ("job", "device", "tally", "transport", "status", "head", "buf", "partial", "opened", "lost",
-                 "close_code")
+    __slots__ = ("job", "device", "tally", "transport", "handshake", "buf", "partial", "opened", "lost", "close_code")
+    transport: asyncio.Transport  # set by connection_made, which asyncio calls before anything else
 
     def __init__(self, job: Job, device: Device, tally: Tally):
         self.job, self.device, self.tally = job, device, tally
-        self.transport: asyncio.Transport | None = None
-        self.status = 0
-        self.head = b""
+        self.handshake = Handshake()
         self.buf = b""
         self.partial: Fragments | None = None
         loop = asyncio.get_running_loop()
@@ -104,21 +107,16 @@ class PeerClient(asyncio.Protocol):
         self.lost = loop.create_future()
         self.close_code: int | None = None
 
-    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream socket's: it reads and writes
 
     def data_received(self, data: bytes) -> None:
-        if self.status != 101:
-            status, data = head_status(self.head + data)
-            if status is None:
-                self.head = data
-                return
-            self.status, self.head = status, b""
-            if self.status != 101:
+        if self.handshake.status != 101:
+            data = self.handshake.read(data)
+            if self.handshake.refused:
                 self._settle(False)
-                self.transport.close()  # type: ignore[union-attr]
-                return
-            if self.job.kind == "centrifugo":
+                self.transport.close()
+            elif self.handshake.status == 101 and self.job.kind == "centrifugo":
                 self._send_text(centrifugo.connect_command(centrifugo.token(self.job.secret, self.device.user)))
         if not data:
             return
@@ -128,10 +126,10 @@ class PeerClient(asyncio.Protocol):
             if opcode == 0x1:
                 self._text(payload, now)
             elif opcode == 0x9:
-                self.transport.write(Frame(Opcode.PONG, payload).serialize(mask=True))  # type: ignore[union-attr]
+                self.transport.write(Frame(Opcode.PONG, payload).serialize(mask=True))
             elif opcode == 0x8:
                 self.close_code = int.from_bytes(payload[:2], "big") if payload else 1005
-                self.transport.close()  # type: ignore[union-attr]
+                self.transport.close()
 
     def _text(self, payload: bytes, now: float) -> None:
         if self.job.kind == "ours":
@@ -152,7 +150,7 @@ class PeerClient(asyncio.Protocol):
             self.tally.record(self.device, int(data["id"]), float(data["t"]), now)
 
     def _send_text(self, payload: bytes) -> None:
-        self.transport.write(Frame(Opcode.TEXT, payload).serialize(mask=True))  # type: ignore[union-attr]
+        self.transport.write(Frame(Opcode.TEXT, payload).serialize(mask=True))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._settle(False)
@@ -174,12 +172,13 @@ def request(job: Job, device: Device) -> bytes:
     return upgrade_request(job.host, job.port, path, credential)
 
 
-async def run_clients(job: Job, connected, frames, stop) -> None:
+async def run_clients(job: Job, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     """Holds every user's connection until ``stop``; writes the tally to ``job.out``."""
     tally = Tally()
     gate = asyncio.Semaphore(HANDSHAKES_IN_FLIGHT)
     loop = asyncio.get_running_loop()
-    reconnects, failures, close_codes = 0, 0, {}
+    reconnects, failures = 0, 0
+    close_codes: dict[str, int] = {}
     rng = random.Random(job.source)
 
     async def hold(user: str) -> None:
@@ -230,7 +229,7 @@ async def run_clients(job: Job, connected, frames, stop) -> None:
                                    "connect_failures": failures, "close_codes": close_codes}))
 
 
-def client_proc(job: Job, connected, frames, stop) -> None:
+def client_proc(job: Job, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     uvloop.run(run_clients(job, connected, frames, stop))

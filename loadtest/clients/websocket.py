@@ -1,5 +1,6 @@
 """The few bytes of RFC 6455 that every load client here speaks: the upgrade
-request, the status of the server's answer, and the server's frames.
+request, the status of the server's answer (``Handshake`` reads it for the
+clients that keep an object a connection), and the server's frames.
 
 Standard library only: the million client's 60-odd processes import it, and
 each megabyte of imports is paid in every one of them. Far cheaper than a
@@ -32,6 +33,31 @@ def head_status(buf: bytes) -> tuple[int | None, bytes]:
     if end < 0:
         return None, buf
     return int(buf[9:12]), buf[end + 4:]
+
+
+class Handshake:
+    """The server's answer to the upgrade request, read as its bytes come in:
+    ``status`` is 0 until the head is whole, then its HTTP status (101: open)."""
+
+    __slots__ = ("status", "_head")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self._head = b""  # the head so far
+
+    @property
+    def refused(self) -> bool:
+        return self.status not in (0, 101)
+
+    def read(self, data: bytes) -> bytes:
+        """The bytes after the head (the server's first frames) once it is open; b"" while the head
+        is incomplete or once the server refused."""
+        status, rest = head_status(self._head + data)
+        if status is None:
+            self._head = rest
+            return b""
+        self.status, self._head = status, b""
+        return rest if status == 101 else b""
 
 
 def split_messages(buf: bytes, partial: Fragments | None) -> tuple[list[tuple[int, bytes]], bytes, Fragments | None]:

@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import orjson
 import typer
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 
 from cluster import netns, procs
 from cluster.partitions import partition_of, writer_lock_names
@@ -32,6 +33,9 @@ from loadtest.common import machine
 from loadtest.cluster.traffic import ClientJob, Device, Sent, client_process, send
 from loadtest.common.log_scan import tokens_in_logs
 from loadtest.common.results import RESULTS
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized
 
 IDLE_SECONDS = 5.0  # the idle window before each run's traffic
 WHERE = ("FerretDB 1.24 (SQLite) and MariaDB 10.11 in one network namespace, 3 application hosts and nginx in "
@@ -71,8 +75,7 @@ def counters(cluster: Cluster) -> tuple[dict[str, float | None], dict[str, float
 
 
 def delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float]:
-    return {k: after[k] - before[k] for k in after  # type: ignore[operator]
-            if after.get(k) is not None and before.get(k) is not None}
+    return {k: now - then for k, now in after.items() if now is not None and (then := before.get(k)) is not None}
 
 
 def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool, traffic: Traffic,
@@ -143,7 +146,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
 
 
 async def _send_with_fault(cluster: Cluster, users: list[str], traffic: Traffic, fault: Fault | None,
-                           fault_at: float, fault_for: float, frames) -> list[Sent]:
+                           fault_at: float, fault_for: float, frames: Synchronized[int]) -> list[Sent]:
     def tick(i: int) -> None:
         if i and i % int(traffic.rate * 5) == 0:
             print(f"    sent {i}, frames received {frames.value}", flush=True)
@@ -170,13 +173,13 @@ class LockHolder:
     def __init__(self, url: str, partition: int):
         self.lock, self.queue = writer_lock_names(partition)
         self._engine = create_engine(url)
-        self._conn = None
+        self._conn: Connection | None = None
 
     def start(self) -> None:
-        self._conn = self._engine.connect()
-        assert self._conn.execute(text("SELECT GET_LOCK(:n, 30)"), {"n": self.queue}).scalar() == 1
-        got = self._conn.execute(text("SELECT GET_LOCK(:n, 30)"), {"n": self.lock}).scalar()
-        self._conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self.queue})
+        self._conn = conn = self._engine.connect()
+        assert conn.execute(text("SELECT GET_LOCK(:n, 30)"), {"n": self.queue}).scalar() == 1
+        got = conn.execute(text("SELECT GET_LOCK(:n, 30)"), {"n": self.lock}).scalar()
+        conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self.queue})
         if got != 1:
             raise RuntimeError(f"could not take {self.lock} in 30 s")
 

@@ -16,8 +16,10 @@ import random
 import resource
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -26,6 +28,10 @@ import uvloop
 from chat import auth
 from chatctl.client import Inbox
 from loadtest.clients import lean as leanclient
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized
+    from multiprocessing.synchronize import Event
 
 SEND_CONNECTIONS = 256  # requests in flight: a stalled partition's 503s (2 s each) must not starve the others
 RECONNECT_SECONDS = 60.0  # a device gives up reconnecting after this long without success
@@ -47,14 +53,14 @@ class ClientJob:
     out: str
 
 
-def client_process(job: ClientJob, connected, frames, stop) -> None:
+def client_process(job: ClientJob, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     """Entry point of the spawned client process."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     uvloop.run(_devices(job, connected, frames, stop))
 
 
-async def _devices(job: ClientJob, connected, frames, stop) -> None:
+async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     inboxes = [Inbox() for _ in job.devices]
     arrivals: list[list[float]] = []  # [arrival time, latency s] of first arrivals
     reconnects = failures = counted = 0
@@ -108,7 +114,7 @@ async def _devices(job: ClientJob, connected, frames, stop) -> None:
                 frames.value += counted
             counted = 0
     for c in clients:
-        if c is not None and c.transport is not None:
+        if c is not None:  # a connected client: connect() returns once its transport is made
             c.transport.abort()
     for t in tasks:
         t.cancel()
@@ -137,7 +143,7 @@ class Sent:
 
 
 async def send(url: str, secret: str, users: list[str], rate: float, seconds: float, seed: int = 1,
-               tick=None) -> list[Sent]:
+               tick: Callable[[int], None] | None = None) -> list[Sent]:
     """Posts ``rate`` messages/s for ``seconds`` between random pairs, each retried
     (the same client_msg_id) on 5xx or no answer for up to 5 attempts.
     ``tick(i)`` is called once a second with the messages scheduled so far."""

@@ -48,6 +48,13 @@ class CpuWindow:
         return {"steal_pct": round(100 * steal / total, 1), "busy_pct": round(100 * (total - idle - steal) / total, 1)}
 
 
+def pid_of(proc: subprocess.Popen | None) -> int:
+    """The process id of a server that runs (a ``harness.servers`` server's ``proc``: None until it starts)."""
+    if proc is None:
+        raise RuntimeError("the server has not been started")
+    return proc.pid
+
+
 class ProcessCpu:
     """CPU time that some processes (and their threads) used over a window."""
 

@@ -12,6 +12,8 @@ import contextlib
 import sys
 import time
 
+from pymongo import AsyncMongoClient
+
 from db import mongo
 from oplog.events import Restarted
 from oplog.tail import OplogTail
@@ -33,12 +35,12 @@ async def measure(url: str, rate: float, seconds: float) -> list[float]:
     return seen
 
 
-async def _probe(client, rate: float, seconds: float, seen: list[float]) -> None:
+async def _probe(client: AsyncMongoClient, rate: float, seconds: float, seen: list[float]) -> None:
     sent: dict[int, float] = {}
     tail = OplogTail(client, "chat.probe", await_ms=500)
     tail.last_ts = await tail.newest_ts()
 
-    async def reader():
+    async def reader() -> None:
         async for event in tail.batches():
             if isinstance(event, Restarted):
                 continue

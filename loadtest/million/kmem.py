@@ -54,7 +54,7 @@ def sample() -> dict:
     return {"meminfo": meminfo, "slabs": {k: slabs[k] for k in SOCKET_CACHES if k in slabs}}
 
 
-def per_socket(before: dict, after: dict, sockets: int) -> dict:
+def per_socket(before: dict, after: dict, sockets: int) -> dict[str, float | dict[str, float]]:
     """Kernel bytes per socket between two samples: Slab and SUnreclaim from
     meminfo, and each socket cache from slabinfo (KB, both ends counted)."""
     if sockets <= 0:
@@ -63,8 +63,8 @@ def per_socket(before: dict, after: dict, sockets: int) -> dict:
     def kb(delta: int) -> float:
         return round(delta / sockets / 1024, 2)
 
-    out = {k: kb(after["meminfo"][k] - before["meminfo"][k])
-           for k in ("Slab", "SUnreclaim", "PageTables", "TcpBuffers")}
+    out: dict[str, float | dict[str, float]] = {
+        k: kb(after["meminfo"][k] - before["meminfo"][k]) for k in ("Slab", "SUnreclaim", "PageTables", "TcpBuffers")}
     out["caches"] = {k: kb(after["slabs"][k] - before["slabs"].get(k, 0)) for k in after["slabs"]
                      if abs(after["slabs"][k] - before["slabs"].get(k, 0)) > 1024 * 1024}
     return out

@@ -282,14 +282,15 @@ def run(target: int, daemons: int, rate: float, seconds: float, steps: list[floa
         env: dict[str, str], ramp_seconds: float = 480.0, idle_seconds: float = 10.0) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="million-"))
     result: dict = {"target": target, "daemons": daemons, "rate": rate, "seconds": seconds, "env": env}
-    with databases(tmp / "dbs") as dbs, running_system(dbs, daemons=0, apis=1, writer=True, relay=True,
+    # Every parameter by name (api_port too): what the mapping holds can only be environment.
+    with databases(tmp / "dbs") as dbs, running_system(dbs, daemons=0, apis=1, api_port=None, writer=True, relay=True,
                                                        **{**DAEMON_ENV, **env}) as system:
         before = kmem.sample()
         log(f"starting {daemons} daemons; MemAvailable {kmem.gib(before['meminfo']['MemAvailable'])} GiB")
         start_daemons(system, daemons)
         time.sleep(3)
-        idle = pss(daemon_pids(system))
-        result["daemon_idle_pss_mb"] = round(idle / daemons / 2**20, 1)
+        idle_pss = pss(daemon_pids(system))
+        result["daemon_idle_pss_mb"] = round(idle_pss / daemons / 2**20, 1)
         count = max(1, -(-target // PER_CLIENT_PROCESS))
         sizes = [target // count + (i < target % count) for i in range(count)]
         clients = [LoadProcess(i, n, system) for i, n in enumerate(sizes)]

@@ -32,6 +32,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import bson
 import orjson
@@ -44,6 +45,9 @@ from chat.unix_socket import bind_owner_only
 from db.sql import conversation_key
 from oplog.events import Batch, OplogEvent, Restarted
 from relay.server import Relay
+
+if TYPE_CHECKING:
+    from MySQLdb.connections import Connection
 
 TICK_SECONDS = 0.01  # FerretDB re-checks a tail every 10 ms; MongoDB's getMore batches are of that order
 INSERT = ("INSERT INTO messages (id, sender, recipient, conversation, body, client_msg_id, created_at) "
@@ -139,11 +143,12 @@ class ScheduledFeed:
     async def newest_ts(self) -> Timestamp | None:
         return None
 
-    def _connect(self):
+    @staticmethod
+    def _connect(mysql_url: str) -> Connection:
         import MySQLdb  # mysqlclient, as the project's SQLAlchemy URLs use
 
         from sqlalchemy.engine import make_url
-        url = make_url(self._mysql_url)
+        url = make_url(mysql_url)
         return MySQLdb.connect(user=url.username or "root", passwd=url.password or "", db=url.database,
                                unix_socket=url.query.get("unix_socket"), host=url.host or "localhost",
                                port=url.port or 3306, autocommit=False)
@@ -183,7 +188,7 @@ class ScheduledFeed:
         made.put_nowait(None)
 
     async def _commit(self, made: asyncio.Queue, ready: asyncio.Queue) -> None:
-        conn = self._connect() if self._mysql_url else None
+        conn = self._connect(self._mysql_url) if self._mysql_url else None
         done = False
         while not done:
             group, done = await take_all(made)
@@ -201,7 +206,7 @@ class ScheduledFeed:
         self.finished = True
 
 
-def _insert(conn, rows: list[tuple]) -> None:  # type: ignore[no-untyped-def]
+def _insert(conn: Connection, rows: list[tuple]) -> None:
     with conn.cursor() as cur:
         cur.executemany(INSERT, rows)
     conn.commit()
@@ -230,8 +235,8 @@ async def serve(socket_path: Path, feed: ScheduledFeed, out: Path, subscribers: 
         tailing.cancel()
         await asyncio.gather(tailing, return_exceptions=True)
         socket_path.unlink(missing_ok=True)
-    if tailing.done() and not tailing.cancelled() and tailing.exception():
-        raise tailing.exception()  # type: ignore[misc]
+    if tailing.done() and not tailing.cancelled() and (failed := tailing.exception()) is not None:
+        raise failed
 
 
 def ready(out: Path) -> None:

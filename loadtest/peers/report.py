@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 SIDES = (("ours", "ours"), ("centrifugo", "Centrifugo 5.4.9"))
 
 
-def _v(value) -> str:
+def _v(value: object) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):

@@ -31,7 +31,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import bson
 import orjson
@@ -49,6 +51,13 @@ from loadtest.peers.feeder import parse_steps, step_ranges
 from loadtest.million.scenario import pss
 from loadtest.common.results import RESULTS
 from harness.servers import ROOT
+
+if TYPE_CHECKING:
+    from multiprocessing.context import SpawnProcess
+    from multiprocessing.sharedctypes import Synchronized
+    from multiprocessing.synchronize import Event
+
+    from harness.system import Databases
 
 # One daemon process: with two (as supervisord.conf runs them here) each decodes every message,
 # and on two cores already full with the load clients and the feed, ours sustained less
@@ -88,7 +97,8 @@ class CpuSampler(threading.Thread):
             self.samples.append((time.time(), {k: self._used(v) for k, v in self.procs.items()}))
 
 
-def _clients(kind: str, users: list[str], host: str, port: int, secret: str, tmp: Path):
+def _clients(kind: str, users: list[str], host: str, port: int, secret: str, tmp: Path
+             ) -> tuple[list[peerclients.Job], list[SpawnProcess], Synchronized[int], Synchronized[int], Event]:
     ctx = mp.get_context("spawn")
     connected, frames, stop = ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event()
     nprocs = max(1, -(-len(users) // CLIENTS_PER_PROC))
@@ -101,7 +111,7 @@ def _clients(kind: str, users: list[str], host: str, port: int, secret: str, tmp
     return jobs, procs, connected, frames, stop
 
 
-def _wait_connected(connected, want: int, timeout: float) -> int:
+def _wait_connected(connected: Synchronized[int], want: int, timeout: float) -> int:
     deadline = time.monotonic() + timeout
     while connected.value < want and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -131,7 +141,8 @@ def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[
             raise RuntimeError(f"the {kind} feed did not start")
         time.sleep(0.1)
     time.sleep(0.5)
-    sampler = CpuSampler({"server": server, "feed": [feeder.pid, *feed_pids], "clients": [p.pid for p in procs]})
+    client_pids = [p.pid for p in procs if p.pid is not None]  # every one: _clients started them
+    sampler = CpuSampler({"server": server, "feed": [feeder.pid, *feed_pids], "clients": client_pids})
     sampler.start()
     feeder.send_signal(signal.SIGUSR1)
     budget = time.monotonic() + sum(s for _, s in steps) + gap * len(steps) + 120
@@ -180,15 +191,15 @@ def _measure(kind: str, server: list[int], feed_pids: list[int], feed_cmd: list[
     }
 
 
-def _merge(dicts) -> dict:
-    out: dict = {}
+def _merge(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
     for d in dicts:
         for k, v in d.items():
             out[k] = out.get(k, 0) + v
     return out
 
 
-def run_ours(dbs, entries_file: Path, clients: int, devices: int, steps_text: str, gap: float, tmp: Path,
+def run_ours(dbs: Databases, entries_file: Path, clients: int, devices: int, steps_text: str, gap: float, tmp: Path,
              truth: bool, daemons: int = 1) -> dict:
     """``truth``: each batch is committed to MySQL before the relay has it, and what the daemon
     misses is read back from there; without it, a batch the relay never hands over is lost.
@@ -212,9 +223,9 @@ def run_ours(dbs, entries_file: Path, clients: int, devices: int, steps_text: st
     try:
         for proc in procs:
             wait_listening(proc, port, 30)
-        result = _measure("ours", [p.pid for p in procs], [dbs.mariadb.proc.pid] if truth else [], feed_cmd, env,
-                          "127.0.0.1", port, env["CHAT_JWT_SECRET"], clients, devices, parse_steps(steps_text),
-                          gap, tmp)
+        truth_pids = [machine.pid_of(dbs.mariadb.proc)] if truth else []
+        result = _measure("ours", [p.pid for p in procs], truth_pids, feed_cmd, env, "127.0.0.1", port,
+                          env["CHAT_JWT_SECRET"], clients, devices, parse_steps(steps_text), gap, tmp)
         return {**result, "truth": "MySQL" if truth else None, "daemons": daemons}
     finally:
         for proc in procs:
@@ -236,11 +247,11 @@ def run_centrifugo(clients: int, devices: int, steps_text: str, gap: float, tmp:
 
 
 def summarize(rounds: list[dict[str, dict]]) -> dict:
-    def med(side: str, key: str):
+    def med(side: str, key: str) -> float | None:
         values = [r[side][key] for r in rounds if r[side].get(key) is not None]
         return round(statistics.median(values), 2) if values else None
 
-    def med_cpu(side: str, part: str):
+    def med_cpu(side: str, part: str) -> float | None:
         values = [r[side]["cpu_us_per_msg"][part] for r in rounds if (r[side].get("cpu_us_per_msg") or {}).get(part)]
         return round(statistics.median(values), 2) if values else None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from websockets.frames import Frame, Opcode
 
 from daemon.wire import FrameReader
-from loadtest.clients.websocket import head_status, masked, split_messages, upgrade_request
+from loadtest.clients.websocket import Handshake, head_status, masked, split_messages, upgrade_request
 
 
 def test_the_head_is_read_once_whole() -> None:
@@ -15,6 +15,22 @@ def test_the_head_is_read_once_whole() -> None:
     assert head_status(head[:20]) == (None, head[:20])
     assert head_status(head + b"\x81\x02{}") == (101, b"\x81\x02{}")
     assert head_status(b"HTTP/1.1 503 Service Unavailable\r\n\r\n")[0] == 503
+
+
+def test_the_handshake_is_read_across_chunks_and_hands_on_the_frames_after_it() -> None:
+    head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n"
+    handshake = Handshake()
+    assert handshake.read(head[:20]) == b"" and handshake.status == 0 and not handshake.refused
+    assert handshake.read(head[20:] + b"\x81\x02{}") == b"\x81\x02{}"
+    assert handshake.status == 101 and not handshake.refused
+    opened_alone = Handshake()
+    assert opened_alone.read(head) == b"" and opened_alone.status == 101
+
+
+def test_a_refused_handshake_says_its_status_and_hands_on_nothing() -> None:
+    handshake = Handshake()
+    assert handshake.read(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nfull") == b""
+    assert handshake.status == 503 and handshake.refused
 
 
 def test_the_upgrade_request_carries_its_path_and_headers() -> None:
