@@ -310,13 +310,13 @@ async def test_a_burst_past_the_stream_queues_of_a_daemon_of_two_partitions_wait
         senders = {k: user_in(k, "ann") for k in (0, 1)}
         recipients = {k: _Recorder(user_in(k, "bob"), parts.streams[k].position) for k in (0, 1)}
         for k, bob in recipients.items():
-            parts.streams[k].consumer.hub.register(bob)
-            bob.go_live([])
+            parts.streams[k].consumer.hub.register(bob.subscriber)
+            bob.subscriber.go_live([])
         let_go.clear()
         async with httpx.AsyncClient(timeout=PATIENCE) as http:
             for n in range(per_partition):
                 for k in (0, 1):
-                    reply = await post(front, senders[k], recipients[k].user, f"burst {n}", client=http)
+                    reply = await post(front, senders[k], recipients[k].subscriber.user, f"burst {n}", client=http)
                     assert reply.status_code == 201, reply.text
         await eventually(lambda: any(view.queue.full() for view in views), "the fanout waits at a full queue")
         rows = {k: rows_of(front, k, senders[k]) for k in (0, 1)}
