@@ -218,7 +218,9 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
          users: int = typer.Option(750), devices: int = typer.Option(2, help="WebSocket devices per user"),
          rate: float = typer.Option(100.0, help="messages/s offered"), seconds: float = typer.Option(20.0),
          partitions: str = typer.Option("1,2,4"), faults: bool = typer.Option(True),
-         fault_seconds: float = typer.Option(30.0, help="each fault run: a third before, two fifths under the fault"),
+         fault_seconds: float = typer.Option(
+             30.0, min=9.0, help="each fault run: a third before, two fifths under the fault (9 s at least: the "
+             "rate before a fault is read from 2 s in, and during it from 1 s in)"),
          budget: float = typer.Option(570.0, help="seconds before the watchdog ends the bench"),
          out: Path = typer.Option(RESULTS / "cluster-latest.json")) -> None:
     netns.require_root()
