@@ -62,7 +62,11 @@ class RemoteWriter:
 
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
         stream = self._stream or await self._connected()
-        if stream is not self._stream:  # it said goodbye while this request waited: the next writer's
+        while stream is not self._stream or stream.is_closing():
+            # It said goodbye while this request waited, or its connection is
+            # closed and the reader has not said so yet (a killed writer): this
+            # request was not sent, so it goes to the next writer. (uvloop
+            # raises on a write to a closed transport; asyncio drops it.)
             stream = await self._connected()
         loop = asyncio.get_running_loop()
         seq = next(self._seq)

@@ -200,6 +200,23 @@ async def test_a_lost_link_fails_only_the_requests_sent_on_it_and_as_may_have_be
         assert (await answer_of(on_new))[0].id == 4
 
 
+async def test_a_request_made_once_the_link_closed_but_before_its_reader_saw_it_goes_to_the_next_writer():
+    # A killed writer: the API end's transport is closed (the peer's end went)
+    # before the task that reads the link has run. Closing that transport here
+    # makes the same state at once, deterministically.
+    async with linked() as (remote, host):
+        first = asyncio.create_task(remote.submit(Draft("alice", "bob", "first")))
+        _draft, future = await host.writer.next_request()
+        future.set_result((stored(1, "first"), True))
+        await answer_of(first)
+        remote._stream.close()  # the link's connection is gone; its reader runs later
+        posting = asyncio.create_task(remote.submit(Draft("alice", "bob", "next")))
+        got, future = await host.writer.next_request()  # not lost, nor failed as "may have been stored"
+        assert got.body == "next" and len(host.streams) == 2  # on a new link
+        future.set_result((stored(2, "next"), True))
+        assert (await answer_of(posting))[0].id == 2
+
+
 async def test_a_request_unanswered_past_reply_seconds_may_have_been_stored_and_its_late_answer_is_dropped():
     async with linked(reply_seconds=0.05) as (remote, host):  # the writer never answers in time
         with pytest.raises(WriteOutcomeUnknown):
