@@ -14,8 +14,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pymongo.asynchronous.database import AsyncDatabase
 from sqlalchemy import Executable, select, text
-from sqlalchemy.engine import Engine, Row
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import Connection, Engine, Row
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -27,17 +26,20 @@ from api import metrics
 from api.errors import ApiError
 from api.asyncapi import document as asyncapi_document
 from api.openapi import document
+from api import events
 from api.post_message import PostMessage, front, read_body
 from api.ratelimit import RateLimiter
 from api.state import State
 from api.validation import parse_bearer, parse_dev_login, parse_history_query
 from chat import auth
+from chat.messages import Kind
 from chat.metrics_port import serve_metrics
 from chat.partitions import SlotMap, suffix
 from chat.settings import Settings
 from db import mongo
 from db.partition_map import load_slot_map, tables_of
 from db.retention import run_sweeper
+from db.conversation_state import peer_markers, read_markers_of, unread_by_peer
 from db.sql import MAX_OVERFLOW, conversation_key, make_engine, pool_size_of, row_to_message
 from db.threads import Threads
 from writer.client import RemoteWriter
@@ -53,9 +55,11 @@ DEV_TOKEN_TTL_SECONDS = 12 * 3600
 CONVERSATIONS_SQL = """
     SELECT m.* FROM {messages} m JOIN (
         SELECT peer, MAX(id) AS id FROM (
-            SELECT recipient AS peer, MAX(id) AS id FROM {messages} WHERE sender = :user GROUP BY recipient
+            SELECT recipient AS peer, MAX(id) AS id FROM {messages} WHERE sender = :user AND kind = 0
+            GROUP BY recipient
             UNION ALL
-            SELECT sender AS peer, MAX(id) AS id FROM {messages} WHERE recipient = :user GROUP BY sender
+            SELECT sender AS peer, MAX(id) AS id FROM {messages} WHERE recipient = :user AND kind = 0
+            GROUP BY sender
         ) AS ends GROUP BY peer ORDER BY id DESC LIMIT :limit
     ) AS newest ON m.id = newest.id
     ORDER BY m.id DESC
@@ -82,20 +86,8 @@ def authenticate(request: Request, settings: Settings) -> str:
 
 
 async def _read(st: State, statement: Executable, params: dict | None = None) -> Sequence[Row]:
-    """One read from MySQL on the API's read threads, or a fast 503. The
-    deadline also covers the wait for a free thread: a burst of slow reads
-    queues there, not in the connection pool, whose own timeout it would
-    never reach."""
-
-    def run() -> Sequence[Row]:
-        with st.engine.connect() as conn:
-            return conn.execute(statement, params).all()
-
-    try:
-        return await asyncio.wait_for(st.reads.run(run), st.settings.db_timeout_seconds)
-    except (SQLAlchemyError, TimeoutError):
-        raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
-                       headers={"Retry-After": "1"}) from None
+    """One statement's rows from MySQL (``State.read``), or a fast 503."""
+    return await st.read(lambda conn: conn.execute(statement, params).all())
 
 
 async def get_history(request: Request) -> Response:
@@ -103,7 +95,8 @@ async def get_history(request: Request) -> Response:
     user = authenticate(request, st.settings)
     peer, before, limit = parse_history_query(request.query_params)
     messages = tables_of(st.slot_map.partition_of(user)).messages
-    query = (select(messages).where(messages.c.conversation == conversation_key(user, peer))
+    query = (select(messages).where(messages.c.conversation == conversation_key(user, peer),
+                                    messages.c.kind == Kind.MESSAGE)
              .order_by(messages.c.id.desc()).limit(limit + 1))
     if before is not None:
         query = query.where(messages.c.id < before)
@@ -117,14 +110,28 @@ async def get_history(request: Request) -> Response:
 async def get_conversations(request: Request) -> Response:
     st = _state(request)
     user = authenticate(request, st.settings)
+    partition = st.slot_map.partition_of(user)
 
-    rows = await _read(st, conversations_sql(st.slot_map.partition_of(user)),
-                       {"user": user, "limit": CONVERSATIONS_MAX})
+    def read(conn: Connection) -> tuple:
+        rows = conn.execute(conversations_sql(partition), {"user": user, "limit": CONVERSATIONS_MAX}).all()
+        return (rows, unread_by_peer(conn, partition, user), read_markers_of(conn, user),
+                peer_markers(conn, partition, user))
+
+    rows, unread, mine, theirs = await st.read(read)
     conversations = []
     for row in rows:
         msg = row_to_message(row).to_public()
-        conversations.append({"with": row.recipient if row.sender == user else row.sender, "last": msg})
+        peer = row.recipient if row.sender == user else row.sender
+        marks = theirs.get(peer, {})
+        conversations.append({"with": peer, "last": msg, "unread": unread.get(peer, 0),
+                              "read_upto": _id_or_none(mine.get(peer)),
+                              "peer_read_upto": _id_or_none(marks.get("read")),
+                              "peer_delivered_upto": _id_or_none(marks.get("delivered"))})
     return json_response({"conversations": conversations})
+
+
+def _id_or_none(value: int | None) -> str | None:
+    return None if not value else str(value)
 
 
 async def dev_token(request: Request) -> Response:
@@ -254,6 +261,10 @@ POST_MESSAGE = PostMessage()
 ROUTES = [
     Route("/v1/messages", POST_MESSAGE, methods=["POST"]),  # served by api.post_message.front
     Route("/v1/messages", get_history, methods=["GET"]),
+    Route("/v1/messages/{id}", events.patch_message, methods=["PATCH"]),
+    Route("/v1/messages/{id}", events.delete_message, methods=["DELETE"]),
+    Route("/v1/acks", events.post_ack, methods=["POST"]),
+    Route("/v1/read", events.post_read, methods=["POST"]),
     Route("/v1/conversations", get_conversations, methods=["GET"]),
     Route("/v1/client-config", client_config, methods=["GET"]),
     Route("/v1/dev/token", dev_token, methods=["POST"]),

@@ -1,7 +1,9 @@
 """The AsyncAPI 3.0 document of the push side: the daemons' ``/v1/ws`` and ``/v1/poll``.
 
 OpenAPI describes the write API; this describes every frame a daemon sends
-and every frame it accepts, and the close codes, so that a client can be
+(messages, and the events of docs/receipts.md: edits, deletes, read markers,
+delivery receipts) and every frame it accepts (``auth``, ``ack``, ``read``),
+and the close codes, so that a client can be
 generated from it or checked against it. The close codes come from
 ``chat.errors.CloseCode`` and the limits from the settings, not written out a
 second time. tests/core/test_asyncapi.py validates the document with the
@@ -21,7 +23,9 @@ CLOSE_MEANINGS: dict[CloseCode, str] = {
     CloseCode.PROTOCOL_ERROR: "Protocol error: an unmasked frame, reserved bits or opcodes, a bad control frame, "
                               "a continuation with nothing to continue, a new message inside a fragmented one, "
                               "an invalid close code.",
-    CloseCode.INVALID_DATA: "Text, or a close reason, that is not UTF-8.",
+    CloseCode.INVALID_DATA: "Text, or a close reason, that is not UTF-8; or a client frame that is not a JSON "
+                            "object of a documented `type` (`auth`, `ack`, `read`) with its fields of the right "
+                            "types: the reason says what is wrong.",
     CloseCode.POLICY: "Too many inbound frames (CHAT_WS_MAX_FRAMES_PER_SECOND).",
     CloseCode.TOO_BIG: "An inbound frame over CHAT_WS_MAX_FRAME_BYTES.",
     CloseCode.SERVER_ERROR: "Server error: reconnect with `since`.",
@@ -36,41 +40,83 @@ CLOSE_MEANINGS: dict[CloseCode, str] = {
                                "reconnect with `?partition=k`.",
 }
 
-_ID = {"type": "string", "pattern": r"^[0-9]+$", "description": "The message's id in its partition, decimal."}
+_ID = {"type": "string", "pattern": r"^[0-9]+$",
+       "description": "Its position in the receiving user's partition's stream, decimal."}
+_REF = {"type": "string", "pattern": r"^[0-9]+$",
+        "description": "The id of a message in the receiving device's own stream (the same message has a "
+                       "different id in each partition: each device is told the one it knows)."}
 _CURSOR = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+\.[0-9]+)?$",
            "description": "A resume point: pass it back as `since`. `position`, or `partition.epoch.position` "
                           "with more than one partition."}
+_FRAME_CURSOR = {**_CURSOR, "description": "Present with more than one partition: resume with the last one."}
 _USER = {"type": "string", "minLength": 1}
+_CREATED_AT = {"type": "string", "format": "date-time", "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$",
+               "description": "UTC, millisecond precision."}
+_CLIENT_MSG_ID = {"type": ["string", "null"], "description": "The sender's idempotency key, if it gave one."}
+_UNREAD = {"type": ["integer", "null"], "minimum": 0,
+           "description": "The user's unread messages over every conversation (from a peer, above the user's "
+                          "read marker, not deleted); null when MySQL could not be read in time."}
+# The handshake's `device` (the device an `ack` counts for): the rule of a user id.
+DEVICE = r"^[A-Za-z0-9_.-]{1,64}$"
+DEFAULT_DEVICE = "default"
+# The codes of an `error` frame: a refused `ack` or `read` (docs/receipts.md, "Errors").
+ERROR_FRAME_CODES = ("message_not_found", "not_in_conversation", "past_newest", "message_deleted",
+                     "writer_unavailable")
+
+
+def _frame(kind: str, description: str, fields: dict[str, dict], optional: dict[str, dict] | None = None) -> dict:
+    """The schema of a server frame of ``type`` ``kind``: ``fields`` required, ``optional`` and ``cursor`` not."""
+    return {
+        "type": "object",
+        "description": description,
+        "required": ["type", *fields],
+        "additionalProperties": False,
+        "properties": {"type": {"const": kind}, **fields, **(optional or {}), "cursor": _FRAME_CURSOR},
+    }
 
 
 def _message_schema(body_max_chars: int) -> dict:
+    schema = _frame(
+        "message",
+        "A message. A catch-up, a poll and GET /v1/messages give its latest version: `edited_at` once edited; "
+        "once deleted, `deleted: true` and an empty `body` (a tombstone that keeps its id).",
+        {"id": _ID, "from": _USER, "to": _USER, "body": {"type": "string", "maxLength": body_max_chars},
+         "created_at": _CREATED_AT, "client_msg_id": _CLIENT_MSG_ID},
+        {"edited_at": {**_CREATED_AT, "description": "When its body was last replaced (UTC, millisecond "
+                                                     "precision); absent if it never was."},
+         "deleted": {"const": True, "description": "Present once deleted."}})
+    # A tombstone drops its body.
+    return {**schema, "if": {"required": ["deleted"]}, "then": {"properties": {"body": {"maxLength": 0}}}}
+
+
+def _event_schemas(body_max_chars: int) -> dict[str, dict]:
+    """The events of docs/receipts.md: rows of the stream, pushed in order with the messages, to the actor's
+    other devices and to the peer's."""
+    base: dict[str, dict] = {"id": _ID, "from": _USER, "to": _USER}
+    upto = {**_REF, "description": f"{_REF['description']} Everything up to and including it."}
     return {
-        "type": "object",
-        "required": ["type", "id", "from", "to", "body", "created_at", "client_msg_id"],
-        "additionalProperties": False,
-        "properties": {
-            "type": {"const": "message"},
-            "id": _ID,
-            "from": _USER,
-            "to": _USER,
-            "body": {"type": "string", "maxLength": body_max_chars},
-            "created_at": {"type": "string", "format": "date-time",
-                           "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$",
-                           "description": "UTC, millisecond precision."},
-            "client_msg_id": {"type": ["string", "null"],
-                              "description": "The sender's idempotency key, if it gave one."},
-            "cursor": {**_CURSOR, "description": "Present with more than one partition: resume with the last one."},
-        },
+        "Edit": _frame("edit", "`from` replaced the body of their message `ref` with `body`.",
+                       {**base, "ref": _REF, "body": {"type": "string", "maxLength": body_max_chars},
+                        "created_at": _CREATED_AT, "client_msg_id": _CLIENT_MSG_ID}),
+        "Delete": _frame("delete", "`from` deleted their message `ref`.",
+                         {**base, "ref": _REF, "created_at": _CREATED_AT, "client_msg_id": _CLIENT_MSG_ID}),
+        "Read": _frame("read", "`from` has read every message `to` sent them up to and including `upto` (a "
+                               "message from `to` to `from`).",
+                       {**base, "upto": upto, "created_at": _CREATED_AT}),
+        "Delivered": _frame("delivered", "A device of `from` has received every message `to` sent them up to "
+                                         "and including `upto`.",
+                            {**base, "upto": upto, "created_at": _CREATED_AT}),
     }
 
 
 def schemas(settings: Settings) -> dict[str, dict]:
     """The JSON Schemas (AsyncAPI's schema format, a superset of draft 7) of every frame, by name."""
     message = _message_schema(settings.body_max_chars)
+    events = _event_schemas(settings.body_max_chars)
     return {
         "Hello": {
             "type": "object",
-            "required": ["type", "recovered", "cursor", "user"],
+            "required": ["type", "recovered", "cursor", "user", "unread"],
             "additionalProperties": False,
             "properties": {
                 "type": {"const": "hello"},
@@ -79,9 +125,25 @@ def schemas(settings: Settings) -> dict[str, dict]:
                                              "retention; reload history from GET /v1/messages."},
                 "cursor": _CURSOR,
                 "user": _USER,
+                "unread": _UNREAD,
             },
         },
         "Message": message,
+        **events,
+        "ErrorFrame": {
+            "type": "object",
+            "required": ["type", "code", "message", "frame"],
+            "additionalProperties": False,
+            "properties": {
+                "type": {"const": "error"},
+                "code": {"enum": list(ERROR_FRAME_CODES)},
+                "message": {"type": "string"},
+                "frame": {"enum": ["ack", "read"], "description": "The `type` of the client frame refused."},
+            },
+            "description": "A refused `ack` or `read` (docs/receipts.md, \"Errors\"); the socket stays open. "
+                           "Success has no answer: a `read` arrives on the stream, as on the user's other "
+                           "devices.",
+        },
         "Auth": {
             "type": "object",
             "required": ["type", "token"],
@@ -89,14 +151,37 @@ def schemas(settings: Settings) -> dict[str, dict]:
             "description": "The first frame from a browser, which cannot set Authorization, within "
                            "CHAT_WS_AUTH_SECONDS.",
         },
+        "Ack": {
+            "type": "object",
+            "required": ["type", "upto"],
+            "additionalProperties": False,
+            "properties": {"type": {"const": "ack"},
+                           "upto": {**_ID, "description": "This device has received the stream up to here."}},
+            "description": "After the hello: this connection's device (the handshake's `device`) has received "
+                           "the stream up to `upto`. Newer acks replace one still waiting; no answer but a "
+                           "refusal (`error`).",
+        },
+        "ReadMarker": {
+            "type": "object",
+            "required": ["type", "peer", "upto"],
+            "additionalProperties": False,
+            "properties": {"type": {"const": "read"}, "peer": _USER,
+                           "upto": {**_ID, "description": "A message of the conversation with `peer`."}},
+            "description": "After the hello: the user has read the conversation with `peer` up to message "
+                           "`upto`. A newer marker for the same peer replaces one still waiting; no answer but "
+                           "the `read` event on the stream, or a refusal (`error`).",
+        },
         "PollAnswer": {
             "type": "object",
-            "required": ["messages", "cursor", "recovered"],
+            "required": ["messages", "cursor", "recovered", "unread"],
             "additionalProperties": False,
             "properties": {
-                "messages": {"type": "array", "items": message, "maxItems": settings.poll_max_messages},
+                "messages": {"type": "array", "items": {"oneOf": [message, *events.values()]},
+                             "maxItems": settings.poll_max_messages,
+                             "description": "Messages and events, in stream order."},
                 "cursor": _CURSOR,
                 "recovered": {"type": "boolean"},
+                "unread": _UNREAD,
             },
         },
         "Error": {
@@ -110,19 +195,31 @@ def schemas(settings: Settings) -> dict[str, dict]:
     }
 
 
+# The channel message of each frame a daemon sends on /v1/ws, and of each it accepts.
+_WS_SENT = {"hello": "Hello", "message": "Message", "edit": "Edit", "delete": "Delete", "read": "Read",
+            "delivered": "Delivered", "error": "ErrorFrame"}
+_WS_RECEIVED = {"auth": "Auth", "ack": "Ack", "readMarker": "ReadMarker"}
+
+
 def document(settings: Settings) -> dict:
     found = schemas(settings)
     messages = {name: {"name": name, "contentType": "application/json",
                        "payload": {"$ref": f"#/components/schemas/{name}"}} for name in found}
     close_codes = [{"code": int(code), "name": code.name.lower(), "meaning": CLOSE_MEANINGS[code]}
                    for code in CloseCode]
+
+    def ws(*keys: str) -> list[dict]:
+        return [{"$ref": f"#/channels/ws/messages/{key}"} for key in keys]
+
     return {
         "asyncapi": "3.0.0",
         "info": {
             "title": "chat-delivery: the daemons' push",
             "version": "1",
-            "description": "Every message addressed to or sent by a user, pushed to each of the user's "
-                           "connections once, in order, resumable with `since`.",
+            "description": "Every message addressed to or sent by a user, and every event of the user's "
+                           "conversations (edits, deletes, read markers, delivery receipts: rows of the same "
+                           "stream), pushed to each of the user's connections once, in order, resumable with "
+                           "`since`.",
         },
         "defaultContentType": "application/json",
         "servers": {
@@ -132,20 +229,23 @@ def document(settings: Settings) -> dict:
         "channels": {
             "ws": {
                 "address": "/v1/ws",
-                "description": "A WebSocket. Authorization: Bearer <jwt>, or an `auth` frame first.",
-                "messages": {"hello": {"$ref": "#/components/messages/Hello"},
-                             "message": {"$ref": "#/components/messages/Message"},
-                             "auth": {"$ref": "#/components/messages/Auth"}},
+                "description": "A WebSocket. Authorization: Bearer <jwt>, or an `auth` frame first. After the "
+                               "hello the client may send `ack` and `read` frames; any other data frame, or one "
+                               "of these with a field missing or of the wrong type, is closed with 1007.",
+                "messages": {key: {"$ref": f"#/components/messages/{name}"}
+                             for key, name in {**_WS_SENT, **_WS_RECEIVED}.items()},
                 "bindings": {"ws": {"method": "GET", "query": {
                     "type": "object",
                     "properties": {"since": {"type": "string", "description": "A message id or a cursor."},
-                                   "partition": {"type": "string", "pattern": r"^[0-9]+$"}}}}},
+                                   "partition": {"type": "string", "pattern": r"^[0-9]+$"},
+                                   "device": {"type": "string", "pattern": DEVICE, "default": DEFAULT_DEVICE,
+                                              "description": "The device this connection's `ack`s count for."}}}}},
                 "x-close-codes": close_codes,
             },
             "poll": {
                 "address": "/v1/poll",
                 "description": "The long-poll twin: GET with Authorization: Bearer <jwt>; answers as soon as "
-                               "messages exist, or empty at the timeout.",
+                               "messages or events exist, or empty at the timeout.",
                 "messages": {"answer": {"$ref": "#/components/messages/PollAnswer"},
                              "error": {"$ref": "#/components/messages/Error"}},
                 "x-query": {"since": "a message id or a cursor",
@@ -156,15 +256,29 @@ def document(settings: Settings) -> dict:
         "operations": {
             "sendHello": {"action": "send", "channel": {"$ref": "#/channels/ws"},
                           "summary": "First frame on every connection.",
-                          "messages": [{"$ref": "#/channels/ws/messages/hello"}]},
+                          "messages": ws("hello")},
             "sendMessage": {"action": "send", "channel": {"$ref": "#/channels/ws"},
                             "summary": "One text frame per message, catch-up first, then live.",
-                            "messages": [{"$ref": "#/channels/ws/messages/message"}]},
+                            "messages": ws("message")},
+            "sendEvent": {"action": "send", "channel": {"$ref": "#/channels/ws"},
+                          "summary": "One text frame per event, in stream order with the messages, caught up "
+                                     "and deduplicated as they are.",
+                          "messages": ws("edit", "delete", "read", "delivered")},
+            "sendError": {"action": "send", "channel": {"$ref": "#/channels/ws"},
+                          "summary": "A refused `ack` or `read`; the socket stays open.",
+                          "messages": ws("error")},
             "receiveAuth": {"action": "receive", "channel": {"$ref": "#/channels/ws"},
                             "summary": "The token, from a client that cannot send headers.",
-                            "messages": [{"$ref": "#/channels/ws/messages/auth"}]},
+                            "messages": ws("auth")},
+            "receiveAck": {"action": "receive", "channel": {"$ref": "#/channels/ws"},
+                           "summary": "What this connection's device has received.",
+                           "messages": ws("ack")},
+            "receiveRead": {"action": "receive", "channel": {"$ref": "#/channels/ws"},
+                            "summary": "The user's read marker in one conversation.",
+                            "messages": ws("readMarker")},
             "answerPoll": {"action": "send", "channel": {"$ref": "#/channels/poll"},
-                           "summary": "The messages after `since`, the next cursor, or an error.",
+                           "summary": "The messages and events after `since`, the next cursor, the unread "
+                                      "count, or an error.",
                            "messages": [{"$ref": "#/channels/poll/messages/answer"},
                                         {"$ref": "#/channels/poll/messages/error"}]},
         },

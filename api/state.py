@@ -3,17 +3,24 @@ and read by the routes and by ``api.post_message``."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pymongo import AsyncMongoClient
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
 
+from api.errors import ApiError
 from api.ratelimit import RateLimiter
 from chat.partitions import SlotMap
 from chat.settings import Settings
 from db.threads import Threads
 from writer.client import RemoteWriter
 from writer.partitioned import PartitionedWriter
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -25,3 +32,19 @@ class State:
     limiter: RateLimiter
     reads: Threads  # the blocking MySQL reads; never asyncio's default executor (db.threads)
     slot_map: SlotMap  # read at start: which partition's table holds a user's history
+
+    async def read(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(connection)``, one read from MySQL on the API's read threads, or a
+        fast 503. The deadline also covers the wait for a free thread: a burst of
+        slow reads queues there, not in the connection pool, whose own timeout it
+        would never reach."""
+
+        def run() -> T:
+            with self.engine.connect() as conn:
+                return fn(conn)
+
+        try:
+            return await asyncio.wait_for(self.reads.run(run), self.settings.db_timeout_seconds)
+        except (SQLAlchemyError, TimeoutError):
+            raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
+                           headers={"Retry-After": "1"}) from None

@@ -26,6 +26,11 @@ MAX_DEPTH = 16
 USER_ID = auth.USER_ID  # 1-64 chars of [A-Za-z0-9_.-]: the same rule as a token's `sub`
 CLIENT_MSG_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 MESSAGE_FIELDS = ("to", "body", "client_msg_id")
+EDIT_FIELDS = ("body", "client_msg_id")
+ACK_FIELDS = ("upto", "device")
+READ_FIELDS = ("peer", "upto")
+DEVICE_ID = USER_ID  # a device id a client picks: the same alphabet and length as a user id
+DEFAULT_DEVICE = "default"
 DEV_LOGIN_FIELDS = ("user",)
 # GET /v1/messages: its query parameters, and the ranges of the two numbers.
 HISTORY_PARAMS = ("with", "before", "limit")
@@ -155,3 +160,65 @@ def _int_param(params: Mapping[str, str], name: str, lo: int, hi: int) -> int | 
     if not is_decimal(value, NUMBER_DIGITS) or not lo <= int(value) <= hi:
         raise ApiError(422, "invalid_field", f"`{name}` must be an integer from {lo} to {hi}", field=name)
     return int(value)
+
+
+def _object(raw: bytes, fields: tuple[str, ...]) -> dict:
+    obj = parse_json(raw)
+    if not isinstance(obj, dict):
+        raise ApiError(422, "invalid_body", "request body must be a JSON object")
+    unknown = sorted(set(obj) - set(fields))
+    if unknown:
+        raise ApiError(422, "invalid_field", f"unknown field `{unknown[0]}`; allowed: {', '.join(fields)}",
+                       field=unknown[0])
+    return obj
+
+
+def stream_id(value: object, name: str) -> int:
+    """A message id of the caller's stream, as frames write it (a decimal string) or as a JSON integer."""
+    if type(value) is int and BEFORE_MIN <= value <= BEFORE_MAX:
+        return value
+    if isinstance(value, str) and is_decimal(value, NUMBER_DIGITS) and BEFORE_MIN <= int(value) <= BEFORE_MAX:
+        return int(value)
+    raise ApiError(422, "invalid_field", f"`{name}` must be a message id: a decimal string from {BEFORE_MIN} "
+                   f"to {BEFORE_MAX}", field=name)
+
+
+def parse_ack(raw: bytes) -> tuple[int, str]:
+    """``{"upto": id, "device": name}`` (POST /v1/acks) -> (upto, device)."""
+    obj = _object(raw, ACK_FIELDS)
+    if "upto" not in obj:
+        raise ApiError(422, "invalid_field", "`upto` is required", field="upto")
+    upto = stream_id(obj["upto"], "upto")
+    device = _string(obj, "device", required=False) or DEFAULT_DEVICE
+    if not DEVICE_ID.fullmatch(device):
+        raise ApiError(422, "invalid_field", "`device` must be 1-64 chars of [A-Za-z0-9_.-]", field="device")
+    return upto, device
+
+
+def parse_read(raw: bytes) -> tuple[str, int]:
+    """``{"peer": user, "upto": id}`` (POST /v1/read) -> (peer, upto)."""
+    obj = _object(raw, READ_FIELDS)
+    peer = _string(obj, "peer", required=True)
+    if not is_user_id(peer):
+        raise ApiError(422, "invalid_field", "`peer` must be a user id: 1-64 chars of [A-Za-z0-9_.-]", field="peer")
+    if "upto" not in obj:
+        raise ApiError(422, "invalid_field", "`upto` is required", field="upto")
+    return peer, stream_id(obj["upto"], "upto")
+
+
+def parse_edit(raw: bytes, body_max_chars: int) -> tuple[str, str | None]:
+    """``{"body": text, "client_msg_id": key}`` (PATCH /v1/messages/{id}) -> (body, client_msg_id)."""
+    obj = _object(raw, EDIT_FIELDS)
+    body = _string(obj, "body", required=True)
+    if not body:
+        raise ApiError(422, "invalid_field", "`body` must not be empty", field="body")
+    if len(body) > body_max_chars:
+        raise ApiError(422, "invalid_field", f"`body` is longer than {body_max_chars} characters", field="body")
+    return body, client_msg_id_of(_string(obj, "client_msg_id", required=False))
+
+
+def client_msg_id_of(value: str | None) -> str | None:
+    if value is not None and not CLIENT_MSG_ID.fullmatch(value):
+        raise ApiError(422, "invalid_field", "`client_msg_id` must be 1-64 chars of [A-Za-z0-9_.:-]",
+                       field="client_msg_id")
+    return value

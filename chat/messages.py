@@ -10,8 +10,29 @@ import functools
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from enum import IntEnum
 
 import orjson
+
+
+class Kind(IntEnum):
+    """What a row of a partition's stream is (docs/receipts.md). A message is 0,
+    and its documents carry no ``kind`` at all: they are what they were before
+    events existed. ``ACK`` is a request only: it is never a row."""
+
+    MESSAGE = 0
+    EDIT = 1  # the sender replaced the body of their message ``ref``
+    DELETE = 2  # the sender deleted their message ``ref``
+    READ = 3  # ``from`` has read ``to``'s messages up to ``ref``
+    DELIVERED = 4  # a device of ``from`` received ``to``'s messages up to ``ref``
+    ACK = 5  # a device's "received up to": updates device_acks, may write DELIVERED rows
+
+
+ROW_KINDS = frozenset((Kind.MESSAGE, Kind.EDIT, Kind.DELETE, Kind.READ, Kind.DELIVERED))
+REVISIONS = frozenset((Kind.EDIT, Kind.DELETE))  # events that change the message they name
+MARKERS = frozenset((Kind.READ, Kind.DELIVERED))  # "up to" events: their ref is a message of the peer's
+_TYPE = {Kind.MESSAGE: "message", Kind.EDIT: "edit", Kind.DELETE: "delete", Kind.READ: "read",
+         Kind.DELIVERED: "delivered"}
 
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__,
@@ -28,6 +49,10 @@ class Message:
     # A copy in the recipient's partition names its original (chat.partitions); None on originals.
     origin_part: int | None = None
     origin_id: int | None = None
+    kind: int = Kind.MESSAGE
+    ref_id: int | None = None  # an event's message (or "up to"), an id of this row's partition
+    edited_at: datetime | None = None  # a message's last edit
+    deleted: bool = False  # a message deleted by its sender: a tombstone, its body ""
 
     def to_doc(self) -> dict:
         doc = {
@@ -40,9 +65,18 @@ class Message:
         }
         if self.origin_part is not None:
             doc["origin_part"], doc["origin_id"] = self.origin_part, self.origin_id
+        if self.kind:
+            doc["kind"], doc["ref"] = int(self.kind), self.ref_id
+        if self.edited_at is not None:
+            doc["edited_at"] = self.edited_at
+        if self.deleted:
+            doc["deleted"] = True
         return doc
 
     def to_public(self) -> dict:
+        if self.kind or self.edited_at is not None or self.deleted:
+            return public_of(self.id, self.sender, self.recipient, self.body, self.created_at, self.client_msg_id,
+                             self.kind, self.ref_id, self.edited_at, self.deleted)
         return public(self.id, self.sender, self.recipient, self.body, self.created_at, self.client_msg_id)
 
 
@@ -52,6 +86,30 @@ def public(msg_id: int, sender: str, recipient: str, body: str, created_at: date
     the daemons' frames are built here, so they cannot drift apart."""
     return {"type": "message", "id": str(msg_id), "from": sender, "to": recipient, "body": body,
             "created_at": rfc3339(created_at), "client_msg_id": client_msg_id}
+
+
+def public_of(msg_id: int, sender: str, recipient: str, body: str, created_at: datetime,
+              client_msg_id: str | None, kind: int, ref: int | None, edited_at: datetime | None,
+              deleted: bool) -> dict:
+    """The public JSON shape of any row of the stream (docs/receipts.md, "Frames")."""
+    if kind == Kind.MESSAGE:
+        frame = public(msg_id, sender, recipient, "" if deleted else body, created_at, client_msg_id)
+        if edited_at is not None:
+            frame["edited_at"] = rfc3339(edited_at)
+        if deleted:
+            frame["deleted"] = True
+        return frame
+    frame = {"type": _TYPE[Kind(kind)], "id": str(msg_id), "from": sender, "to": recipient}
+    if kind in MARKERS:
+        frame["upto"] = str(ref)
+    else:
+        frame["ref"] = str(ref)
+        if kind == Kind.EDIT:
+            frame["body"] = body
+    frame["created_at"] = rfc3339(created_at)
+    if kind in REVISIONS:
+        frame["client_msg_id"] = client_msg_id
+    return frame
 
 
 @functools.lru_cache(maxsize=256)  # a group commit stamps its whole batch with one time
@@ -83,7 +141,14 @@ def encode_doc(doc: dict) -> Encoded:
     if created.tzinfo is None:  # pymongo's default: naive datetimes, in UTC
         created = created.replace(tzinfo=UTC)
     msg_id, sender, recipient = int(doc["_id"]), doc["from"], doc["to"]
-    payload = orjson.dumps(public(msg_id, sender, recipient, doc["body"], created, doc.get("client_msg_id")))
+    if len(doc) > 6 and ("kind" in doc or "edited_at" in doc or "deleted" in doc):  # an event, or a revised message
+        edited = doc.get("edited_at")
+        if edited is not None and edited.tzinfo is None:
+            edited = edited.replace(tzinfo=UTC)
+        payload = orjson.dumps(public_of(msg_id, sender, recipient, doc["body"], created, doc.get("client_msg_id"),
+                                         doc.get("kind", 0), doc.get("ref"), edited, bool(doc.get("deleted"))))
+    else:
+        payload = orjson.dumps(public(msg_id, sender, recipient, doc["body"], created, doc.get("client_msg_id")))
     # orjson's bytes keep the allocation they were built in: a 220-byte payload
     # held 4.3 KB of memory (measured, 50,000 of them), and a daemon's recent
     # cache holds 50,000. An exact copy holds 0.5 KB in all; join is the
@@ -103,9 +168,22 @@ def is_message_doc(doc: dict) -> bool:
         return (isinstance(msg_id, int) and msg_id is not True and msg_id > 0
                 and type(doc["from"]) is str and type(doc["to"]) is str and type(doc["body"]) is str
                 and isinstance(doc["created_at"], datetime)
-                and (doc.get("client_msg_id") is None or type(doc["client_msg_id"]) is str))
+                and (doc.get("client_msg_id") is None or type(doc["client_msg_id"]) is str)
+                and (len(doc) <= 6 or _is_event_shape(doc)))
     except (KeyError, TypeError):
         return False
+
+
+def _is_event_shape(doc: dict) -> bool:
+    """The fields an event or a revised message adds, when present, have the writer's types."""
+    kind = doc.get("kind", 0)
+    if type(kind) is not int or kind not in ROW_KINDS:
+        return False
+    ref = doc.get("ref")
+    if kind and not (isinstance(ref, int) and ref is not True and ref > 0):
+        return False
+    edited = doc.get("edited_at")
+    return (edited is None or isinstance(edited, datetime)) and type(doc.get("deleted", False)) is bool
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -125,6 +203,8 @@ def shown_digest(doc: dict) -> int:
     sender, recipient = doc["from"], doc["to"]
     text = (f"{int(doc['_id'])}\x1f{(created - _EPOCH) // _MS}\x1f{doc.get('client_msg_id') or ''}\x1f"
             f"{len(sender)}\x1f{sender}\x1f{len(recipient)}\x1f{recipient}\x1f{doc['body']}")
+    if kind := doc.get("kind"):  # an event: what it is and what it names are shown too
+        text += f"\x1f{int(kind)}\x1f{doc['ref']}"
     return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "big")
 
 

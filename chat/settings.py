@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     )
     mongo_db: str = Field("chat", description="MongoDB database that holds the `messages` collection.")
     retention_seconds: int = Field(86_400, ge=1, description="How long the fast store keeps a message.")
+    edit_window_seconds: int = Field(
+        48 * 3600, ge=0, description="How long after sending a sender may edit or delete a message.",
+    )
     sweep_interval_seconds: float = Field(
         30.0, gt=0, le=60, description="Retention sweeper period where TTL indexes are missing (FerretDB)."
     )

@@ -46,6 +46,38 @@ class ClientIdConflict(ChatError):
         self.original = original
 
 
+class EventRefused(ChatError):
+    """An event (docs/receipts.md) the writer refused by its rules: nothing was stored."""
+
+
+class MessageNotFound(EventRefused):
+    """The id named is not a message of the caller's stream."""
+
+
+class NotInConversation(EventRefused):
+    """A read marker's message is not between the caller and the peer named."""
+
+
+class PastNewest(EventRefused):
+    """A read marker or ack names an id past the newest of the caller's stream."""
+
+
+class MessageDeleted(EventRefused):
+    """A read marker, edit or delete names a deleted message."""
+
+
+class NotSender(EventRefused):
+    """Only a message's sender edits or deletes it."""
+
+
+class EditWindowClosed(EventRefused):
+    """The message is older than CHAT_EDIT_WINDOW_SECONDS."""
+
+
+class CopyDeferred(ChatError):
+    """An event's copy whose message has no copy in this partition yet: its echo stays, a later drain makes it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """The HTTP answer to a write: its status, and for a failure the error
@@ -94,6 +126,19 @@ class Outcome(Enum):
         503, "partition_busy", "another writer holds this partition's lock; nothing was stored, retry", retry_after=1)
     UNAVAILABLE = "unavailable", WriteUnavailable, "mysql: unavailable", Answer(
         503, "", _UNAVAILABLE, retry_after=1)
+    # Events refused by their rules (docs/receipts.md, "Errors"): nothing was stored.
+    NOT_FOUND = "message_not_found", MessageNotFound, "not a message of your stream", Answer(
+        404, "message_not_found", "no message with this id in your stream", "id")
+    NOT_IN_CONVERSATION = "not_in_conversation", NotInConversation, "not in this conversation", Answer(
+        403, "not_in_conversation", "this message is not between you and peer", "upto")
+    PAST_NEWEST = "past_newest", PastNewest, "past the newest id", Answer(
+        422, "past_newest", "this id is past the newest of your stream", "upto")
+    DELETED = "message_deleted", MessageDeleted, "the message is deleted", Answer(
+        409, "message_deleted", "this message is deleted", "id")
+    NOT_SENDER = "not_sender", NotSender, "not the sender", Answer(
+        403, "not_sender", "only the sender of a message may edit or delete it", "id")
+    EDIT_WINDOW = "edit_window_closed", EditWindowClosed, "past the edit window", Answer(
+        409, "edit_window_closed", "this message is older than the edit window (CHAT_EDIT_WINDOW_SECONDS)", "id")
 
     @property
     def wire(self) -> str:

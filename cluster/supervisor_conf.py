@@ -87,7 +87,8 @@ minfds = 20000
     parts.append(_program("relay", "relay", spec, {**base, "CHAT_OPLOG_RELAY_SOCKET": str(relay_sock),
                                                    "CHAT_METRICS_PORT": str(RELAY_METRICS_PORT)}, 35, 15))
     for d in spec.daemons:
-        env = {**base, "CHAT_OPLOG_RELAY_SOCKET": str(relay_sock), "CHAT_DAEMON_PORT": str(d.port),
+        env = {**base, "CHAT_OPLOG_RELAY_SOCKET": str(relay_sock), "CHAT_WRITER_SOCKET": str(writer_sock),
+               "CHAT_DAEMON_PORT": str(d.port),
                "CHAT_METRICS_PORT": str(DAEMON_METRICS_BASE + d.index)}
         if spec.partitions is not None:
             env["CHAT_DAEMON_PARTITIONS"] = ",".join(map(str, d.partitions))

@@ -33,6 +33,7 @@ from daemon import metrics
 from daemon.http_checks import parser_refusal, refusal
 from daemon.http_phase import HttpPhase, Request
 from daemon.hub import Subscriber
+from daemon.client_frames import DEFAULT_DEVICE, BadClientFrame, ClientFrames
 from daemon.inbound import FRAGMENT, Control, Ending, Inbound, Message
 from daemon.wire import PING, Opcode, close_frame, http_response, pong_frame, text_frame
 
@@ -74,10 +75,15 @@ class Handler(Protocol):
         """A WebSocket is gone (closed either way); called once or more."""
         ...
 
+    def client_frames(self, conn: Connection) -> ClientFrames:
+        """Where a subscribed WebSocket's client frames go (made at its first one)."""
+        ...
+
 
 class Connection(asyncio.Protocol):
     __slots__ = ("state", "handler", "transport", "subscriber", "http", "reader", "ping_sent", "next_ping",
-                 "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires", "first")
+                 "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires", "first",
+                 "device", "client_frames")
     # Set by connection_made: a connection counted in ``ServerState.conns``
     # may not have one yet, those in ``http_conns`` or among the WebSockets do.
     transport: asyncio.Transport
@@ -101,6 +107,8 @@ class Connection(asyncio.Protocol):
         self.expires = math.inf  # monotonic time the WebSocket's token expires (set at the upgrade)
         # A WebSocket that sends its token in its first message waits for it here (None: not waiting)
         self.first: asyncio.Future[bytes | None] | None = None
+        self.device = DEFAULT_DEVICE  # the device its acks count for (the handshake's `device`)
+        self.client_frames: ClientFrames | None = None  # made at its first ack or read frame
         # Counted from the moment it exists, not from connection_made: the
         # acceptor counts a socket until its protocol is made, and the two
         # counts must meet with no gap (a burst of accepts slipped through it).
@@ -122,6 +130,8 @@ class Connection(asyncio.Protocol):
         self._wake_drain_waiter()
         if self.first is not None and not self.first.done():
             self.first.set_result(None)
+        if self.client_frames is not None:
+            self.client_frames.close()
         self.state.conns.discard(self)
         self.state.http_conns.discard(self)
         if self.http is not None:
@@ -265,10 +275,9 @@ class Connection(asyncio.Protocol):
 
     # --- WebSocket: what the client sends -------------------------------------
     def new_inbound(self) -> Inbound:
+        # Messages are read whole: the first may be the `auth` frame, and the rest are acks and read markers.
         max_frame = self.state.settings.ws_max_frame_bytes
-        if self.first is not None:  # the first message is read whole: it carries the token
-            return Inbound(max_frame, max_frame, keep_messages=True)
-        return Inbound(max_frame)
+        return Inbound(max_frame, max_frame, keep_messages=True)
 
     async def first_message(self) -> bytes | None:
         """The payload of the first data message (after ``upgrade(identify=True)``);
@@ -280,12 +289,24 @@ class Connection(asyncio.Protocol):
             self.first = None
 
     def on_message(self, message: Message) -> None:
-        """A client's whole data message. ``/v1/ws`` is push-only past its
-        first message (the ``auth`` frame, where the handshake had no token):
-        messages are read, checked (framing, UTF-8) and counted against the
-        frame rate, then dropped; the conformance testee echoes them."""
+        """A client's whole data message: the ``auth`` frame, where the handshake
+        had no token, then acks and read markers (``daemon.client_frames``);
+        each is checked (framing, UTF-8) and counted against the frame rate
+        first. The conformance testee echoes them instead."""
         if self.first is not None and not self.first.done():
             self.first.set_result(message.data)
+            return
+        if not hasattr(self, "subscriber"):
+            self.close(CloseCode.INVALID_DATA, "client frame before the hello")
+            return
+        frames = self.client_frames
+        if frames is None:
+            frames = self.client_frames = self.handler.client_frames(self)
+        try:
+            frames.take(message.data)
+        except BadClientFrame as exc:
+            metrics.CLOSES.labels("bad_client_frame").inc()
+            self.close(CloseCode.INVALID_DATA, str(exc))
 
     def _ws_data(self, data: bytes) -> None:
         reader = self.reader

@@ -30,7 +30,10 @@ from daemon.connection import Connection
 from daemon.routes import Router
 from daemon.server import Daemon
 from db import mongo
+from db.conversation_state import UnreadTotals
+from db.sql import make_engine
 from oplog.events import OplogSource
+from writer.client import RemoteWriter
 
 log = logging.getLogger("chat.daemon")
 
@@ -128,7 +131,16 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
         log.info("event=daemon_stopped before=slot_map")
         return
     parts = building.result()
-    daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, slot_map=parts.slot_map)
+    writer = None
+    if settings.writer_socket:  # clients' acks and read markers go through the host's writer, as POSTs do
+        writer = RemoteWriter(settings.writer_socket, wait_seconds=settings.writer_wait_seconds,
+                              reply_seconds=3 * settings.db_timeout_seconds + settings.writer_wait_seconds)
+    unread = None
+    if settings.fill_holes_from_mysql:
+        unread = UnreadTotals(make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
+                                          pool_size=2))
+    daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, slot_map=parts.slot_map,
+                    writer=writer, unread=unread)
     failed: list[BaseException] = []
 
     def must_not_end(task: asyncio.Task) -> None:
@@ -194,6 +206,10 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
         running.cancel()
         await bounded("tasks", asyncio.gather(running, return_exceptions=True), SHUTDOWN_STEP_SECONDS, log)
         await bounded("mongo_close", client.close(), SHUTDOWN_STEP_SECONDS, log)
+        if writer is not None:
+            await bounded("writer_close", writer.close(), SHUTDOWN_STEP_SECONDS, log)
+        if unread is not None:
+            unread.close()
         parts.close()
         log.info("event=daemon_stopped")
     if failed:

@@ -18,7 +18,9 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from chat.messages import Encoded, encode_doc
+import orjson
+
+from chat.messages import Encoded, Kind, encode_doc, rfc3339
 
 
 class RecentCache:
@@ -61,6 +63,28 @@ class RecentCache:
         self._bytes += len(entry[4])
         while self._bytes > self._max_bytes and len(entries) > 1:
             self._bytes -= len(entries.popleft()[4])
+
+    def revise(self, event: dict) -> None:
+        """An EDIT or DELETE document: the message it names, if held here, is
+        held in its latest version from now on, so that no catch-up from the
+        cache sends a body its sender replaced or deleted."""
+        entries = self._entries
+        at = int(event["ref"]) - (entries[0][0] if entries else 0)
+        if not entries or not 0 <= at < len(entries):
+            return
+        msg_id, sender, recipient, created, payload = entries[at]
+        frame = orjson.loads(payload)
+        if frame.get("type") != "message":
+            return
+        if event.get("kind") == Kind.EDIT:
+            if frame.get("deleted"):
+                return
+            frame["body"], frame["edited_at"] = event["body"], rfc3339(event["created_at"])
+        else:
+            frame["body"], frame["deleted"] = "", True
+        revised = orjson.dumps(frame)
+        self._bytes += len(revised) - len(payload)
+        entries[at] = (msg_id, sender, recipient, created, revised)
 
     def between(self, since: int, upto: int) -> list[Encoded]:
         """The entries with since < id <= upto (``covers`` must hold), walked

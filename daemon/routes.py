@@ -27,6 +27,7 @@ from daemon.admission import (
     split_target,
 )
 from daemon.catchup import first_page
+from daemon.client_frames import ClientFrames
 from daemon.connection import Connection
 from daemon.http_phase import Request
 from daemon.server import Behind, Daemon, PollWaiter
@@ -63,6 +64,11 @@ class Router:
 
     def forget(self, conn: Connection) -> None:
         self.daemon.forget(conn)
+
+    def client_frames(self, conn: Connection) -> ClientFrames:
+        writer = self.daemon.writer
+        return ClientFrames(conn.subscriber.user, conn.device, None if writer is None else writer.submit,
+                            conn.send_text)
 
 
 async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[str, str]) -> None:
@@ -119,9 +125,10 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
         last = sub.last_id
     else:
         last = max(cursor, sub.last_id)
+    unread = await daemon.unread(user, partition)
     body = (b'{"messages":[' + b",".join(payload for _i, payload in items) + b'],"cursor":"'
             + daemon.cursor(partition, last).encode() + b'","recovered":'
-            + (b"true" if catch.recovered else b"false") + b"}")
+            + (b"true" if catch.recovered else b"false") + b',"unread":' + orjson.dumps(unread) + b"}")
     conn.respond(200, body, keep, headers)
 
 

@@ -20,12 +20,14 @@ from chat.errors import ChatError
 from chat.partitions import SlotMap
 from chat.settings import Settings
 from daemon import admission, metrics
+from db.conversation_state import UnreadTotals
 from daemon.catchup import CatchUp
 from daemon.connection import Connection, ServerState
 from daemon.heartbeat_wheel import DueWheel
 from daemon.hub import Hub, Hubs, Subscriber
 from daemon.partitioning import cursor_text, resume_since, wrong_partition
 from daemon.stream import Stream
+from writer.client import RemoteWriter
 
 FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
 # Heartbeat buckets a quarter of a tick wide: a socket visited before its due
@@ -64,7 +66,8 @@ class PollWaiter:
 
 class Daemon:
     def __init__(self, settings: Settings, hub: Hub | Hubs, stream: Stream | None, *,
-                 streams: dict[int, Stream] | None = None, slot_map: SlotMap | None = None):
+                 streams: dict[int, Stream] | None = None, slot_map: SlotMap | None = None,
+                 writer: RemoteWriter | None = None, unread: UnreadTotals | None = None):
         """``hub`` and ``stream``: the single stream's, or, with ``streams`` (by
         partition), the hubs of those partitions and the first one's stream."""
         self.settings = settings
@@ -80,6 +83,8 @@ class Daemon:
         # The WebSockets by the time their heartbeat is next due; closed ones are dropped as they come out.
         self.due: DueWheel[Connection] = DueWheel(self.heartbeat_tick / BUCKETS_PER_TICK)
         self.polls: set[PollWaiter] = set()
+        self.writer = writer  # the host's writer: where clients' acks and read markers go (None: refused)
+        self._unread = unread  # None: no MySQL, and `unread` is null
 
     @property
     def draining(self) -> bool:
@@ -118,6 +123,12 @@ class Daemon:
     def resume_point(self, raw_since: str | None, user: str) -> int | None:
         """Where ``since`` resumes in the user's partition; None: ``recovered: false``."""
         return resume_since(raw_since, user, self.slot_map)
+
+    async def unread(self, user: str, partition: int) -> int | None:
+        """The user's unread total for a hello or a poll answer; None when MySQL does not say within its timeout."""
+        if self._unread is None:
+            return None
+        return await self._unread.total(user, partition, self.settings.db_timeout_seconds)
 
     def cursor(self, partition: int, position: int) -> str:
         """A cursor at ``position`` of ``partition``: a bare id for the single stream at epoch 0."""

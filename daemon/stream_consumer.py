@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from chat.messages import Encoded, inserted_docs, is_message_doc
+from chat.messages import REVISIONS, Encoded, inserted_docs, is_message_doc
 from chat.stopping import reraise_if_cancelling
 from daemon import metrics
 from daemon.hub import Hub
@@ -126,6 +126,8 @@ class Consumer:
         for doc in docs:
             encoded = self._encode(doc)
             self._cache.append(encoded)
+            if doc.get("kind") in REVISIONS:
+                self._cache.revise(doc)
             msg_id, sender, recipient, _, payload = encoded
             delivered = self.hub.dispatch(msg_id, sender, recipient, payload, text_frame)
             if delivered:

@@ -22,6 +22,7 @@ import uvloop
 from chat.errors import error_body
 from chat.settings import Settings
 from daemon.acceptor import Acceptor
+from daemon.client_frames import ClientFrames
 from daemon.connection import Connection, ServerState
 from daemon.handshake import accept
 from daemon.http_phase import Request
@@ -69,6 +70,9 @@ class Testee:
 
     def forget(self, conn: Connection) -> None:
         """A WebSocket is gone: nothing to unregister here."""
+
+    def client_frames(self, conn: Connection) -> ClientFrames:
+        raise NotImplementedError("the echo server's connections echo every message: they have no client frames")
 
 
 async def serve(host: str, port: int) -> None:

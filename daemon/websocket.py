@@ -20,6 +20,7 @@ import orjson
 from chat.errors import CloseCode, Refused, error_body
 from daemon import admission, handshake, metrics
 from daemon.admission import split_target
+from daemon.client_frames import device_of
 from daemon.connection import Connection
 from daemon.http_phase import Request
 from daemon.hub import Subscriber
@@ -49,6 +50,12 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
     if response is None:
         return False
     origin = request.headers.get("origin")
+    device = device_of(query.get("device"))
+    if device is None:
+        conn.respond(422, error_body("invalid_field", "`device` must be 1-64 chars of [A-Za-z0-9_.-]", "device"),
+                     False)
+        return False
+    conn.device = device
     try:
         token = admission.credential(daemon.settings, query, request.headers.get("authorization"))
         if token is None:
@@ -133,13 +140,21 @@ async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int |
     client is closed with 4008 after the last catch-up frame it got, and
     resumes from there."""
     sub = conn.subscriber
-    pages, cursor = await daemon.subscribe(sub, since, CATCH_UP_PAGE, daemon.settings.send_buffer_max_bytes // 4)
+    # Read while the catch-up's first page is: the hello waits for the slower of the two.
+    unread = asyncio.ensure_future(daemon.unread(user, sub.partition))
+    try:
+        pages, cursor = await daemon.subscribe(sub, since, CATCH_UP_PAGE, daemon.settings.send_buffer_max_bytes // 4)
+    except BaseException:
+        unread.cancel()
+        raise
     try:
         page = await anext(pages)
+        total = await unread
         if conn.closing:
             return
         conn.send_text(orjson.dumps({"type": "hello", "recovered": page.recovered,
-                                     "cursor": daemon.cursor(sub.partition, cursor), "user": user}))
+                                     "cursor": daemon.cursor(sub.partition, cursor), "user": user,
+                                     "unread": total}))
         while page.more:
             sub.send_page(page.frames)
             if not await conn.drained():

@@ -11,11 +11,12 @@ import contextlib
 import logging
 from datetime import UTC, datetime, timedelta
 
-from pymongo import ASCENDING, AsyncMongoClient, ReplaceOne
+from pymongo import ASCENDING, AsyncMongoClient, ReplaceOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, CollectionInvalid, OperationFailure
 
+from chat.messages import Kind
 from chat.partitions import collection_name, suffix
 
 log = logging.getLogger("chat.mongo")
@@ -132,6 +133,16 @@ async def messages_with_ids(db: AsyncDatabase, ids: list[int], partition: int = 
 async def replace_messages(db: AsyncDatabase, docs: list[dict], partition: int = 0) -> None:
     """Puts each of ``docs`` in place of the document with its _id."""
     await db[collection_name(partition)].bulk_write([ReplaceOne({"_id": d["_id"]}, d) for d in docs], ordered=False)
+
+
+async def revise(db: AsyncDatabase, events: list[dict], partition: int = 0) -> None:
+    """Applies EDIT and DELETE documents to the messages they name, in order:
+    an edit sets the body and edited_at, a delete empties the body and marks it deleted."""
+    updates = [UpdateOne({"_id": e["ref"], "deleted": {"$ne": True}},
+                         {"$set": {"body": e["body"], "edited_at": e["created_at"]}})
+               if e["kind"] == Kind.EDIT else UpdateOne({"_id": e["ref"]}, {"$set": {"body": "", "deleted": True}})
+               for e in events]
+    await db[collection_name(partition)].bulk_write(updates, ordered=True)
 
 
 def expired_before(retention_seconds: int, now: datetime | None = None) -> datetime:

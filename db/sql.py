@@ -9,6 +9,7 @@ from datetime import UTC
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Index,
     MetaData,
@@ -46,6 +47,13 @@ messages = Table(
     # NULL on originals. Unique, so that a copy is made at most once.
     Column("origin_part", SmallInteger, nullable=True),
     Column("origin_id", BigInteger, nullable=True),
+    # A row is a message (kind 0) or an event of the conversation (chat.messages.Kind,
+    # docs/receipts.md): ref_id names its message, an id of this same table.
+    Column("kind", SmallInteger, nullable=False, server_default="0"),
+    Column("ref_id", BigInteger, nullable=True),
+    # A message's latest edit, and its deletion (body ""): the row holds its latest version.
+    Column("edited_at", DATETIME(fsp=3), nullable=True),
+    Column("deleted", Boolean, nullable=False, server_default="0"),
     UniqueConstraint("sender", "client_msg_id", name="uq_messages_sender_client_msg_id"),
     UniqueConstraint("origin_part", "origin_id", name="uq_messages_origin"),
     Index("ix_messages_conversation_id", "conversation", "id"),
@@ -98,11 +106,44 @@ echoes = Table(
 )
 
 
+# Read markers: ``upto`` is the newest message of ``peer``'s that ``reader`` has read,
+# an id of the reader's partition (the partition that holds every message the
+# reader got). Only ever raised (the writer's read step: GREATEST).
+read_markers = Table(
+    "read_markers",
+    metadata,
+    Column("reader", String(64, collation="utf8mb4_bin"), primary_key=True),
+    Column("peer", String(64, collation="utf8mb4_bin"), primary_key=True),
+    Column("upto", BigInteger, nullable=False),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+    mysql_collate="utf8mb4_bin",
+)
+
+# Each device's acknowledged position in its user's partition's stream: what
+# the device has received. Only ever raised. Delivery receipts are written
+# from it, and offline push reads it ("no device of this user has it").
+device_acks = Table(
+    "device_acks",
+    metadata,
+    Column("user", String(64, collation="utf8mb4_bin"), primary_key=True),
+    Column("device", String(64, collation="utf8mb4_bin"), primary_key=True),
+    Column("upto", BigInteger, nullable=False),
+    Column("acked_at", DATETIME(fsp=3), nullable=False),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+    mysql_collate="utf8mb4_bin",
+)
+
+
 def row_to_message(row: Row) -> Message:
     """A row of `messages` as the Message it stores (created_at is kept in UTC, without a zone)."""
     created = row.created_at.replace(tzinfo=UTC)
+    edited = getattr(row, "edited_at", None)
     return Message(row.id, row.sender, row.recipient, row.body, created, row.client_msg_id,
-                   getattr(row, "origin_part", None), getattr(row, "origin_id", None))
+                   getattr(row, "origin_part", None), getattr(row, "origin_id", None),
+                   getattr(row, "kind", 0) or 0, getattr(row, "ref_id", None),
+                   None if edited is None else edited.replace(tzinfo=UTC), bool(getattr(row, "deleted", False)))
 
 
 def conversation_key(a: str, b: str) -> str:

@@ -48,7 +48,9 @@ class StreamRanges:
         self._confirm_sql = text(
             f"SELECT (SELECT COALESCE(MAX(id), 0) FROM {table}), COUNT(*), COALESCE(BIT_XOR(CAST(CONV(LEFT(SHA2("
             f"CONCAT_WS(CHAR(31 USING utf8mb4), id, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000, "
-            f"IFNULL(client_msg_id, ''), CHAR_LENGTH(sender), sender, CHAR_LENGTH(recipient), recipient, body), "
+            f"IFNULL(client_msg_id, ''), CHAR_LENGTH(sender), sender, CHAR_LENGTH(recipient), recipient, body, "
+            # an event's kind and ref; NULL for a message, which CONCAT_WS leaves out
+            f"IF(kind = 0, NULL, kind), IF(kind = 0, NULL, ref_id)), "
             f"256), 16), 16, 10) AS UNSIGNED)), 0) FROM {table} WHERE id > :after AND id <= :upto")
 
     async def between(self, after: int, upto: int, limit: int) -> list[dict]:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import functools
 
-from jsonschema import Draft7Validator, FormatChecker
+from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
 from api.asyncapi import schemas
 from chat.settings import Settings
 
-FRAME_SCHEMA = {"hello": "Hello", "message": "Message"}
+# Each frame a daemon sends, by `type`: the schema that describes it.
+FRAME_SCHEMA = {"hello": "Hello", "message": "Message", "edit": "Edit", "delete": "Delete", "read": "Read",
+                "delivered": "Delivered", "error": "ErrorFrame"}
+# The frames of the stream, which a poll answer's `messages` holds.
+STREAM_FRAMES = ("message", "edit", "delete", "read", "delivered")
 
 
 @functools.cache
@@ -22,14 +26,32 @@ def _validators() -> dict[str, Draft7Validator]:
             for name, schema in schemas(Settings()).items()}
 
 
+def _kind(frame: object, kinds: tuple[str, ...] = tuple(FRAME_SCHEMA)) -> str | None:
+    """The schema of ``frame``'s ``type``, or None when it has none of ``kinds``."""
+    kind = frame.get("type") if isinstance(frame, dict) else None
+    return FRAME_SCHEMA[kind] if kind in kinds else None
+
+
+def _described(schema: str, error: ValidationError, within: tuple = ()) -> list[str]:
+    """``error`` as a line naming the schema and the path; a frame of a poll answer's ``messages``
+    (one of several schemas) is judged by its own type's, so that the line says what differs."""
+    path = (*within, *error.relative_path)
+    where = f"{schema} at /{'/'.join(map(str, path))}"
+    if error.validator == "oneOf" and not within and len(path) == 2:
+        name = _kind(error.instance, STREAM_FRAMES)
+        if name is None:
+            return [f"{where}: not a frame of the stream: {error.instance!r:.200}"]
+        return [line for inner in _validators()[name].iter_errors(error.instance)
+                for line in _described(name, inner, path)]
+    return [f"{where}: {error.message:.200}"]
+
+
 def violations(frame: object, schema: str | None = None) -> list[str]:
     """What is wrong with ``frame`` (a decoded JSON frame) as the document has it;
     [] when nothing. ``schema``: the schema's name; by default the one of the
     frame's ``type`` (a frame of no known type is itself a violation)."""
     if schema is None:
-        kind = frame.get("type") if isinstance(frame, dict) else None
-        if kind not in FRAME_SCHEMA:
+        schema = _kind(frame)
+        if schema is None:
             return [f"a frame of no documented type: {frame!r:.200}"]
-        schema = FRAME_SCHEMA[kind]
-    return [f"{schema} at /{'/'.join(map(str, e.absolute_path))}: {e.message:.200}"
-            for e in _validators()[schema].iter_errors(frame)]
+    return [line for error in _validators()[schema].iter_errors(frame) for line in _described(schema, error)]

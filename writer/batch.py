@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from chat.drafts import Draft
 from chat.errors import ChatError
-from chat.messages import Message
+from chat.messages import Kind, Message
 from chat.write_errors import ClientIdConflict
 from writer.copies import Copy
 
@@ -44,6 +44,7 @@ class Committed:
     stamped: float  # time.monotonic() when created_at was taken, just before the INSERT
     others_waiting: bool  # another process is queued for the lock: hand over after this batch
     owed: list[tuple[int, Copy]] = field(default_factory=list)  # (partition, copy) this batch's originals owe
+    refused: list[tuple[Pending, Exception]] = field(default_factory=list)  # events the rules refused, and why
 
 
 class CommitFailed(ChatError):
@@ -59,15 +60,27 @@ def answer(pending: Pending, msg: Message, created: bool) -> None:
     if pending.future.done():
         return
     d = pending.draft
-    if not created and (msg.recipient, msg.body) != (d.recipient, d.body):
+    if not created and msg.id and _differs(d, msg):
         pending.future.set_exception(ClientIdConflict(msg))
     else:
         pending.future.set_result((msg, created))
 
 
+def _differs(d: Draft | Copy, stored: Message) -> bool:
+    """A retry's stored row is not what the draft asks for (its client_msg_id was used for something else)."""
+    if isinstance(d, Copy):
+        return False
+    if d.kind or stored.kind:  # an edit or delete: the same event of the same message (and body, for an edit)
+        return (d.kind, d.ref_id) != (stored.kind, stored.ref_id) or (d.kind == Kind.EDIT and d.body != stored.body)
+    return (stored.recipient, stored.body) != (d.recipient, d.body)
+
+
 def answer_all(committed: Committed) -> None:
     for pending, msg, created in committed.answers:
         answer(pending, msg, created)
+    for pending, exc in committed.refused:
+        if not pending.future.done():
+            pending.future.set_exception(exc)
 
 
 def fail(batch: list[Pending], exc: Exception) -> None:

@@ -85,14 +85,15 @@ def echo_rows(owed: Iterable[tuple[int, Copy]]) -> list[Echo]:
     return [Echo(to_part, copy.from_part, copy.original.id) for to_part, copy in owed]
 
 
-def copy_message(copy: Copy, new_id: int, keep_client_msg_id: bool) -> Message:
+def copy_message(copy: Copy, new_id: int, keep_client_msg_id: bool, ref_id: int | None = None) -> Message:
     """The copy as its partition stores it: its own id there, the original's sender,
     recipient, body and time (both sides see one message), and its origin. It keeps
     the client_msg_id unless that (sender, client_msg_id) is already taken there
-    (``keep_client_msg_id`` False), which only a slot move can bring about."""
+    (``keep_client_msg_id`` False), which only a slot move can bring about. An
+    event's copy names its message by ``ref_id``, that message's id here."""
     o = copy.original
     return Message(new_id, o.sender, o.recipient, o.body, o.created_at, o.client_msg_id if keep_client_msg_id else None,
-                   copy.from_part, o.id)
+                   copy.from_part, o.id, o.kind, ref_id if o.kind else None, o.edited_at, o.deleted)
 
 
 @dataclass(slots=True)

@@ -109,11 +109,12 @@ class MessageWriter:
                  observe_copies: Callable[[int], None] = lambda n: None,
                  observe_strays: Callable[[int], None] = lambda n: None,
                  timing: Timing = DEFAULT_TIMING, partition: int = 0, slot_map: SlotMap = ONE_PARTITION,
-                 hand_over: Callable[[int, Copy], None] = _no_hand_over):
+                 hand_over: Callable[[int, Copy], None] = _no_hand_over, edit_window_seconds: int = 48 * 3600):
         self._partition = partition
         self._queue: asyncio.Queue[Pending] = asyncio.Queue(maxsize=queue_max)
         core, outbox = WriterCore(timing), OutboxWatch()
-        self._sql = self.mysql_steps(engine, partition=partition, slot_map=slot_map, timeout_seconds=timeout_seconds)
+        self._sql = self.mysql_steps(engine, partition=partition, slot_map=slot_map, timeout_seconds=timeout_seconds,
+                                     edit_window_seconds=edit_window_seconds)
         self._mongo = self.mongo_steps(mongo_db, partition=partition, timeout_seconds=timeout_seconds, core=core,
                                        outbox=outbox, observe_strays=observe_strays)
         self._waits = TurnWaits(self._queue, core=core, sql=self._sql, partition=partition, batch_max=batch_max,

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, PyMongoError
 
+from chat.messages import REVISIONS
 from chat.partitions import collection_name
 from db import mongo
 from writer.core import WriterCore
@@ -56,6 +57,24 @@ class MongoSteps:
         return task.result()
 
     async def insert(self, docs: list[dict], ordered: bool = True) -> bool:
+        """``insert_documents``, then the revisions among them applied to the
+        messages they name (``mongo.revise``): the fast store holds each
+        message's latest version, as MySQL does, so that no catch-up from it
+        sends a deleted body. A failed revision is a failed insert: the rows
+        stay the outbox, and the repair inserts them again (duplicates) and
+        applies their revisions again (they set values: doing one twice is doing it once)."""
+        if not await self.insert_documents(docs, ordered):
+            return False
+        revisions = [d for d in docs if d.get("kind") in REVISIONS]
+        if not revisions:
+            return True
+        try:
+            await self._within_timeout(mongo.revise(self.db, revisions, self._partition))
+            return True
+        except (PyMongoError, TimeoutError) as exc:
+            return self._insert_failed(exc, docs)
+
+    async def insert_documents(self, docs: list[dict], ordered: bool = True) -> bool:
         """One insert_many under the writer's deadline. ``ordered=False`` (the
         outbox repair): every document is tried. A document refused only for a
         duplicate _id is settled by ``_settle_duplicates``; after one, an
@@ -70,7 +89,7 @@ class MongoSteps:
             if not mongo.only_duplicates(exc):
                 return self._insert_failed(exc, docs)
             refused = mongo.refused_at(exc)
-            if ordered and (rest := docs[refused[-1] + 1:]) and not await self.insert(rest, ordered=False):
+            if ordered and (rest := docs[refused[-1] + 1:]) and not await self.insert_documents(rest, ordered=False):
                 return False
             return await self._settle_duplicates([docs[i] for i in refused])
         except (PyMongoError, TimeoutError) as exc:

@@ -13,21 +13,33 @@ import asyncio
 import contextlib
 import logging
 import time
+from datetime import datetime
 
 from sqlalchemy import func, select, text, tuple_
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
-from chat.messages import Message, now_ms
+from chat.drafts import Draft
+from chat.messages import Kind, Message, now_ms
 from chat.partitions import SlotMap, lock_name
-from chat.write_errors import PartitionBusy, WriteUnavailable
+from chat.write_errors import CopyDeferred, EventRefused, PartitionBusy, WriteUnavailable
 from db.partition_map import tables_of
 from db.sql import conversation_key, row_to_message
 from db.threads import Threads
-from writer import echo_sql
+from writer import echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
 from writer.copies import Copy, Known, copy_message, copy_plan, owed_copies
 from writer.core import REPAIR_PAGE
+from writer.events import (
+    Facts,
+    delivered_rows,
+    event_message,
+    judge_ack,
+    judge_read,
+    judge_revision,
+    revised,
+    unchanged,
+)
 
 log = logging.getLogger("chat.writer")
 
@@ -47,8 +59,10 @@ class MySQLSteps:
     """The SQL of one partition's writer (``partition``, of ``slot_map``): each
     step is a coroutine that runs its statements on the writer's one MySQL thread."""
 
-    def __init__(self, engine: Engine, *, partition: int, slot_map: SlotMap, timeout_seconds: float):
+    def __init__(self, engine: Engine, *, partition: int, slot_map: SlotMap, timeout_seconds: float,
+                 edit_window_seconds: int = 48 * 3600):
         self.engine = engine
+        self._edit_window = edit_window_seconds
         self._partition = partition
         self._slot_map = slot_map
         self._timeout = timeout_seconds
@@ -162,7 +176,15 @@ class MySQLSteps:
         """``known``: what the table holds of the retries and copies in ``batch``."""
         new: list[Message] = []
         answers: list[tuple[Pending, Message, bool]] = []
+        refused: list[tuple[Pending, Exception]] = []
         created_at, stamped = now_ms(), time.monotonic()
+        events = event_sql.has_events(batch)
+        try:
+            facts = event_sql.read_facts(conn, self._messages, batch, last_id) if events else None
+            translated = event_sql.copy_refs(conn, self._partition, batch) if events else {}
+        except SQLAlchemyError:
+            conn.rollback()
+            raise
         for p in batch:
             d = p.draft
             if isinstance(d, Copy):
@@ -170,8 +192,14 @@ class MySQLSteps:
                 if not write:  # copied already: by another offer of it, or earlier in this batch
                     answers.append((p, known.copies[d.origin], False))
                     continue
+                ref_id = None
+                if d.original.kind:
+                    ref_id = _translated_ref(d, translated, known)
+                    if ref_id is None:  # its message is not copied here yet: the echo stays for a later drain
+                        refused.append((p, CopyDeferred(f"copy of {d.origin}: its message is not here yet")))
+                        continue
                 last_id += 1
-                msg = copy_message(d, last_id, keep_key)
+                msg = copy_message(d, last_id, keep_key, ref_id)
                 known.copies[d.origin] = msg
                 key = (msg.sender, msg.client_msg_id) if msg.client_msg_id else None
             else:
@@ -179,12 +207,31 @@ class MySQLSteps:
                 if key in known.originals:  # a retry: answered with the original (or a conflict, see batch.answer)
                     answers.append((p, known.originals[key], False))
                     continue
+                if d.kind:
+                    assert facts is not None
+                    try:
+                        event = self._judge(d, facts, last_id + 1, created_at)
+                    except EventRefused as exc:
+                        refused.append((p, exc))
+                        continue
+                    if event.id == 0:  # nothing new to write: the marker or position stands
+                        answers.append((p, event, False))
+                        continue
+                    msg = event
+                else:
+                    msg = Message(last_id + 1, d.sender, d.recipient, d.body, created_at, d.client_msg_id)
                 last_id += 1
-                msg = Message(last_id, d.sender, d.recipient, d.body, created_at, d.client_msg_id)
             new.append(msg)
             answers.append((p, msg, True))
             if key:
                 known.originals[key] = msg
+        devices: dict[tuple[str, str], int] = {}
+        if facts is not None:
+            devices = self._acked(batch, facts, answers)
+            for user, before, after in self._acks_moved(batch, facts):
+                for peer, upto in delivered_rows(user, facts, before, after):
+                    last_id += 1
+                    new.append(Message(last_id, user, peer, "", created_at, None, kind=Kind.DELIVERED, ref_id=upto))
         owed = owed_copies(new, self._partition, self._slot_map)
         try:
             if new:
@@ -192,9 +239,13 @@ class MySQLSteps:
                     {"id": m.id, "sender": m.sender, "recipient": m.recipient,
                      "conversation": conversation_key(m.sender, m.recipient), "body": m.body,
                      "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None),
-                     "origin_part": m.origin_part, "origin_id": m.origin_id}
+                     "origin_part": m.origin_part, "origin_id": m.origin_id, "kind": int(m.kind),
+                     "ref_id": m.ref_id, "edited_at": None if m.edited_at is None else m.edited_at.replace(tzinfo=None),
+                     "deleted": m.deleted}
                     for m in new])
                 echo_sql.settle_echoes(conn, self._partition, owed, new)
+            if events:
+                event_sql.write_effects(conn, self._messages, new, devices)
         except SQLAlchemyError:
             conn.rollback()
             raise
@@ -203,8 +254,52 @@ class MySQLSteps:
         except SQLAlchemyError:
             with contextlib.suppress(SQLAlchemyError):
                 conn.rollback()  # on a live connection, never commit this later by accident
-            raise CommitFailed(Committed(new, answers, started, stamped, False, owed)) from None
-        return Committed(new, answers, started, stamped, waiting, owed), last_id
+            raise CommitFailed(Committed(new, answers, started, stamped, False, owed, refused)) from None
+        return Committed(new, answers, started, stamped, waiting, owed, refused), last_id
+
+    def _judge(self, d: Draft, facts: Facts, next_id: int, created_at: datetime) -> Message:
+        """The row an event draft writes (id ``next_id``), one with id 0 when it
+        writes none, or its refusal (``EventRefused``)."""
+        if d.kind in (Kind.EDIT, Kind.DELETE):
+            original = judge_revision(d, facts, created_at, self._edit_window)
+            revised(original, d.kind)
+            return event_message(d, next_id, original.recipient, created_at, d.ref_id or 0)
+        if d.kind == Kind.READ:
+            upto = judge_read(d, facts)
+            marker = facts.markers.get((d.sender, d.recipient), 0)
+            if upto <= marker:
+                return unchanged(d, marker)
+            facts.markers[(d.sender, d.recipient)] = upto
+            return event_message(d, next_id, d.recipient, created_at, upto)
+        judge_ack(d, facts)
+        return unchanged(d, 0)  # answered with the device's position once the batch's acks are counted
+
+    @staticmethod
+    def _acked(batch: list[Pending], facts: Facts, answers: list[tuple[Pending, Message, bool]]) -> dict:
+        """The devices' positions the batch's accepted acks move, and each ack's answer: its device's position."""
+        moved: dict[tuple[str, str], int] = {}
+        for p in batch:
+            d = p.draft
+            if not isinstance(d, Copy) and d.kind == Kind.ACK:
+                device = (d.sender, d.recipient)
+                if (d.ref_id or 0) > facts.devices.get(device, 0) and (d.ref_id or 0) <= facts.last_id:
+                    facts.devices[device] = moved[device] = d.ref_id or 0
+        for _pending, msg, _created in answers:
+            if msg.kind == Kind.ACK:
+                msg.ref_id = facts.devices.get((msg.sender, msg.recipient), 0)
+        return moved
+
+    @staticmethod
+    def _acks_moved(batch: list[Pending], facts: Facts) -> list[tuple[str, int, int]]:
+        """(user, highest position before, after) of each user whose highest position the batch's acks move."""
+        after: dict[str, int] = {}
+        for (user, _device), upto in facts.devices.items():
+            after[user] = max(after.get(user, 0), upto)
+        moved = [(user, facts.acked.get(user, 0), upto) for user, upto in after.items()
+                 if upto > facts.acked.get(user, 0)]
+        for user, _before, upto in moved:
+            facts.acked[user] = upto
+        return sorted(moved)
 
     def _commit(self, conn: Connection, ask_others: bool) -> bool:
         """Commits a batch; returns whether another process is queued for the
@@ -305,3 +400,13 @@ def _get_lock(conn: Connection, name: str, wait: float) -> int | None:
         if exc.orig is not None and exc.orig.args and exc.orig.args[0] == STATEMENT_TIMEOUT:
             return 0
         raise
+
+
+def _translated_ref(copy: Copy, translated: dict[tuple[int, int], int], known: Known) -> int | None:
+    """An event copy's ``ref`` in this partition's ids, or None while its message is not here
+    (``event_sql.copy_refs``; or copied earlier in this very batch, which ``known`` holds)."""
+    key = (copy.from_part, copy.original.ref_id or 0)
+    if key in translated:
+        return translated[key]
+    in_batch = known.copies.get(key)
+    return None if in_batch is None else in_batch.id

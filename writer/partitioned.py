@@ -74,7 +74,8 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
                              observe_outbox=metrics.outbox_observer(partition),
                              observe_copies=metrics.copies_observer(partition),
                              observe_strays=metrics.strays_observer(partition),
-                             partition=partition, slot_map=slot_map, hand_over=hand_over)
+                             partition=partition, slot_map=slot_map, hand_over=hand_over,
+                             edit_window_seconds=settings.edit_window_seconds)
 
     return PartitionedWriter(slot_map, make)
 

@@ -7,9 +7,12 @@ the writer still treats what it reads as untrusted: a frame it cannot
 decode into exactly these shapes ends that connection, and nothing of it is
 stored (``BadFrame``).
 
-request: ``[seq, sender, recipient, body, client_msg_id | null]``
+request: ``[seq, sender, recipient, body, client_msg_id | null]`` for a message, and
+         ``[seq, sender, recipient, body, client_msg_id | null, kind, ref_id]`` for an event
+         (chat.messages.Kind, docs/receipts.md)
 reply:   ``[seq, outcome, message | null]``, ``outcome`` an ``Outcome``'s wire string, ``message`` as
-         ``[id, sender, recipient, body, created_at_ms, client_msg_id | null]``
+         ``[id, sender, recipient, body, created_at_ms, client_msg_id | null]`` for a message, and with
+         ``kind, ref_id, edited_at_ms | null, deleted`` after them for anything else
 goodbye: ``[0, "stopping", null]`` from a writer that is stopping. The API
          process sends nothing more on that connection and half-closes it;
          the writer answers every request it reads up to that end of stream.
@@ -28,7 +31,7 @@ import orjson
 
 from chat.drafts import Draft
 from chat.frames import BadFrame, read_sized
-from chat.messages import Message
+from chat.messages import Kind, Message
 from chat.write_errors import Outcome
 
 HEADER = struct.Struct("!I")
@@ -78,22 +81,33 @@ def _is_seq(value: object) -> bool:
 
 
 def request(seq: int, draft: Draft) -> bytes:
+    if draft.kind:
+        return frame([seq, draft.sender, draft.recipient, draft.body, draft.client_msg_id, int(draft.kind),
+                      draft.ref_id])
     return frame([seq, draft.sender, draft.recipient, draft.body, draft.client_msg_id])
+
+
+_REQUEST_KINDS = frozenset(int(k) for k in Kind if k != Kind.MESSAGE)
 
 
 def parse_request(payload: list) -> tuple[int, Draft]:
     """A request's sequence number and draft. The API has validated the draft
     already; here only its shape is checked, so that no other local process
     can hand the writer something the database layer would choke on."""
-    if len(payload) != 5:
-        raise BadFrame("request: 5 fields expected")
-    seq, sender, recipient, body, client_msg_id = payload
+    if len(payload) == 7:
+        seq, sender, recipient, body, client_msg_id, kind, ref_id = payload
+        if not (type(kind) is int and kind in _REQUEST_KINDS and _is_seq(ref_id) and ref_id > 0):
+            raise BadFrame("request: wrong event kind or reference")
+    elif len(payload) == 5:
+        (seq, sender, recipient, body, client_msg_id), kind, ref_id = payload, Kind.MESSAGE, None
+    else:
+        raise BadFrame("request: 5 or 7 fields expected")
     if not (_is_seq(seq) and _is_str(sender) and _is_str(recipient) and _is_str(body)
             and (client_msg_id is None or _is_str(client_msg_id))):
         raise BadFrame("request: wrong field types")
-    if not (sender and recipient and body):
+    if not sender or (kind == Kind.MESSAGE and not (recipient and body)) or (kind == Kind.EDIT and not body):
         raise BadFrame("request: empty field")
-    return seq, Draft(sender, recipient, body, client_msg_id)
+    return seq, Draft(sender, recipient, body, client_msg_id, kind, ref_id)
 
 
 def reply(seq: int, outcome: Outcome, msg: Message | None) -> bytes:
@@ -101,6 +115,9 @@ def reply(seq: int, outcome: Outcome, msg: Message | None) -> bytes:
     if msg is not None:
         millis = (msg.created_at - EPOCH) // MILLISECOND  # exact: integer arithmetic
         fields = [msg.id, msg.sender, msg.recipient, msg.body, millis, msg.client_msg_id]
+        if msg.kind or msg.edited_at is not None or msg.deleted:
+            edited = None if msg.edited_at is None else (msg.edited_at - EPOCH) // MILLISECOND
+            fields += [int(msg.kind), msg.ref_id, edited, msg.deleted]
     return frame([seq, outcome.wire, fields])
 
 
@@ -117,6 +134,11 @@ def parse_reply(payload: list) -> tuple[int, Outcome | None, Message | None]:
     seq, _outcome, fields = payload
     if fields is None:
         return seq, outcome, None
+    if len(fields) == 10:
+        msg_id, sender, recipient, body, millis, client_msg_id, kind, ref_id, edited, deleted = fields
+        edited_at = None if edited is None else EPOCH + edited * MILLISECOND
+        return seq, outcome, Message(msg_id, sender, recipient, body, EPOCH + millis * MILLISECOND, client_msg_id,
+                                     None, None, kind, ref_id, edited_at, deleted)
     msg_id, sender, recipient, body, millis, client_msg_id = fields
     created = EPOCH + millis * MILLISECOND
     return seq, outcome, Message(msg_id, sender, recipient, body, created, client_msg_id)

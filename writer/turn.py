@@ -143,6 +143,9 @@ class Turn:
         else:
             fail([pending for pending, _msg, _created in failed.committed.answers],
                  WriteOutcomeUnknown("mysql: the commit failed and may have taken"))
+            for pending, refusal in failed.committed.refused:  # refused before the commit: nothing of theirs
+                if not pending.future.done():
+                    pending.future.set_exception(refusal)
 
     async def _leftovers(self, conn: Connection) -> list[Pending]:
         """Copies owed to this partition that no hand-over made (a writer killed

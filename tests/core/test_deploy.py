@@ -294,7 +294,8 @@ def test_supervisord_itself_accepts_the_prod_config(tmp_path, monkeypatch):
         "CHAT_MONGO_URL": url, "CHAT_OPLOG_RELAY_SOCKET": relay_socket, "CHAT_METRICS_PORT": "9300"}
     daemon = groups["daemon"].process_configs[0]
     assert daemon.environment == {"CHAT_MONGO_URL": url, "CHAT_MYSQL_URL": mysql_url, "CHAT_METRICS_PORT": "9100",
-                                  "CHAT_OPLOG_RELAY_SOCKET": relay_socket}  # commas and & survive
+                                  "CHAT_OPLOG_RELAY_SOCKET": relay_socket,  # commas and & survive
+                                  "CHAT_WRITER_SOCKET": socket}  # clients' acks and read markers go there
     assert daemon.command.endswith("/deploy/../.venv/bin/python -m daemon")
     assert options.minfds == 20000
 

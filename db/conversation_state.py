@@ -1,0 +1,87 @@
+"""A user's conversations' state, read from their partition's table: unread
+counts, their read markers, and how far each peer has received and read
+(docs/receipts.md). The API's conversation list and a daemon's hello read it.
+
+Exact by construction: a user's partition holds every message they sent or
+received, each read marker is an id of that same sequence, and a deleted
+message is not unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql.expression import TextClause
+
+from chat.messages import Kind
+from chat.partitions import suffix
+from db.threads import Threads
+
+
+@functools.cache
+def _unread_sql(partition: int) -> TextClause:
+    return text(
+        f"SELECT m.sender AS peer, COUNT(*) AS n FROM messages{suffix(partition)} m "
+        "LEFT JOIN read_markers r ON r.reader = m.recipient AND r.peer = m.sender "
+        f"WHERE m.recipient = :user AND m.sender <> :user AND m.kind = {int(Kind.MESSAGE)} AND m.deleted = 0 "
+        "AND m.id > COALESCE(r.upto, 0) GROUP BY m.sender")
+
+
+@functools.cache
+def _peer_markers_sql(partition: int) -> TextClause:
+    return text(
+        f"SELECT sender AS peer, kind, MAX(ref_id) AS upto FROM messages{suffix(partition)} "
+        f"WHERE recipient = :user AND sender <> :user AND kind IN ({int(Kind.READ)}, {int(Kind.DELIVERED)}) "
+        "GROUP BY sender, kind")
+
+
+_MARKERS_SQL = text("SELECT peer, upto FROM read_markers WHERE reader = :user")
+
+
+def unread_by_peer(conn: Connection, partition: int, user: str) -> dict[str, int]:
+    """Per peer: their messages to ``user`` above ``user``'s read marker, deleted ones aside."""
+    return {row.peer: int(row.n) for row in conn.execute(_unread_sql(partition), {"user": user})}
+
+
+def read_markers_of(conn: Connection, user: str) -> dict[str, int]:
+    """Per peer: the newest of their messages ``user`` has read (an id of ``user``'s partition)."""
+    return {row.peer: int(row.upto) for row in conn.execute(_MARKERS_SQL, {"user": user})}
+
+
+def peer_markers(conn: Connection, partition: int, user: str) -> dict[str, dict[str, int]]:
+    """Per peer: {"read": id, "delivered": id}, the newest of ``user``'s messages
+    the peer has read and received, as the events in ``user``'s stream say (ids of it)."""
+    found: dict[str, dict[str, int]] = {}
+    for row in conn.execute(_peer_markers_sql(partition), {"user": user}):
+        name = "read" if row.kind == Kind.READ else "delivered"
+        found.setdefault(row.peer, {})[name] = int(row.upto)
+    return found
+
+
+class UnreadTotals:
+    """A daemon's reads of its users' unread totals (the hello's and a poll
+    answer's ``unread``), on threads and an engine of their own: a slow count
+    never holds a read of the stream's truth back."""
+
+    def __init__(self, engine: Engine, threads: int = 2):
+        self._engine = engine
+        self._threads = Threads(threads, "unread")
+
+    async def total(self, user: str, partition: int, timeout: float) -> int | None:
+        """The user's unread messages over every conversation; None if MySQL did not answer within ``timeout``."""
+        def run() -> int:
+            with self._engine.connect() as conn:
+                return sum(unread_by_peer(conn, partition, user).values())
+
+        try:
+            return await asyncio.wait_for(self._threads.run(run), timeout)
+        except (SQLAlchemyError, TimeoutError):
+            return None
+
+    def close(self) -> None:
+        self._threads.close()
+        self._engine.dispose()
