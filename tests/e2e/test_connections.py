@@ -97,11 +97,11 @@ async def test_oversized_inbound_frame_closes_with_1009(strict, users):
 @pytest.mark.parametrize("frame", ["text", "unasked pong"])
 async def test_inbound_frame_flood_closes_with_1008(strict, users, frame):
     # Pongs answer the server's pings; a stream of them that nobody asked for
-    # counts against the inbound frame rate like any other frame.
+    # counts against the inbound frame rate like any other frame, as acks do.
     ws, _ = await connect(strict, users("u"))
     with pytest.raises(ConnectionClosed) as info:
         for _ in range(50):
-            await (ws.send("hi") if frame == "text" else ws.pong(b"x"))
+            await (ws.send('{"type": "ack", "upto": "1"}') if frame == "text" else ws.pong(b"x"))
             await asyncio.sleep(0.01)  # pacing: 100 frames a second, twenty times the limit
         await asyncio.wait_for(ws.recv(), PATIENCE)
     assert info.value.rcvd.code == 1008
