@@ -41,21 +41,24 @@ class BadClientFrame(ChatError):
     """Not an ``ack`` or ``read`` frame of the contract: the reason is the close frame's."""
 
 
-def parse(data: bytes) -> tuple[str, str | None, int]:
-    """("ack", None, upto) or ("read", peer, upto), or ``BadClientFrame``."""
+def parse(data: bytes) -> tuple[str, str | None, int] | None:
+    """("ack", None, upto) or ("read", peer, upto); None for data that is not
+    a JSON object of either type (dropped, as all data was before clients
+    could send any: a WebSocket library's own test messages, a newer client's
+    frames); ``BadClientFrame`` for an ack or read frame of the wrong shape."""
     try:
         frame = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise BadClientFrame("client frame is not JSON") from None
+        return None
     if not isinstance(frame, dict):
-        raise BadClientFrame("client frame is not a JSON object")
+        return None
     kind = frame.get("type")
     if kind == "ack":
         fields: tuple[str, ...] = ("type", "upto")
     elif kind == "read":
         fields = ("type", "peer", "upto")
     else:
-        raise BadClientFrame("client frame type must be ack or read")
+        return None
     if set(frame) != set(fields):
         raise BadClientFrame(f"{kind} frame fields are {', '.join(fields)}")
     upto = frame["upto"]
@@ -89,7 +92,10 @@ class ClientFrames:
 
     def take(self, data: bytes) -> None:
         """One client frame; raises ``BadClientFrame``."""
-        kind, peer, upto = parse(data)
+        parsed = parse(data)
+        if parsed is None:
+            return
+        kind, peer, upto = parsed
         if kind == "ack":
             self._ack = max(self._ack, upto)
         else:

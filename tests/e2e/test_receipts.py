@@ -175,13 +175,15 @@ async def test_refusals_have_their_documented_answers(system, users):
 
 
 @pytest.mark.parametrize("frame, reason", [
-    (b"not json", "client frame is not JSON"),
-    (b'{"type": "typing"}', "client frame type must be ack or read"),
     (b'{"type": "ack", "upto": 5}', "upto must be a message id (a decimal string)"),
+    (b'{"type": "ack", "upto": "0"}', "upto must be a message id (a decimal string)"),
     (b'{"type": "read", "upto": "5"}', "read frame fields are type, peer, upto"),
+    (b'{"type": "read", "peer": "a b", "upto": "5"}', "peer must be a user id"),
 ])
 async def test_a_malformed_client_frame_closes_with_1007(system, users, frame, reason):
     ws, _ = await connect(system, users("bob"))
+    for other in ("not json", "[1]", '{"type": "typing"}'):  # not a client frame: checked and dropped
+        await ws.send(other)
     await ws.send(frame.decode())
     with pytest.raises(websockets.ConnectionClosed):
         while True:
