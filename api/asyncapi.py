@@ -13,6 +13,8 @@ builds; the end-to-end tests check every frame they receive against it.
 
 from __future__ import annotations
 
+from api.openapi import decimal_pattern, pattern
+from chat.auth import USER_ID
 from chat.errors import CloseCode
 from chat.settings import Settings
 
@@ -57,8 +59,12 @@ _UNREAD = {"type": ["integer", "null"], "minimum": 0,
            "description": "The user's unread messages over every conversation (from a peer, above the user's "
                           "read marker, not deleted); null when MySQL could not be read in time."}
 # The handshake's `device` (the device an `ack` counts for): the rule of a user id.
-DEVICE = r"^[A-Za-z0-9_.-]{1,64}$"
+DEVICE = pattern(USER_ID)
 DEFAULT_DEVICE = "default"
+# What a client frame's `upto` may be: a decimal string of a message id's range (MySQL's BIGINT), at most 19
+# digits, as the API's ids.
+ID_MAX, ID_DIGITS = 2**63 - 1, 19
+_UPTO = {"type": "string", "maxLength": ID_DIGITS, "pattern": decimal_pattern(1, ID_MAX, ID_DIGITS)}
 # The codes of an `error` frame: a refused `ack` or `read` (docs/receipts.md, "Errors").
 ERROR_FRAME_CODES = ("message_not_found", "not_in_conversation", "past_newest", "message_deleted",
                      "writer_unavailable")
@@ -156,7 +162,7 @@ def schemas(settings: Settings) -> dict[str, dict]:
             "required": ["type", "upto"],
             "additionalProperties": False,
             "properties": {"type": {"const": "ack"},
-                           "upto": {**_ID, "description": "This device has received the stream up to here."}},
+                           "upto": {**_UPTO, "description": "This device has received the stream up to here."}},
             "description": "After the hello: this connection's device (the handshake's `device`) has received "
                            "the stream up to `upto`. Newer acks replace one still waiting; no answer but a "
                            "refusal (`error`).",
@@ -165,8 +171,8 @@ def schemas(settings: Settings) -> dict[str, dict]:
             "type": "object",
             "required": ["type", "peer", "upto"],
             "additionalProperties": False,
-            "properties": {"type": {"const": "read"}, "peer": _USER,
-                           "upto": {**_ID, "description": "A message of the conversation with `peer`."}},
+            "properties": {"type": {"const": "read"}, "peer": {"type": "string", "pattern": pattern(USER_ID)},
+                           "upto": {**_UPTO, "description": "A message of the conversation with `peer`."}},
             "description": "After the hello: the user has read the conversation with `peer` up to message "
                            "`upto`. A newer marker for the same peer replaces one still waiting; no answer but "
                            "the `read` event on the stream, or a refusal (`error`).",

@@ -19,6 +19,8 @@ from chat.settings import Settings
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _MESSAGE = {"$ref": "#/components/schemas/Message"}
+_EDIT = {"$ref": "#/components/schemas/Edit"}
+_DELETE = {"$ref": "#/components/schemas/Delete"}
 _RETRY_AFTER = {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}
 _WWW_AUTHENTICATE = {"WWW-Authenticate": {"$ref": "#/components/headers/WWW-Authenticate"}}
 
@@ -26,6 +28,23 @@ _WWW_AUTHENTICATE = {"WWW-Authenticate": {"$ref": "#/components/headers/WWW-Auth
 def pattern(regex: re.Pattern[str]) -> str:
     """``regex``, which the API applies with fullmatch, as a JSON Schema pattern (a search: anchored here)."""
     return f"^(?:{regex.pattern})$"
+
+
+def decimal_pattern(lo: int, hi: int, digits: int) -> str:
+    """A JSON Schema pattern for the plain ASCII decimals from ``lo`` (0 or 1) to ``hi`` that are no longer
+    than ``hi`` (leading zeros included), ``hi`` having ``digits`` digits: what ``chat.parsing.is_decimal``
+    then a range check take, with ``maxLength`` = ``digits`` beside it."""
+    top = str(hi)
+    assert lo in (0, 1) and len(top) == digits
+    # Fewer significant digits than ``hi``, after any zeros (maxLength bounds the whole).
+    forms = [f"0*[1-9][0-9]{{0,{digits - 2}}}" + ("|0+" if lo == 0 else "")]
+    # As many as ``hi``: equal to it up to a digit, then a smaller one, then any.
+    for i, digit in enumerate(top):
+        least = 1 if i == 0 else 0
+        if int(digit) > least:
+            forms.append(f"{top[:i]}[{least}-{int(digit) - 1}][0-9]{{{digits - 1 - i}}}")
+    forms.append(top)
+    return f"^(?:{'|'.join(forms)})$"
 
 
 def _json(schema: dict) -> dict:
@@ -68,6 +87,36 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                             "(overloaded)", "mysql_unavailable", "overloaded", headers=_RETRY_AFTER)
     overloaded = _err("The process is at its connection limit (CHAT_API_MAX_CONNECTIONS)", "overloaded",
                       headers=_RETRY_AFTER)
+    write_unavailable = _err("MySQL down or slow, another writer holding the sender's partition's lock for the "
+                             "whole lock wait (CHAT_DB_TIMEOUT_SECONDS), the writer queue full, the writer "
+                             "process away past CHAT_WRITER_WAIT_SECONDS, or the process at its connection "
+                             "limit: nothing stored (mysql_unavailable, partition_busy, overloaded, "
+                             "writer_unavailable); or the COMMIT failed, or the writer process died holding the "
+                             "request, and it may have been stored (outcome_unknown: retry with the same "
+                             "client_msg_id)",
+                             "mysql_unavailable", "partition_busy", "overloaded", "writer_unavailable",
+                             "outcome_unknown", headers=_RETRY_AFTER)
+    # The refusals of docs/receipts.md ("Errors"), by case.
+    not_found = _err("`upto`, or the path's id, is not a message of the caller's stream (no such id, or an "
+                     "event)", "message_not_found")
+    deleted = "the message is deleted (message_deleted)"
+    path_id = {"name": "id", "in": "path", "required": True,
+               "description": "A message id of the caller's own stream, as GET /v1/messages and the pushed frames "
+                              "give it", "schema": {"type": "integer", "minimum": rules.BEFORE_MIN,
+                                                    "maximum": rules.BEFORE_MAX}}
+    stream_id = {"anyOf": [
+        {"type": "string", "maxLength": rules.NUMBER_DIGITS,
+         "pattern": decimal_pattern(rules.BEFORE_MIN, rules.BEFORE_MAX, rules.NUMBER_DIGITS)},
+        {"type": "integer", "minimum": rules.BEFORE_MIN, "maximum": rules.BEFORE_MAX}],
+        "description": "An id of the caller's own stream: a decimal string, as a frame's `id`, or a JSON integer"}
+    rate_limited = _err("Sender over its rate limit (CHAT_RATE_LIMIT_PER_SECOND)", "rate_limited",
+                        headers=_RETRY_AFTER)
+    client_msg_id = {"type": ["string", "null"], "pattern": pattern(rules.CLIENT_MSG_ID),
+                     "description": "1-64 characters of [A-Za-z0-9_.:-]: a retry with the same one stores "
+                                    "nothing new"}
+    bad_shape = _err("Valid JSON of the wrong shape; `field` names the field", "invalid_field", "invalid_body")
+    past = ("past the newest id of the caller's stream (past_newest); else valid JSON of the wrong shape, `field` "
+            "naming the field")
     return {
         "openapi": "3.1.0",
         "info": {"title": "chat-delivery write API", "version": "1"},
@@ -88,13 +137,13 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                         "body": {"type": "string", "minLength": 1, "maxLength": body_max_chars,
                                  "description": f"1 to {body_max_chars} characters (CHAT_BODY_MAX_CHARS); the "
                                                 "whole request body also within CHAT_REQUEST_MAX_BYTES"},
-                        "client_msg_id": {"type": ["string", "null"], "pattern": pattern(rules.CLIENT_MSG_ID),
-                                          "description": "1-64 characters of [A-Za-z0-9_.:-]: a retry with "
-                                                         "the same one stores nothing new"},
+                        "client_msg_id": client_msg_id,
                     },
                 },
                 "Message": {
                     "type": "object",
+                    "description": "Its latest version: `edited_at` once edited; once deleted, `deleted: true` "
+                                   "and an empty `body` (a tombstone that keeps its id)",
                     "required": ["type", "id", "from", "to", "body", "created_at", "client_msg_id"],
                     "properties": {
                         "type": {"const": "message"},
@@ -102,6 +151,78 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                         "from": user_id, "to": user_id, "body": {"type": "string"},
                         "created_at": {"type": "string", "format": "date-time"},
                         "client_msg_id": {"type": ["string", "null"]},
+                        "edited_at": {"type": "string", "format": "date-time",
+                                      "description": "When its body was last replaced; absent if it never was"},
+                        "deleted": {"const": True, "description": "Present once deleted"},
+                    },
+                },
+                "NewBody": {
+                    "type": "object", "additionalProperties": False, "required": ["body"],
+                    "properties": {
+                        "body": {"type": "string", "minLength": 1, "maxLength": body_max_chars,
+                                 "description": f"The new body: 1 to {body_max_chars} characters "
+                                                "(CHAT_BODY_MAX_CHARS)"},
+                        "client_msg_id": client_msg_id,
+                    },
+                },
+                "Edit": {
+                    "type": "object", "description": "The `edit` event, as the daemons push it",
+                    "required": ["type", "id", "from", "to", "ref", "body", "created_at", "client_msg_id"],
+                    "properties": {
+                        "type": {"const": "edit"},
+                        "id": {"type": "string", "description": "The event's id in the caller's stream"},
+                        "from": user_id, "to": user_id,
+                        "ref": {"type": "string", "description": "The message edited"},
+                        "body": {"type": "string"},
+                        "created_at": {"type": "string", "format": "date-time"},
+                        "client_msg_id": {"type": ["string", "null"]},
+                    },
+                },
+                "Delete": {
+                    "type": "object", "description": "The `delete` event, as the daemons push it",
+                    "required": ["type", "id", "from", "to", "ref", "created_at", "client_msg_id"],
+                    "properties": {
+                        "type": {"const": "delete"},
+                        "id": {"type": "string", "description": "The event's id in the caller's stream"},
+                        "from": user_id, "to": user_id,
+                        "ref": {"type": "string", "description": "The message deleted"},
+                        "created_at": {"type": "string", "format": "date-time"},
+                        "client_msg_id": {"type": ["string", "null"]},
+                    },
+                },
+                "Ack": {
+                    "type": "object", "additionalProperties": False, "required": ["upto"],
+                    "properties": {
+                        "upto": {**stream_id, "description": "This device has received the caller's stream up to "
+                                                             "here (any id up to its newest, a message's or an "
+                                                             "event's)"},
+                        "device": {"type": ["string", "null"], "pattern": pattern(rules.DEVICE_ID),
+                                   "description": f"1-64 characters of [A-Za-z0-9_.-]; `{rules.DEFAULT_DEVICE}` if "
+                                                  "not given (or null)"},
+                    },
+                },
+                "AckAnswer": {
+                    "type": "object", "required": ["device", "upto"],
+                    "properties": {"device": {"type": "string"},
+                                   "upto": {"type": "string", "description": "The device's acknowledged position "
+                                                                             "(an older ack does not lower it)"}},
+                },
+                "ReadMarker": {
+                    "type": "object", "additionalProperties": False, "required": ["peer", "upto"],
+                    "properties": {
+                        "peer": user_id,
+                        "upto": {**stream_id, "description": "A message between the caller and `peer`: read up "
+                                                             "to and including it"},
+                    },
+                },
+                "ReadAnswer": {
+                    "type": "object", "required": ["peer", "upto", "unread"],
+                    "properties": {
+                        "peer": user_id,
+                        "upto": {"type": "string", "description": "The caller's marker now (an older one "
+                                                                  "changes nothing)"},
+                        "unread": {"type": "integer", "minimum": 0,
+                                   "description": "The caller's unread messages in the conversation with `peer`"},
                     },
                 },
                 "History": {
@@ -115,8 +236,20 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                 "Conversations": {
                     "type": "object", "required": ["conversations"],
                     "properties": {"conversations": {"type": "array", "maxItems": 50, "items": {
-                        "type": "object", "required": ["with", "last"],
-                        "properties": {"with": {**user_id, "description": "The peer"}, "last": _MESSAGE},
+                        "type": "object",
+                        "required": ["with", "last", "unread", "read_upto", "peer_read_upto", "peer_delivered_upto"],
+                        "properties": {
+                            "with": {**user_id, "description": "The peer"}, "last": _MESSAGE,
+                            "unread": {"type": "integer", "minimum": 0, "description": "Messages from the peer "
+                                       "above the caller's read marker, not deleted"},
+                            "read_upto": {"type": ["string", "null"], "description": "The caller's read marker "
+                                          "(an id of a message from the peer), or null"},
+                            "peer_read_upto": {"type": ["string", "null"], "description": "The peer's read marker, "
+                                               "as the id of one of the caller's messages, or null"},
+                            "peer_delivered_upto": {"type": ["string", "null"], "description": "The newest of the "
+                                                    "caller's messages a device of the peer has received, or "
+                                                    "null"},
+                        },
                     }}},
                 },
                 "ClientConfig": {
@@ -158,19 +291,9 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                         "409": _err("client_msg_id reused by this sender for a different message",
                                     "client_msg_id_conflict"),
                         "413": too_large,
-                        "422": _err("Valid JSON of the wrong shape; `field` names the field",
-                                    "invalid_field", "invalid_body"),
-                        "429": _err("Sender over its rate limit (CHAT_RATE_LIMIT_PER_SECOND)", "rate_limited",
-                                    headers=_RETRY_AFTER),
-                        "503": _err("MySQL down or slow, another writer holding the sender's partition's lock "
-                                    "for the whole lock wait (CHAT_DB_TIMEOUT_SECONDS), the writer queue full, "
-                                    "the writer process away past CHAT_WRITER_WAIT_SECONDS, or the process at "
-                                    "its connection limit: nothing stored (mysql_unavailable, partition_busy, "
-                                    "overloaded, writer_unavailable); or the COMMIT failed, or the writer process "
-                                    "died holding the request, and it may have been stored (outcome_unknown: "
-                                    "retry with the same client_msg_id)",
-                                    "mysql_unavailable", "partition_busy", "overloaded", "writer_unavailable",
-                                    "outcome_unknown", headers=_RETRY_AFTER),
+                        "422": bad_shape,
+                        "429": rate_limited,
+                        "503": write_unavailable,
                         **_HEAD_ANSWERS,
                     },
                 },
@@ -196,9 +319,107 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                     },
                 },
             },
+            "/v1/messages/{id}": {
+                "patch": {
+                    "summary": "Edit one of the caller's messages: replace its body. Both users' devices get the "
+                               "`edit` event; the message reads with its new body and `edited_at` after",
+                    "security": [{"bearer": []}],
+                    "parameters": [path_id],
+                    "requestBody": {"required": True, "content": _json({"$ref": "#/components/schemas/NewBody"})},
+                    "responses": {
+                        "201": _ok("Stored: the `edit` event", _EDIT),
+                        "200": _ok("A retry: the edit stored for this (sender, client_msg_id); nothing new "
+                                   "stored", _EDIT),
+                        "400": malformed,
+                        "401": unauthorized,
+                        "403": _err("The message is not the caller's", "not_sender"),
+                        "404": not_found,
+                        "409": _err(f"The edit window (CHAT_EDIT_WINDOW_SECONDS) is closed (edit_window_closed), "
+                                    f"{deleted}, or client_msg_id reused by this sender for something else "
+                                    "(client_msg_id_conflict)",
+                                    "message_deleted", "edit_window_closed", "client_msg_id_conflict"),
+                        "413": too_large,
+                        "422": _err("Valid JSON of the wrong shape, or the path's id not a message id; `field` "
+                                    "names it", "invalid_field", "invalid_body"),
+                        "429": rate_limited,
+                        "503": write_unavailable,
+                        **_HEAD_ANSWERS,
+                    },
+                },
+                "delete": {
+                    "summary": "Delete one of the caller's messages. Both users' devices get the `delete` event; "
+                               "the message reads as a tombstone after (`deleted: true`, empty `body`)",
+                    "security": [{"bearer": []}],
+                    "parameters": [path_id, {"name": "client_msg_id", "in": "query", "required": False,
+                                    "description": "1-64 characters of [A-Za-z0-9_.:-]: a retry with the same one "
+                                                   "stores nothing new",
+                                    "schema": {"type": "string", "pattern": pattern(rules.CLIENT_MSG_ID)}}],
+                    "responses": {
+                        "201": _ok("Stored: the `delete` event", _DELETE),
+                        "200": _ok("A retry: the delete stored for this (sender, client_msg_id); nothing new "
+                                   "stored", _DELETE),
+                        "401": unauthorized,
+                        "403": _err("The message is not the caller's", "not_sender"),
+                        "404": not_found,
+                        "409": _err(f"The edit window (CHAT_EDIT_WINDOW_SECONDS) is closed (edit_window_closed), "
+                                    f"{deleted}, or client_msg_id reused by this sender for something else "
+                                    "(client_msg_id_conflict)",
+                                    "message_deleted", "edit_window_closed", "client_msg_id_conflict"),
+                        "422": _err("`client_msg_id` malformed, the path's id not a message id, or a parameter "
+                                    "unknown; `field` names it", "invalid_field"),
+                        "429": rate_limited,
+                        "503": write_unavailable,
+                        **_HEAD_ANSWERS,
+                    },
+                },
+            },
+            "/v1/acks": {
+                "post": {
+                    "summary": "A device of the caller has received its stream up to `upto`: the peers of the "
+                               "conversations it covers get a `delivered` event. For clients that do not hold "
+                               "a WebSocket (which sends `ack` frames instead)",
+                    "security": [{"bearer": []}],
+                    "requestBody": {"required": True, "content": _json({"$ref": "#/components/schemas/Ack"})},
+                    "responses": {
+                        "200": _ok("Recorded, or older than the device's position (which stays)",
+                                   {"$ref": "#/components/schemas/AckAnswer"}),
+                        "400": malformed,
+                        "401": unauthorized,
+                        "413": too_large,
+                        "422": _err(f"`upto` {past}", "invalid_field", "invalid_body", "past_newest"),
+                        "429": rate_limited,
+                        "503": write_unavailable,
+                        **_HEAD_ANSWERS,
+                    },
+                },
+            },
+            "/v1/read": {
+                "post": {
+                    "summary": "The caller has read the conversation with `peer` up to message `upto`: both users' "
+                               "devices get a `read` event",
+                    "security": [{"bearer": []}],
+                    "requestBody": {"required": True,
+                                    "content": _json({"$ref": "#/components/schemas/ReadMarker"})},
+                    "responses": {
+                        "200": _ok("The caller's marker now, and the conversation's unread count; an older marker "
+                                   "changes nothing (the same answer)", {"$ref": "#/components/schemas/ReadAnswer"}),
+                        "400": malformed,
+                        "401": unauthorized,
+                        "403": _err("`upto` is not a message between the caller and `peer`", "not_in_conversation"),
+                        "404": not_found,
+                        "409": _err(f"`upto`: {deleted}", "message_deleted"),
+                        "413": too_large,
+                        "422": _err(f"`upto` {past}", "invalid_field", "invalid_body", "past_newest"),
+                        "429": rate_limited,
+                        "503": write_unavailable,
+                        **_HEAD_ANSWERS,
+                    },
+                },
+            },
             "/v1/conversations": {
                 "get": {
-                    "summary": "The caller's conversations, newest first (at most 50), each with its last message",
+                    "summary": "The caller's conversations, newest first (at most 50), each with its last "
+                               "message, its unread count and its read and delivery markers",
                     "security": [{"bearer": []}],
                     "responses": {
                         "200": _ok("The list", {"$ref": "#/components/schemas/Conversations"}),

@@ -2,7 +2,11 @@
 
     chatctl token alice --ttl 1h
     chatctl send --as alice bob "hello"
-    chatctl listen --as bob [--since CURSOR]
+    chatctl listen --as bob [--since CURSOR] [--format text]
+    chatctl read --as bob alice 12        (bob has read alice's messages up to 12)
+    chatctl edit --as alice 12 "hello!"
+    chatctl delete --as alice 12
+    chatctl ack --as bob 12 [--device phone-1]
     chatctl partitions show
     chatctl partitions grow 8    (writers stopped: docs/operations.md)
 """
@@ -12,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+from enum import StrEnum
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -54,32 +60,105 @@ def token(user: str, ttl: str = typer.Option("1h", help="Lifetime: 90s, 15m, 1h,
         raise typer.BadParameter(str(exc), param_hint="USER") from None
 
 
-@app.command()
-def send(to: str, body: str, sender: str = typer.Option(..., "--as", help="Send as this user"),
-         client_msg_id: str = typer.Option(None, help="Idempotency key; a retry with it stores nothing new"),
-         api: str = typer.Option(None, help="API base URL (default from settings)")) -> None:
-    """POST one message and print the stored message as JSON."""
+def call_api(command: str, sender: str, api: str | None, method: str, path: str, json: dict | None = None,
+             params: dict[str, str] | None = None) -> None:
+    """One request to the write API as ``sender`` (a token of five minutes), its answer printed as
+    it came, the exit status 1 unless it is a success; an API that does not answer is said on stderr."""
     settings = signing_settings()
     base = api or f"http://{settings.api_host}:{settings.api_port}"
-    tok = auth.mint(settings.jwt_secret.get_secret_value(), sender, 300)
-    payload = {"to": to, "body": body}
-    if client_msg_id:
-        payload["client_msg_id"] = client_msg_id
-    reply = httpx.post(f"{base}/v1/messages", json=payload, headers={"Authorization": f"Bearer {tok}"}, timeout=10)
+    try:
+        tok = auth.mint(settings.jwt_secret.get_secret_value(), sender, 300)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--as") from None
+    try:
+        reply = httpx.request(method, f"{base}{path}", json=json, params=params,
+                              headers={"Authorization": f"Bearer {tok}"}, timeout=10)
+    except httpx.HTTPError as exc:
+        typer.echo(f"chatctl {command}: {method} {base}{path}: {exc or type(exc).__name__}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(reply.text)
     if reply.status_code >= 300:
         raise typer.Exit(1)
+
+
+_AS = "{} as this user"
+_API = typer.Option(None, help="API base URL (default from settings)")
+
+
+@app.command()
+def send(to: str, body: str, sender: str = typer.Option(..., "--as", help=_AS.format("Send")),
+         client_msg_id: str = typer.Option(None, help="Idempotency key; a retry with it stores nothing new"),
+         api: str = _API) -> None:
+    """POST one message and print the stored message as JSON."""
+    payload = {"to": to, "body": body}
+    if client_msg_id:
+        payload["client_msg_id"] = client_msg_id
+    call_api("send", sender, api, "POST", "/v1/messages", json=payload)
+
+
+@app.command()
+def read(peer: str, upto: str = typer.Argument(..., help="A message id of your stream: read up to and including it"),
+         reader: str = typer.Option(..., "--as", help=_AS.format("Read")), api: str = _API) -> None:
+    """Mark the conversation with PEER read up to message UPTO; print your marker and unread count as JSON.
+    Both users' devices get a `read` event."""
+    call_api("read", reader, api, "POST", "/v1/read", json={"peer": peer, "upto": upto})
+
+
+@app.command()
+def edit(message_id: str = typer.Argument(..., metavar="ID", help="The id of one of your messages"),
+         body: str = typer.Argument(..., help="Its new body"),
+         sender: str = typer.Option(..., "--as", help=_AS.format("Edit")),
+         client_msg_id: str = typer.Option(None, help="Idempotency key; a retry with it stores nothing new"),
+         api: str = _API) -> None:
+    """Replace the body of your message ID; print the `edit` event as JSON."""
+    payload = {"body": body}
+    if client_msg_id:
+        payload["client_msg_id"] = client_msg_id
+    call_api("edit", sender, api, "PATCH", f"/v1/messages/{quote(message_id, safe='')}", json=payload)
+
+
+@app.command()
+def delete(message_id: str = typer.Argument(..., metavar="ID", help="The id of one of your messages"),
+           sender: str = typer.Option(..., "--as", help=_AS.format("Delete")),
+           client_msg_id: str = typer.Option(None, help="Idempotency key; a retry with it stores nothing new"),
+           api: str = _API) -> None:
+    """Delete your message ID; print the `delete` event as JSON."""
+    params = {"client_msg_id": client_msg_id} if client_msg_id else {}
+    call_api("delete", sender, api, "DELETE", f"/v1/messages/{quote(message_id, safe='')}", params=params)
+
+
+@app.command()
+def ack(upto: str = typer.Argument(..., help="A position of your stream: everything up to it was received"),
+        user: str = typer.Option(..., "--as", help=_AS.format("Acknowledge")),
+        device: str = typer.Option(None, help="The device that received it (default: the API's, `default`)"),
+        api: str = _API) -> None:
+    """Acknowledge that a device received your stream up to UPTO; print its position as JSON. The senders
+    of what it covers get a `delivered` event."""
+    payload = {"upto": upto}
+    if device is not None:
+        payload["device"] = device
+    call_api("ack", user, api, "POST", "/v1/acks", json=payload)
+
+
+class Format(StrEnum):
+    json = "json"
+    text = "text"
 
 
 @app.command()
 def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
            since: str = typer.Option(None, help="Resume after this message id or cursor"),
            url: str = typer.Option(None, help="Daemon base URL, ws://host:port (default from settings)"),
-           count: int = typer.Option(0, help="Stop after this many messages (0: never)"),
-           token_ttl: str = typer.Option("1d", help="Lifetime of each token it mints: 90s, 15m, 1h, 7d")) -> None:
-    """Print incoming messages as JSON lines; reconnects and resumes with the last cursor, follows a 421 to
-    the user's partition, and mints a new token when the daemon closes with 4001 (token expired) or
-    refuses one with 401 (it expired while away), saying so on stderr."""
+           count: int = typer.Option(0, help="Stop after this many messages and events (0: never)"),
+           token_ttl: str = typer.Option("1d", help="Lifetime of each token it mints: 90s, 15m, 1h, 7d"),
+           output: Format = typer.Option(Format.json, "--format",
+                                         help="json: each frame as it came; text: a line a person reads, and "
+                                              "the unread count on each connection")) -> None:
+    """Print incoming messages and events (edits, deletes, read markers, delivery receipts) as JSON lines,
+    or as text; reconnects and resumes with the last cursor, follows a 421 to the user's partition, and
+    mints a new token when the daemon closes with 4001 (token expired) or refuses one with 401 (it expired
+    while away), saying so on stderr."""
+    from chatctl import render
     from chatctl.client import Inbox, listen as run_listen
 
     settings = signing_settings()
@@ -94,15 +173,22 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
         typer.echo(f"chatctl listen: token {why}: minted a new one, resuming from {inbox.since}", err=True)
         return mint()
 
-    def show(frame: dict) -> None:
-        sys.stdout.write(orjson.dumps(frame).decode() + "\n")
+    def write(text: str) -> None:
+        sys.stdout.write(text + "\n")
         sys.stdout.flush()
+
+    def show(frame: dict) -> None:
+        write(render.line(frame) if output is Format.text else orjson.dumps(frame).decode())
+
+    def greet(hello: dict) -> None:
+        write(render.hello_line(hello))
 
     try:
         tok = mint()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--as") from None
-    asyncio.run(run_listen(base, tok, since, show, count or None, inbox=inbox, renew=renew))
+    asyncio.run(run_listen(base, tok, since, show, count or None, inbox=inbox, renew=renew,
+                           on_hello=greet if output is Format.text else None))
 
 
 @partitions_app.command("show")

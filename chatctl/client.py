@@ -2,6 +2,12 @@
 ``since``, drops repeats by id, follows its partition, renews an expired token.
 The tests and the load generator use it.
 
+The stream holds messages and events (edits, deletes, read markers, delivery
+receipts: docs/receipts.md), each with an id of the same sequence: the client
+resumes and drops repeats the same way for all of them. An ``error`` frame (a
+refused ``ack`` or ``read``) is no part of the stream: it has no id, moves no
+cursor, and is passed on as it comes.
+
 Partitions (docs/decisions/partitioned-delivery.md): a daemon that does not
 serve the user answers the handshake 421 with the user's partition; the
 client connects again at once with ``?partition=k`` (the proxy's route to that
@@ -33,7 +39,8 @@ WRONG_PARTITION = 421
 
 
 class Inbox:
-    """What one client has received: ids in arrival order, repeats counted, not kept."""
+    """What one client has received of its stream (messages and events): ids in arrival
+    order, repeats counted, not kept."""
 
     def __init__(self, since: str | None = None, partition: int | None = None):
         self.since = since
@@ -57,6 +64,8 @@ class Inbox:
                     self.seen.clear()
                 self.since = frame["cursor"]
             return False
+        if "id" not in frame:  # an `error` frame: an answer on this socket, not a position in the stream
+            return True
         msg_id = int(frame["id"])
         if msg_id in self.seen:
             self.duplicates += 1
@@ -92,8 +101,11 @@ def partition_of_refusal(refused: InvalidStatus) -> int | None:
 async def listen(base_url: str, token: str, since: str | None, on_message: Callable[[dict], None],
                  count: int | None = None, max_backoff: float = 5.0, inbox: Inbox | None = None,
                  renew: Callable[[str], str] | None = None,
-                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> Inbox:
-    """Receives until ``count`` messages (or forever); ``inbox`` lets the caller watch progress.
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+                 on_hello: Callable[[dict], None] | None = None) -> Inbox:
+    """Receives until ``count`` frames of the stream (messages and events), or forever; ``inbox``
+    lets the caller watch progress. ``on_message`` gets each new one, and each ``error`` frame;
+    ``on_hello`` each connection's hello.
     ``renew(why)``: a new token, when the daemon closes with 4001 (``why`` = "closed with 4001")
     or refuses the handshake with 401 ("refused with 401"); without it, the same one is tried again.
     ``sleep``: how it waits out a backoff."""
@@ -111,6 +123,8 @@ async def listen(base_url: str, token: str, since: str | None, on_message: Calla
                         on_message(frame)
                         if count is not None and len(inbox.ids) >= count:
                             return inbox
+                    elif on_hello is not None and frame.get("type") == "hello":
+                        on_hello(frame)
         except ConnectionClosed as closed:
             if closed.rcvd is not None and closed.rcvd.code == TOKEN_EXPIRED and renew is not None:
                 token, at_once = renew(f"closed with {TOKEN_EXPIRED}"), True

@@ -1,11 +1,21 @@
-"""The reference client's pure rules: what it resumes with, what it drops as a repeat, where a 421 sends it."""
+"""The reference client's pure rules: what it resumes with, what it drops as a repeat, where a 421 sends it;
+how `chatctl listen --format text` shows each frame; and the requests `chatctl` makes of the write API
+(against a stand-in for httpx: what it sends, what it prints, its exit status)."""
 
+import httpx
 import orjson
+import pytest
+from typer.testing import CliRunner
 from websockets.datastructures import Headers
 from websockets.exceptions import InvalidStatus
 from websockets.http11 import Response
 
+from chat import auth
+from chatctl import render
+from chatctl.cli import app
 from chatctl.client import Inbox, partition_of_refusal
+
+AT = "2026-11-26T08:00:00.123Z"
 
 
 def message(msg_id: str, cursor: str | None = None) -> dict:
@@ -45,3 +55,122 @@ def test_a_421_names_the_partition_to_route_to():
     assert partition_of_refusal(refusal(421, {"partition": "3"})) is None
     inbox = Inbox(partition=3)
     assert inbox.query() == "partition=3"
+
+
+EDIT = {"type": "edit", "id": "9", "from": "ann", "to": "ben", "ref": "7", "body": "y", "created_at": AT,
+        "client_msg_id": None}
+READ = {"type": "read", "id": "10", "from": "ben", "to": "ann", "upto": "7", "created_at": AT, "cursor": "0.1.10"}
+ERROR = {"type": "error", "code": "past_newest", "message": "99 is past the newest id", "frame": "ack"}
+
+
+def test_events_are_positions_of_the_stream_as_messages_are():
+    inbox = Inbox()
+    assert inbox.accept(message("7")) and inbox.accept(EDIT) and inbox.accept(READ)
+    assert inbox.ids == [7, 9, 10] and inbox.since == "0.1.10"
+    assert inbox.accept(EDIT) is False and inbox.duplicates == 1  # a repeated event drops as a message does
+
+
+def test_an_error_frame_is_passed_on_and_moves_nothing():
+    inbox = Inbox()
+    inbox.accept(message("7"))
+    assert inbox.accept(ERROR) is True
+    assert inbox.ids == [7] and inbox.since == "7" and inbox.duplicates == 0
+
+
+@pytest.mark.parametrize("frame,shown", [
+    ({**message("7"), "created_at": AT}, f"#7 {AT} ann -> ben: x"),
+    ({**message("7"), "created_at": AT, "body": "y", "edited_at": AT}, f"#7 {AT} ann -> ben: y (edited)"),
+    ({**message("7"), "created_at": AT, "body": "", "edited_at": AT, "deleted": True},
+     f"#7 {AT} ann -> ben: (deleted)"),
+    ({**message("7"), "created_at": AT, "body": "two\nlines\x07"}, f"#7 {AT} ann -> ben: two\\nlines\\u0007"),
+    (EDIT, f"#9 {AT} ann edited #7: y"),
+    ({"type": "delete", "id": "11", "from": "ann", "to": "ben", "ref": "7", "created_at": AT, "client_msg_id": "d1"},
+     f"#11 {AT} ann deleted #7"),
+    (READ, f"#10 {AT} ben read ann's messages up to #7"),
+    ({"type": "delivered", "id": "12", "from": "ben", "to": "ann", "upto": "7", "created_at": AT},
+     f"#12 {AT} ben received ann's messages up to #7"),
+    (ERROR, "refused ack: past_newest: 99 is past the newest id"),
+    ({"type": "typing", "id": "13", "from": "ann"}, '{"type":"typing","id":"13","from":"ann"}'),
+], ids=["message", "edited", "deleted", "control characters", "edit", "delete", "read", "delivered", "error",
+        "unknown type"])
+def test_listen_as_text_shows_each_frame_on_one_line(frame, shown):
+    assert render.line(frame) == shown
+
+
+def test_listen_as_text_says_the_unread_count_of_each_connection():
+    hello = {"type": "hello", "recovered": True, "cursor": "7", "user": "ben"}
+    assert render.hello_line({**hello, "unread": 3}) == "connected as ben, 3 unread"
+    assert render.hello_line({**hello, "unread": None}) == "connected as ben, unread count unknown"
+
+
+SECRET = "s" * 48
+ENV = {"CHAT_JWT_SECRET": SECRET, "CHAT_DEV_MODE": "false"}
+API = "http://api.test"
+
+
+@pytest.fixture
+def answered(monkeypatch):
+    """The requests chatctl makes, answered with ``answered.reply`` (or raising it, an exception)."""
+    sent: list[httpx.Request] = []
+
+    class Answers:
+        reply: httpx.Response | Exception = httpx.Response(200, json={})
+        requests = sent
+
+    def request(method: str, url: str, **kwargs) -> httpx.Response:
+        built = httpx.Request(method, url, json=kwargs.get("json"), params=kwargs.get("params"),
+                              headers=kwargs.get("headers"))
+        sent.append(built)
+        if isinstance(Answers.reply, Exception):
+            raise Answers.reply
+        return Answers.reply
+
+    monkeypatch.setattr(httpx, "request", request)
+    return Answers
+
+
+def chatctl(*args: str):
+    return CliRunner().invoke(app, list(args), env=ENV, catch_exceptions=False)
+
+
+@pytest.mark.parametrize("args,method,path,body", [
+    (["read", "--as", "ben", "ann", "12"], "POST", "/v1/read", {"peer": "ann", "upto": "12"}),
+    (["edit", "--as", "ann", "12", "hello again"], "PATCH", "/v1/messages/12", {"body": "hello again"}),
+    (["edit", "--as", "ann", "12", "hi", "--client-msg-id", "e:1"], "PATCH", "/v1/messages/12",
+     {"body": "hi", "client_msg_id": "e:1"}),
+    (["delete", "--as", "ann", "12"], "DELETE", "/v1/messages/12", None),
+    (["delete", "--as", "ann", "12", "--client-msg-id", "d:1"], "DELETE", "/v1/messages/12?client_msg_id=d%3A1",
+     None),
+    (["ack", "--as", "ben", "12"], "POST", "/v1/acks", {"upto": "12"}),
+    (["ack", "--as", "ben", "12", "--device", "phone-1"], "POST", "/v1/acks", {"upto": "12", "device": "phone-1"}),
+    (["send", "--as", "ann", "ben", "hi"], "POST", "/v1/messages", {"to": "ben", "body": "hi"}),
+    (["edit", "--as", "ann", "1/2", "x"], "PATCH", "/v1/messages/1%2F2", {"body": "x"}),  # one path segment
+], ids=["read", "edit", "edit, idempotent", "delete", "delete, idempotent", "ack", "ack of a device", "send",
+        "an id that is not one"])
+def test_each_command_makes_its_request_as_the_user_and_prints_the_answer(answered, args, method, path, body):
+    answered.reply = httpx.Response(201, json={"type": "event", "id": "13"})
+    done = chatctl(*args, "--api", API)
+    assert done.exit_code == 0 and done.stdout == '{"type":"event","id":"13"}\n'
+    (request,) = answered.requests
+    assert (request.method, str(request.url)) == (method, API + path)
+    assert (orjson.loads(request.content) if request.content else None) == body
+    assert auth.verify(SECRET, auth.bearer(request.headers["authorization"])) == args[2]
+
+
+def test_a_refusal_is_printed_as_it_came_and_exits_1(answered):
+    refusal = {"error": "not_in_conversation", "message": "12 is not between you and ann"}
+    answered.reply = httpx.Response(403, json=refusal)
+    done = chatctl("read", "--as", "ben", "ann", "12", "--api", API)
+    assert done.exit_code == 1 and orjson.loads(done.stdout) == refusal
+
+
+def test_an_api_that_does_not_answer_is_said_on_stderr(answered):
+    answered.reply = httpx.ConnectError("connection refused")
+    done = chatctl("ack", "--as", "ben", "12", "--api", API)
+    assert done.exit_code == 1 and done.stdout == ""
+    assert done.stderr == f"chatctl ack: POST {API}/v1/acks: connection refused\n"
+
+
+def test_a_user_that_cannot_be_one_is_refused_before_any_request(answered):
+    done = chatctl("delete", "--as", "not a user", "12", "--api", API)
+    assert done.exit_code == 2 and "--as" in done.stderr and answered.requests == []

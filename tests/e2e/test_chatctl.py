@@ -1,4 +1,5 @@
-"""`chatctl send` and `chatctl listen`, as a developer runs them, against real servers.
+"""`chatctl send` and `chatctl listen`, and `edit`, `delete`, `read` and `ack`, as a developer runs them,
+against real servers: what each prints, and what MySQL holds after.
 (`chatctl listen` behind a front door of two partitions: test_partitioned_delivery.py.)"""
 
 import subprocess
@@ -6,8 +7,10 @@ import sys
 
 import httpx
 import orjson
+from sqlalchemy import create_engine, text
 
 from harness.servers import ROOT
+from tests.e2e.helpers import mysql_rows
 from tests.timing import PATIENCE, eventually_sync
 
 
@@ -65,3 +68,140 @@ def test_chatctl_listen_mints_a_new_token_when_its_own_expires_and_resumes(syste
         listening.kill()
         listening.wait()
     assert [orjson.loads(line) for line in out.read_text().splitlines()] == [first, second]
+
+
+# Edits, deletes, read markers and delivery receipts (docs/receipts.md), as a user runs them.
+
+def answer(done: subprocess.CompletedProcess) -> tuple[int, dict]:
+    """A command's exit status and the JSON it printed."""
+    return done.returncode, orjson.loads(done.stdout)
+
+
+def listened(system, user: str, since: str, count: int, *more: str) -> list[str]:
+    """What `chatctl listen --as user --since since --count count` printed, line by line."""
+    done = chatctl(system, "listen", "--as", user, "--url", system.ws_url, "--since", since, "--count", str(count),
+                   *more)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def sql(system, query: str, **params) -> list:
+    engine = create_engine(system.dbs.mariadb.url())
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(query), params).all()
+    finally:
+        engine.dispose()
+
+
+def conversations(system, user: str) -> dict[str, dict]:
+    reply = httpx.get(f"{system.api_url}/v1/conversations", headers={"Authorization": f"Bearer {system.token(user)}"},
+                      timeout=PATIENCE)
+    assert reply.status_code == 200, reply.text
+    return {c["with"]: c for c in reply.json()["conversations"]}
+
+
+def test_chatctl_edit_then_delete_reach_the_peer_as_events_and_leave_a_tombstone(system, users):
+    alice, bob = users("alice"), users("bob")
+    sent = stored(system, alice, bob, "one")
+    api = ("--api", system.api_url)
+
+    status, edited = answer(chatctl(system, "edit", "--as", alice, *api, sent["id"], "one, edited",
+                                    "--client-msg-id", "e1"))
+    assert status == 0 and edited == {**edited, "type": "edit", "from": alice, "to": bob, "ref": sent["id"],
+                                      "body": "one, edited", "client_msg_id": "e1"}
+    assert int(edited["id"]) > int(sent["id"])
+    assert answer(chatctl(system, "edit", "--as", alice, *api, sent["id"], "one, edited", "--client-msg-id", "e1")) \
+        == (0, edited)  # a retry stores nothing new
+    status, refused = answer(chatctl(system, "edit", "--as", bob, *api, sent["id"], "not mine"))
+    assert status == 1 and refused["error"] == "not_sender"
+
+    status, deleted = answer(chatctl(system, "delete", "--as", alice, *api, sent["id"]))
+    assert status == 0 and deleted == {**deleted, "type": "delete", "from": alice, "to": bob, "ref": sent["id"],
+                                       "client_msg_id": None}
+    for again in (("delete", "--as", alice, *api, sent["id"]), ("edit", "--as", alice, *api, sent["id"], "back")):
+        status, refused = answer(chatctl(system, *again))
+        assert status == 1 and refused["error"] == "message_deleted"
+
+    # Bob, from before the message: the message as it is now (a tombstone), then the two events.
+    since = str(int(sent["id"]) - 1)
+    tombstone, *events = [orjson.loads(line) for line in listened(system, bob, since, 3)]
+    assert events == [edited, deleted]
+    assert tombstone == {**sent, "body": "", "deleted": True, "edited_at": tombstone["edited_at"]}
+    assert listened(system, bob, since, 3, "--format", "text") == [
+        f"connected as {bob}, 0 unread",
+        f"#{sent['id']} {sent['created_at']} {alice} -> {bob}: (deleted)",
+        f"#{edited['id']} {edited['created_at']} {alice} edited #{sent['id']}: one, edited",
+        f"#{deleted['id']} {deleted['created_at']} {alice} deleted #{sent['id']}",
+    ]
+    # In MySQL: the message's latest version, and each event a row of the stream naming it.
+    message, *rows = mysql_rows(system, "sender = :s", s=alice)
+    assert (message.id, message.kind, bool(message.deleted), message.edited_at is not None) == (
+        int(sent["id"]), 0, True, True)
+    assert [(r.id, r.kind, r.ref_id, r.body, r.recipient) for r in rows] == [
+        (int(edited["id"]), 1, int(sent["id"]), "one, edited", bob), (int(deleted["id"]), 2, int(sent["id"]), "", bob)]
+
+
+def test_chatctl_read_moves_the_marker_the_peer_is_told_and_the_unread_count(system, users):
+    alice, bob, carol = users("alice"), users("bob"), users("carol")
+    first, second = stored(system, alice, bob, "one"), stored(system, alice, bob, "two")
+    other = stored(system, carol, bob, "hi")  # another conversation's unread message
+    api = ("--api", system.api_url)
+
+    assert answer(chatctl(system, "read", "--as", bob, *api, alice, first["id"])) == (
+        0, {"peer": alice, "upto": first["id"], "unread": 1})
+    for upto, code in [(other["id"], "not_in_conversation"), (str(2**63 - 1), "past_newest"),
+                       ("nine", "invalid_field")]:
+        status, refused = answer(chatctl(system, "read", "--as", bob, *api, alice, upto))
+        assert status == 1 and refused["error"] == code, refused
+    assert answer(chatctl(system, "read", "--as", bob, *api, alice, second["id"])) == (
+        0, {"peer": alice, "upto": second["id"], "unread": 0})
+    # An older marker changes nothing: the same answer, and no event.
+    assert answer(chatctl(system, "read", "--as", bob, *api, alice, first["id"])) == (
+        0, {"peer": alice, "upto": second["id"], "unread": 0})
+
+    # Alice is told of each marker that moved, in her stream after her messages.
+    reads = [orjson.loads(line) for line in listened(system, alice, second["id"], 2)]
+    assert [(r["type"], r["from"], r["to"], r["upto"]) for r in reads] == [
+        ("read", bob, alice, first["id"]), ("read", bob, alice, second["id"])]
+    # Bob's other devices too, after carol's message: his one unread message.
+    assert listened(system, bob, second["id"], 3, "--format", "text") == [
+        f"connected as {bob}, 1 unread",
+        f"#{other['id']} {other['created_at']} {carol} -> {bob}: hi",
+        *(f"#{r['id']} {r['created_at']} {bob} read {alice}'s messages up to #{r['upto']}" for r in reads),
+    ]
+    mine, theirs = conversations(system, bob), conversations(system, alice)[bob]
+    assert (mine[alice]["unread"], mine[alice]["read_upto"], mine[carol]["unread"], mine[carol]["read_upto"]) == (
+        0, second["id"], 1, None)
+    assert theirs["peer_read_upto"] == second["id"] and theirs["read_upto"] is None
+    assert [tuple(r) for r in sql(system, "SELECT reader, peer, upto FROM read_markers WHERE reader = :u", u=bob)] \
+        == [(bob, alice, int(second["id"]))]
+
+
+def test_chatctl_ack_tells_the_sender_its_messages_were_delivered(system, users):
+    alice, bob = users("alice"), users("bob")
+    sent = stored(system, alice, bob, "one")
+    api = ("--api", system.api_url)
+
+    assert answer(chatctl(system, "ack", "--as", bob, *api, sent["id"], "--device", "phone-1")) == (
+        0, {"device": "phone-1", "upto": sent["id"]})
+    # An older ack leaves the device's position where it was.
+    assert answer(chatctl(system, "ack", "--as", bob, *api, str(int(sent["id"]) - 1), "--device", "phone-1")) == (
+        0, {"device": "phone-1", "upto": sent["id"]})
+    assert answer(chatctl(system, "ack", "--as", bob, *api, sent["id"])) == (
+        0, {"device": "default", "upto": sent["id"]})
+    status, refused = answer(chatctl(system, "ack", "--as", bob, *api, str(2**63 - 1)))
+    assert status == 1 and refused["error"] == "past_newest"
+
+    # Alice hears it once, whichever device said so first: one event, then the next message bob sends.
+    after = stored(system, bob, alice, "after")
+    delivered, then = [orjson.loads(line) for line in listened(system, alice, sent["id"], 2)]
+    assert delivered == {**delivered, "type": "delivered", "from": bob, "to": alice, "upto": sent["id"]}
+    assert then == after
+    assert listened(system, alice, sent["id"], 2, "--format", "text") == [
+        f"connected as {alice}, 1 unread",
+        f"#{delivered['id']} {delivered['created_at']} {bob} received {alice}'s messages up to #{sent['id']}",
+        f"#{after['id']} {after['created_at']} {bob} -> {alice}: after"]
+    assert conversations(system, alice)[bob]["peer_delivered_upto"] == sent["id"]
+    assert sorted(tuple(r) for r in sql(system, "SELECT device, upto FROM device_acks WHERE user = :u", u=bob)) == [
+        ("default", int(sent["id"])), ("phone-1", int(sent["id"]))]
