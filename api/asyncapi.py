@@ -236,8 +236,9 @@ def document(settings: Settings) -> dict:
             "ws": {
                 "address": "/v1/ws",
                 "description": "A WebSocket. Authorization: Bearer <jwt>, or an `auth` frame first. After the "
-                               "hello the client may send `ack` and `read` frames; any other data frame, or one "
-                               "of these with a field missing or of the wrong type, is closed with 1007.",
+                               "hello the client may send `ack` and `read` frames; one of these with a field "
+                               "missing, extra or of the wrong type is closed with 1007; other data is checked "
+                               "(framing, UTF-8, rate) and dropped.",
                 "messages": {key: {"$ref": f"#/components/messages/{name}"}
                              for key, name in {**_WS_SENT, **_WS_RECEIVED}.items()},
                 "bindings": {"ws": {"method": "GET", "query": {

@@ -189,8 +189,10 @@ def parse_ack(raw: bytes) -> tuple[int, str]:
     if "upto" not in obj:
         raise ApiError(422, "invalid_field", "`upto` is required", field="upto")
     upto = stream_id(obj["upto"], "upto")
-    device = _string(obj, "device", required=False) or DEFAULT_DEVICE
-    if not DEVICE_ID.fullmatch(device):
+    device = _string(obj, "device", required=False)
+    if device is None:
+        device = DEFAULT_DEVICE
+    elif not DEVICE_ID.fullmatch(device):
         raise ApiError(422, "invalid_field", "`device` must be 1-64 chars of [A-Za-z0-9_.-]", field="device")
     return upto, device
 

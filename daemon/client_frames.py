@@ -131,7 +131,8 @@ class ClientFrames:
             await self._submit(draft)
         except WRITE_FAILURES as exc:
             answer = answer_for(exc)
-            self._error(frame, answer.code, answer.message)
+            # docs/receipts.md, "Errors": on the socket, any way the write path is away is one code
+            self._error(frame, "writer_unavailable" if answer.status == 503 else answer.code, answer.message)
         except Exception:
             log.exception("event=client_frame_failed frame=%s", frame)
             self._error(frame, "server_error", "internal error; send it again")

@@ -248,11 +248,7 @@ def test_the_path_id_takes_what_the_api_takes(value):
     assert documented == api_accepts(validation.stream_id, value, "id"), value
 
 
-EMPTY_DEVICE = pytest.param("", marks=pytest.mark.xfail(
-    strict=True, reason="the API takes an empty `device` as none given (api/validation.py, parse_ack)"))
-
-
-@pytest.mark.parametrize("value", [*(v for v in USER_IDS if v), EMPTY_DEVICE])
+@pytest.mark.parametrize("value", USER_IDS)
 def test_device_pattern_takes_what_the_api_takes(value):
     schema = SCHEMAS["Ack"]["properties"]["device"]
     assert schema_accepts(schema, value) == api_accepts(
