@@ -11,6 +11,7 @@ from sqlalchemy import create_engine, text
 
 from harness.servers import ROOT
 from tests.e2e.helpers import mysql_rows
+from tests.frame_contract import violations
 from tests.timing import PATIENCE, eventually_sync
 
 
@@ -78,11 +79,15 @@ def answer(done: subprocess.CompletedProcess) -> tuple[int, dict]:
 
 
 def listened(system, user: str, since: str, count: int, *more: str) -> list[str]:
-    """What `chatctl listen --as user --since since --count count` printed, line by line."""
+    """What `chatctl listen --as user --since since --count count` printed, line by line; as JSON,
+    each frame as the AsyncAPI document has it (the process's frames are not the in-process check's)."""
     done = chatctl(system, "listen", "--as", user, "--url", system.ws_url, "--since", since, "--count", str(count),
                    *more)
     assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()
+    lines = done.stdout.splitlines()
+    if "--format" not in more:
+        assert [v for line in lines for v in violations(orjson.loads(line))] == []
+    return lines
 
 
 def sql(system, query: str, **params) -> list:
