@@ -2,11 +2,14 @@
 //
 //   const client = new ChatClient({ apiUrl: "", wsUrl, pollUrl, token, user, partition });
 //   client.addEventListener("message", (e) => show(e.detail));       // each message once, in order
+//   client.addEventListener("event", (e) => apply(e.detail));        // edit|delete|read|delivered, in stream order
+//   client.addEventListener("unread", (e) => total(e.detail));       // hello/poll's total unread count
 //   client.addEventListener("status", (e) => indicator(e.detail));   // connecting|live|reconnecting|polling|offline
 //   client.addEventListener("reset", () => reloadHistory());         // hello/poll said recovered: false
 //   client.addEventListener("outbox", (e) => mark(e.detail));        // {clientMsgId, state, message?, error?}
 //   client.start();
 //   client.send("bob", "hello");                                     // retried with one client_msg_id
+//   client.markRead("bob", "42");                                    // I have read bob's messages up to 42
 //
 // Rules (README, "Web client"):
 // - Resume with `since`: the last message's `cursor` (its id when it has none), or
@@ -31,16 +34,29 @@
 //   reload or a closed tab left behind, with its client_msg_id, so it is stored
 //   exactly once. One key per message, so two tabs of one user never overwrite
 //   each other's outbox; both may resend a message, and the API keeps one.
+// - Receipts (docs/receipts.md): edits, deletes, read markers and delivery receipts
+//   are frames of the same stream, with ids: deduplicated and resumed like messages.
+//   The client acknowledges the messages it received (`ack`, up to the newest one's
+//   id) and sends the page's read markers (`read`, per peer): on the WebSocket once
+//   it is live, else over HTTP (POST /v1/acks, /v1/read) while it long-polls.
+//   Coalesced: at most one flush per `receiptIntervalMs`, each with the newest ack and
+//   the newest marker per peer (a flood becomes one frame each, never a queue).
+//   `device` (the page keeps one per browser) names what an ack counts for.
 
-import { SeenIds, backoffDelay, partitionOf, partitionOfClose } from "./connection-rules.js";
+import { SeenIds, backoffDelay, compareIds, partitionOf, partitionOfClose } from "./connection-rules.js";
 import { StoredOutbox } from "./stored-outbox.js";
 
-export { SeenIds, backoffDelay, partitionOf, partitionOfClose };
+export { SeenIds, backoffDelay, compareIds, partitionOf, partitionOfClose };
 
-const STATES = ["sending", "retrying", "stored", "delivered"]; // an entry only moves right, or to "failed"
+// An entry only moves right, or to "failed". "echoed": seen on the stream (stored, like
+// "stored"; whether the peer has it is told by `delivered` and `read` events).
+const STATES = ["sending", "retrying", "stored", "echoed"];
 const TOKEN_EXPIRED = 4001; // the daemon's close when a socket's token passes its exp
 const UNAUTHORIZED = 4401; // the auth frame's token was refused (expired, or not valid)
 const WRONG_PARTITION = 4421; // the user is served by another partition's daemons: the reason names it
+// Receipt frames per flush (an ack and read markers): the rest waits for the next flush, so a
+// client that read many conversations stays well under the daemon's inbound frame rate (1008).
+const RECEIPT_FRAMES_PER_FLUSH = 4;
 
 export class ChatClient extends EventTarget {
   constructor({
@@ -49,12 +65,14 @@ export class ChatClient extends EventTarget {
     backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = null,
     WebSocketImpl = globalThis.WebSocket, fetchImpl = globalThis.fetch?.bind(globalThis),
     eventSource = globalThis.window, storage = globalThis.localStorage ?? null, renewToken = null,
+    device = null, receiptDelayMs = 100, receiptIntervalMs = 1000,
   }) {
     super();
     Object.assign(this, {
       apiUrl, wsUrl, pollUrl, token, user, since, partition, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
       backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, WebSocketImpl, fetchImpl, eventSource,
       storage, renewToken, // async () => a fresh token from the app's identity provider
+      device, receiptDelayMs, receiptIntervalMs,
     });
     this.stored = new StoredOutbox(storage, user);
     this.forced = transport === "poll" ? "poll" : null;
@@ -68,7 +86,15 @@ export class ChatClient extends EventTarget {
     this.running = false;
     this.offline = false;
     this.ws = null;
+    this.liveWs = null; // this.ws once its hello came: receipts go on it
     this.pollAbort = null;
+    this.ackUpto = null; // the newest message id received: what the next ack says
+    this.ackedUpto = null; // what the last ack said
+    this.reads = new Map(); // peer -> the read marker to send
+    this.readsSent = new Map(); // peer -> the marker sent on this connection (or over HTTP)
+    this.receiptTimer = null;
+    this.receiptsBusy = false; // an HTTP flush under way
+    this.lastReceiptsAt = -Infinity; // when the last flush went (ms)
     this.timer = null;
     this.generation = 0; // bumps on every (re)connect; stale callbacks compare and leave
     this.onOffline = () => this.goOffline();
@@ -98,6 +124,8 @@ export class ChatClient extends EventTarget {
     this.eventSource?.removeEventListener?.("offline", this.onOffline);
     this.eventSource?.removeEventListener?.("online", this.onOnline);
     this.disconnect();
+    clearTimeout(this.receiptTimer);
+    this.receiptTimer = null;
     for (const entry of this.outbox.values()) {
       if (entry.waiting) entry.wake();
     }
@@ -128,6 +156,7 @@ export class ChatClient extends EventTarget {
     this.generation += 1;
     clearTimeout(this.timer);
     this.timer = null;
+    this.liveWs = null;
     if (this.ws) {
       const ws = this.ws;
       this.ws = null;
@@ -158,16 +187,31 @@ export class ChatClient extends EventTarget {
   // from now on is new (after a slot move, ids of another partition: they may equal old ones).
   startOver() {
     this.seen = new SeenIds(this.seen.limit);
+    // ids of the old stream mean nothing in the new one: no receipt names them
+    this.ackUpto = null;
+    this.ackedUpto = null;
+    this.reads.clear();
+    this.readsSent.clear();
     this.dispatchEvent(new CustomEvent("reset"));
   }
 
-  acceptMessage(msg) {
-    if (!this.seen.add(msg.id)) return false;
-    this.since = msg.cursor ?? msg.id; // a cursor also says the partition and epoch it was made in
-    const entry = msg.client_msg_id && msg.from === this.user ? this.outbox.get(msg.client_msg_id) : null;
-    if (entry) this.advance(entry, "delivered", msg);
-    this.dispatchEvent(new CustomEvent("message", { detail: msg }));
+  // A frame of the stream: a message, or an event (edit, delete, read, delivered) about one.
+  acceptFrame(frame) {
+    if (!this.seen.add(frame.id)) return false;
+    this.since = frame.cursor ?? frame.id; // a cursor also says the partition and epoch it was made in
+    if (frame.type !== "message") {
+      this.dispatchEvent(new CustomEvent("event", { detail: frame }));
+      return true;
+    }
+    const entry = frame.client_msg_id && frame.from === this.user ? this.outbox.get(frame.client_msg_id) : null;
+    if (entry) this.advance(entry, "echoed", frame);
+    this.dispatchEvent(new CustomEvent("message", { detail: frame }));
+    if (!frame.deleted) this.received(frame.id);
     return true;
+  }
+
+  acceptUnread(unread) {
+    if (Number.isInteger(unread)) this.dispatchEvent(new CustomEvent("unread", { detail: unread }));
   }
 
   connect() {
@@ -234,7 +278,7 @@ export class ChatClient extends EventTarget {
     let hello = false;
     let ws;
     try {
-      ws = new this.WebSocketImpl(this.withSince(this.wsUrl, {}));
+      ws = new this.WebSocketImpl(this.withSince(this.wsUrl, this.device ? { device: this.device } : {}));
     } catch {
       this.wsFailed(gen);
       return;
@@ -252,15 +296,24 @@ export class ChatClient extends EventTarget {
         this.attempt = 0;
         this.wsFailures = 0;
         this.acceptCursor(frame.cursor, frame.recovered);
+        this.liveWs = ws;
+        // a receipt sent on the last socket may have died with it: say the newest ones again
+        this.ackedUpto = null;
+        this.readsSent.clear();
         this.setStatus("live");
-      } else if (frame.type === "message") {
-        this.acceptMessage(frame);
+        this.acceptUnread(frame.unread);
+        this.scheduleReceipts(); // what waited for a live socket
+      } else if (frame.type === "error") { // a refused ack or read marker: the socket stays open
+        this.dispatchEvent(new CustomEvent("refusal", { detail: frame }));
+      } else if (typeof frame.id === "string") {
+        this.acceptFrame(frame);
       }
     };
     ws.onclose = (event) => {
       clearTimeout(helloTimer);
       if (gen !== this.generation) return; // we closed it on purpose
       this.ws = null;
+      this.liveWs = null;
       if (event?.code === TOKEN_EXPIRED || event?.code === UNAUTHORIZED) this.renew(gen);
       else if (event?.code === WRONG_PARTITION && this.follow(partitionOfClose(event.reason), gen)) return;
       else if (!hello) this.wsRefused(gen);
@@ -325,8 +378,10 @@ export class ChatClient extends EventTarget {
       if (gen !== this.generation) return;
       this.attempt = 0;
       if (this.since !== null && !page.recovered) this.startOver();
-      for (const msg of page.messages) this.acceptMessage(msg);
+      for (const frame of page.messages) this.acceptFrame(frame);
       this.since = page.cursor; // covers everything in the answer, and the quiet time after it
+      this.acceptUnread(page.unread);
+      this.scheduleReceipts(); // also what waited for a WebSocket that never came back
     } catch {
       if (gen !== this.generation) return;
       this.retryLater();
@@ -334,6 +389,100 @@ export class ChatClient extends EventTarget {
     }
     this.pollAbort = null;
     this.connect(); // next poll at once, or the WebSocket again once wsRetryFromPollMs has passed
+  }
+
+  // ---- receipts: acks and read markers --------------------------------------------
+
+  // This device has the stream's messages up to `id`. Acks name messages (an event's id
+  // is no message), and only ever move forward.
+  received(id) {
+    if (this.ackUpto === null || compareIds(id, this.ackUpto) > 0) this.ackUpto = id;
+    this.scheduleReceipts();
+  }
+
+  // I have read my conversation with `peer` up to their message `upto` (the page calls
+  // this for the newest message it shows of an open conversation).
+  markRead(peer, upto) {
+    const known = this.reads.get(peer) ?? this.readsSent.get(peer);
+    if (known !== undefined && compareIds(upto, known) <= 0) return;
+    this.reads.set(peer, upto);
+    this.scheduleReceipts();
+  }
+
+  hasReceipts() {
+    return this.reads.size > 0 || (this.ackUpto !== null && this.ackUpto !== this.ackedUpto);
+  }
+
+  // One flush a little after the first news, then at most one per receiptIntervalMs
+  // while news keeps coming: what came meanwhile replaces what waited.
+  scheduleReceipts() {
+    if (this.receiptTimer !== null || this.receiptsBusy || !this.running || !this.hasReceipts()) return;
+    const wait = Math.max(this.receiptDelayMs, this.lastReceiptsAt + this.receiptIntervalMs - Date.now());
+    this.receiptTimer = setTimeout(() => {
+      this.receiptTimer = null;
+      this.flushReceipts();
+    }, wait);
+  }
+
+  async flushReceipts() {
+    if (!this.running || !this.hasReceipts()) return;
+    if (this.liveWs) {
+      this.lastReceiptsAt = Date.now();
+      const ws = this.liveWs;
+      let frames = RECEIPT_FRAMES_PER_FLUSH;
+      try {
+        if (this.ackUpto !== null && this.ackUpto !== this.ackedUpto) {
+          ws.send(JSON.stringify({ type: "ack", upto: this.ackUpto }));
+          this.ackedUpto = this.ackUpto;
+          frames -= 1;
+        }
+        for (const [peer, upto] of this.reads) {
+          if (frames-- <= 0) break;
+          ws.send(JSON.stringify({ type: "read", peer, upto }));
+          this.reads.delete(peer);
+          this.readsSent.set(peer, upto);
+        }
+      } catch { /* closing: what is left goes after the next hello */ }
+      this.scheduleReceipts(); // what did not fit in this flush
+      return;
+    }
+    if (this.transport !== "poll" || !this.fetchImpl) return; // the WebSocket's hello flushes them
+    this.receiptsBusy = true;
+    this.lastReceiptsAt = Date.now();
+    try {
+      if (this.ackUpto !== null && this.ackUpto !== this.ackedUpto) {
+        const upto = this.ackUpto;
+        const body = this.device ? { upto, device: this.device } : { upto };
+        if (await this.postReceipt("/v1/acks", body)) this.ackedUpto = upto;
+      }
+      for (const [peer, upto] of [...this.reads]) {
+        if (await this.postReceipt("/v1/read", { peer, upto })) {
+          this.readsSent.set(peer, upto);
+          if (this.reads.get(peer) === upto) this.reads.delete(peer);
+        }
+      }
+    } finally {
+      this.receiptsBusy = false;
+    }
+    this.scheduleReceipts(); // newer news, or a retry of what failed
+  }
+
+  // True once the API has it, or refused it for good (a 4xx: resending cannot help).
+  async postReceipt(path, body) {
+    try {
+      const reply = await this.fetchImpl(`${this.apiUrl}${path}`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Authorization: `Bearer ${this.token}` },
+        body: JSON.stringify(body),
+      });
+      if (reply.ok) return true;
+      if (reply.status !== 401 && reply.status !== 429 && reply.status < 500) { // 401: after the token's renewal
+        const error = await reply.json().catch(() => ({ error: `http_${reply.status}` }));
+        this.dispatchEvent(new CustomEvent("refusal", { detail: { ...error, code: error.error, path } }));
+        return true;
+      }
+    } catch { /* network: retried at the next flush */ }
+    return false;
   }
 
   // ---- sending -------------------------------------------------------------------
@@ -397,13 +546,13 @@ export class ChatClient extends EventTarget {
 
   advance(entry, state, message = null, error = null) {
     if (message) entry.message = message;
-    if (entry.state === "delivered" || entry.state === "failed") return;
+    if (entry.state === "echoed" || entry.state === "failed") return;
     if (state !== "failed" && STATES.indexOf(state) <= STATES.indexOf(entry.state)) return;
     entry.state = state;
     this.dispatchEvent(new CustomEvent("outbox", {
       detail: { clientMsgId: entry.clientMsgId, to: entry.to, body: entry.body, state, message: entry.message, error },
     }));
     if (state !== "sending" && state !== "retrying") this.stored.forget(entry); // stored, or refused for good
-    if (state === "delivered" || state === "failed") this.outbox.delete(entry.clientMsgId);
+    if (state === "echoed" || state === "failed") this.outbox.delete(entry.clientMsgId);
   }
 }

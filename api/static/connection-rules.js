@@ -1,4 +1,4 @@
-// The web client's pure rules of connection (chat-client.js): backoff, dedup, and the partition
+// The web client's pure rules of connection (chat-client.js): backoff, dedup, id order, and the partition
 // a daemon's 421 names. No I/O of their own.
 
 export function backoffDelay(attempt, baseMs, maxMs, random = Math.random) {
@@ -40,4 +40,9 @@ export function partitionOfClose(reason) {
     return null;
   }
   return Number.isInteger(body?.partition) && body.partition >= 0 ? body.partition : null;
+}
+
+// Stream ids are decimal strings, in order: compared as numbers of any length, with no arithmetic.
+export function compareIds(a, b) {
+  return a.length - b.length || (a < b ? -1 : a > b ? 1 : 0);
 }

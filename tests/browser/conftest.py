@@ -27,11 +27,13 @@ expect.set_options(timeout=PATIENCE * 1000)  # ms
 
 @contextlib.contextmanager
 def web_system(dbs: Databases, daemons: int = 1, **env) -> Iterator[System]:
-    """API + daemons on the shared databases, serving the page at http://127.0.0.1:<port>/app/,
-    with dev login on and that origin allowed by the daemons."""
+    """API + daemons + the writer on the shared databases, serving the page at
+    http://127.0.0.1:<port>/app/, with dev login on and that origin allowed by the daemons.
+    The writer process, as deployed: the daemons send the page's acks and read markers to it."""
     port = free_port()
     # URL tokens refused, as by default: the page's client sends none.
-    with running_system(dbs, daemons=daemons, apis=1, api_port=port, CHAT_DEV_MODE="true", CHAT_DEV_LOGIN="true",
+    with running_system(dbs, daemons=daemons, apis=1, api_port=port, writer=True,
+                        CHAT_DEV_MODE="true", CHAT_DEV_LOGIN="true",
                         CHAT_URL_TOKENS_ALLOWED="false",
                         CHAT_RATE_LIMIT_PER_SECOND="0",
                         CHAT_ALLOWED_ORIGINS=json.dumps([f"http://127.0.0.1:{port}"]), **env) as system:
@@ -40,7 +42,7 @@ def web_system(dbs: Databases, daemons: int = 1, **env) -> Iterator[System]:
 
 @pytest.fixture(scope="session")
 def web(dbs) -> Iterator[System]:
-    """The shared web system: one API (dev login on), one daemon."""
+    """The shared web system: one API (dev login on), one daemon, one writer."""
     with web_system(dbs) as system:
         yield system
 

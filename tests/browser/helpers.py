@@ -31,6 +31,20 @@ def bodies(page: Page) -> Locator:
     return page.locator("#messages li .body")
 
 
+def ticks(page: Page) -> Locator:
+    """The state of each of my messages in the open conversation: sending…, sent, delivered, read."""
+    return page.locator("#messages li.mine .state")
+
+
+def badge(page: Page, peer: str) -> Locator:
+    """The unread count of the conversation with ``peer`` in the list (none when all is read)."""
+    return page.locator(f"#conversations li[data-peer='{peer}'] .badge")
+
+
+def conversation(page: Page, peer: str) -> Locator:
+    return page.locator(f"#conversations li[data-peer='{peer}']")
+
+
 @contextlib.contextmanager
 def witness(system: System, user: str) -> Iterator[list[dict]]:
     """Another connection of ``user`` (no browser): the message frames it receives."""

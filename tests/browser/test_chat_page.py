@@ -9,7 +9,7 @@ import httpx
 from playwright.sync_api import expect
 
 from tests.browser.conftest import ARTIFACTS, web_system
-from tests.browser.helpers import bodies, open_chat, post, send, until, witness
+from tests.browser.helpers import bodies, open_chat, post, send, ticks, until, witness
 from tests.e2e.helpers import mysql_rows
 from tests.timing import PATIENCE, eventually_sync
 
@@ -24,12 +24,12 @@ def test_two_users_exchange_messages(web, open_page, users):
 
     send(a, "hello bob")
     expect(bodies(b)).to_have_text(["hello bob"])
-    expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    expect(ticks(a), "bob has the conversation open").to_have_text(["read"])
     send(b, "hi alice 👋")
     expect(bodies(a)).to_have_text(["hello bob", "hi alice 👋"])
     expect(bodies(b)).to_have_text(["hello bob", "hi alice 👋"])
 
-    rows = mysql_rows(web, "sender = :s AND recipient = :r", s=alice, r=bob)
+    rows = mysql_rows(web, "sender = :s AND recipient = :r AND kind = 0", s=alice, r=bob)
     assert [(r.body, len(r.client_msg_id)) for r in rows] == [("hello bob", 36)]  # crypto.randomUUID()
     # the conversation list, newest first, came from GET /v1/conversations
     expect(a.locator("#conversations .peer")).to_have_text([bob])
@@ -37,7 +37,7 @@ def test_two_users_exchange_messages(web, open_page, users):
     a.reload()  # the session survives a reload; history comes from GET /v1/messages
     a.click(f"#conversations li[data-peer='{bob}']")
     expect(bodies(a)).to_have_text(["hello bob", "hi alice 👋"])
-    expect(a.locator("#messages li.mine .state")).to_have_text(["stored"])
+    expect(ticks(a), "from GET /v1/conversations' peer_read_upto").to_have_text(["read"])
 
 
 def test_offline_then_online_shows_everything_once_in_order(web, open_page, users):
@@ -48,6 +48,7 @@ def test_offline_then_online_shows_everything_once_in_order(web, open_page, user
     expect(b.locator("#status")).to_have_text("live")
     send(a, "before")
     expect(bodies(b)).to_have_text(["before"])
+    expect(ticks(a)).to_have_text(["read"])  # bob's page has it on screen, and said so
 
     # Chromium's offline emulation leaves an open WebSocket open (it only holds its
     # frames back); the client's `offline` handler closes it and stops retrying.
@@ -55,13 +56,14 @@ def test_offline_then_online_shows_everything_once_in_order(web, open_page, user
     expect(b.locator("#status")).to_have_text("offline")
     assert b.evaluate("window.chatApp.client.ws") is None
     send(b, "typed offline")
-    expect(b.locator("#messages li.mine .state")).to_have_text(["retrying…"])
+    expect(ticks(b)).to_have_text(["retrying…"])
 
     with witness(web, bob) as frames:
         for i in range(1, 5):
             send(a, f"while offline {i}")
-        # alice's own stream confirms each one; bob's other connection got all four:
-        expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"] * 5)
+        # stored, and no device of bob's has them (the witness acknowledges nothing); bob's
+        # other connection got all four:
+        expect(ticks(a)).to_have_text(["read"] + ["sent"] * 4)
         eventually_sync(lambda: len(frames) >= 4, "bob's other connection got the four messages")
     # ...so the daemon has sent them, and the offline page still shows none of them.
     expect(bodies(b)).to_have_text(["before", "typed offline"])
@@ -72,9 +74,10 @@ def test_offline_then_online_shows_everything_once_in_order(web, open_page, user
     expect(b.locator("#status")).to_have_text("live")
     expect(bodies(b)).to_have_text(expected)
     expect(bodies(a)).to_have_text(expected)
-    expect(b.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    expect(ticks(b)).to_have_text(["read"])
+    expect(ticks(a), "bob's page, back, received and read them").to_have_text(["read"] * 5)
     # the retried send was stored exactly once
-    assert [r.body for r in mysql_rows(web, "sender = :s", s=bob)] == ["typed offline"]
+    assert [r.body for r in mysql_rows(web, "sender = :s AND kind = 0", s=bob)] == ["typed offline"]
 
 
 def test_daemon_restart_mid_conversation_loses_nothing(dbs, open_page, users):
@@ -135,7 +138,9 @@ def test_long_poll_transport_delivers_when_asked(web, open_page, users):
     expect(bodies(b)).to_have_text(["through the long poll"])
     send(b, "and back")
     expect(bodies(a)).to_have_text(["through the long poll", "and back"])
-    expect(b.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    expect(ticks(b)).to_have_text(["read"])
+    # the polling page acknowledges and reads over HTTP (POST /v1/acks, /v1/read)
+    expect(ticks(a)).to_have_text(["read"])
     assert b.evaluate("[window.chatApp.client.transport, window.chatApp.client.ws]") == ["poll", None]
     polls = b.evaluate("performance.getEntriesByType('resource').map(e => e.name)"
                        ".filter(n => n.includes('/v1/poll'))")
@@ -181,7 +186,7 @@ def test_a_message_typed_before_a_reload_is_sent_after_it_exactly_once(web, open
 
     a.route("**/v1/messages", api_down)
     send(a, "typed before the reload")
-    expect(a.locator("#messages li.mine .state")).to_have_text(["retrying…"])
+    expect(ticks(a)).to_have_text(["retrying…"])
     outbox = "Object.keys(localStorage).filter(k => k.startsWith('chat.outbox.'))"
     assert len(a.evaluate(outbox)) == 1
     tried = len(posts)
@@ -191,13 +196,13 @@ def test_a_message_typed_before_a_reload_is_sent_after_it_exactly_once(web, open
     until(a, lambda: len(posts) > tried, "a POST after the reload")
     open_chat(a, bob)
     expect(bodies(a)).to_have_text(["typed before the reload"])
-    expect(a.locator("#messages li.mine .state")).to_have_text(["retrying…"])
+    expect(ticks(a)).to_have_text(["retrying…"])
     assert {p["client_msg_id"] for p in posts} == {posts[0]["client_msg_id"]}  # one id, every attempt
 
     a.unroute("**/v1/messages")  # the API answers again
-    expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    expect(ticks(a)).to_have_text(["sent"])
     assert a.evaluate(outbox) == []
-    rows = mysql_rows(web, "sender = :s", s=alice)
+    rows = mysql_rows(web, "sender = :s AND kind = 0", s=alice)
     assert [(r.body, r.client_msg_id) for r in rows] == [("typed before the reload", posts[0]["client_msg_id"])]
     b = open_page(web, bob)
     b.click(f"#conversations li[data-peer='{alice}']")
@@ -210,7 +215,7 @@ def test_logging_out_drops_what_is_unsent(web, open_page, users):
     open_chat(a, bob)
     a.route("**/v1/messages", lambda route: route.abort("connectionrefused"))
     send(a, "never sent")
-    expect(a.locator("#messages li.mine .state")).to_have_text(["retrying…"])
+    expect(ticks(a)).to_have_text(["retrying…"])
     a.click("#logout")
     expect(a.locator("#dev-login")).to_be_visible()
     assert a.evaluate("Object.keys(localStorage).filter(k => k.startsWith('chat.outbox.'))") == []
@@ -222,12 +227,12 @@ def test_logging_out_drops_what_is_unsent(web, open_page, users):
     a.click("#dev-login button")
     expect(a.locator("#status")).to_have_text("live")
     # A barrier: a resend of what was dropped would go as the client starts, before
-    # anything typed after the login; once that is delivered, nothing else was sent.
+    # anything typed after the login; once that is stored, nothing else was sent.
     open_chat(a, bob)
     send(a, "typed after logging in again")
-    expect(a.locator("#messages li.mine .state")).to_have_text(["delivered"])
+    expect(ticks(a)).to_have_text(["sent"])
     assert posted == ["typed after logging in again"]
-    assert [r.body for r in mysql_rows(web, "sender = :s", s=alice)] == ["typed after logging in again"]
+    assert [r.body for r in mysql_rows(web, "sender = :s AND kind = 0", s=alice)] == ["typed after logging in again"]
 
 
 def test_older_history_comes_a_page_at_a_time(web, open_page, users):

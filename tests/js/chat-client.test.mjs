@@ -115,7 +115,7 @@ test("offline closes the socket and waits; online reconnects at once with since"
   client.stop();
 });
 
-test("a send is retried with the same client_msg_id, then stored, then delivered", async () => {
+test("a send is retried with the same client_msg_id, then stored, then seen on the stream", async () => {
   const bodies = [];
   let failures = 2;
   const fetchImpl = async (url, init) => {
@@ -134,7 +134,7 @@ test("a send is retried with the same client_msg_id, then stored, then delivered
   assert.equal(bodies.length, 3);
   assert.equal(new Set(bodies.map((b) => b.client_msg_id)).size, 1);
   FakeSocket.all[0].frame(msg("20", { from: "bob", to: "alice", body: "hi", client_msg_id: entry.clientMsgId }));
-  assert.deepEqual(states, ["sending", "retrying", "stored", "delivered"]);
+  assert.deepEqual(states, ["sending", "retrying", "stored", "echoed"]);
   client.stop();
 });
 
@@ -402,5 +402,124 @@ test("told by a 4421 close which partition serves the user, it connects there at
   await tick();
   assert.equal(FakeSocket.all.length, 2); // at once: not after the 5 s backoff
   assert.equal(param(FakeSocket.all[1].url, "partition"), "1");
+  client.stop();
+});
+
+// ---- receipts (docs/receipts.md) ----------------------------------------------------
+
+const sentOfType = (ws, type) => ws.sent.filter((f) => f.type === type);
+
+test("events are frames of the stream: deduplicated, resumed from, and told apart from messages", async () => {
+  const { client, got } = makeClient();
+  const events = [];
+  const refusals = [];
+  client.addEventListener("event", (e) => events.push([e.detail.type, e.detail.id]));
+  client.addEventListener("refusal", (e) => refusals.push(e.detail.code));
+  client.start();
+  const ws = FakeSocket.all[0];
+  ws.hello("10");
+  ws.frame(msg("11"));
+  ws.frame({ type: "edit", id: "12", from: "alice", to: "bob", ref: "11", body: "m11!" });
+  ws.frame({ type: "edit", id: "12", from: "alice", to: "bob", ref: "11", body: "m11!" }); // a repeat
+  ws.frame({ type: "read", id: "13", from: "alice", to: "bob", upto: "9" });
+  ws.frame({ type: "error", code: "message_not_found", message: "no", frame: "read" });
+  assert.deepEqual(got, ["11"]);
+  assert.deepEqual(events, [["edit", "12"], ["read", "13"]]);
+  assert.deepEqual(refusals, ["message_not_found"]);
+  assert.equal(client.since, "13");
+  ws.drop();
+  await tick();
+  assert.equal(since(FakeSocket.all[1].url), "13");
+  client.stop();
+});
+
+test("the device goes on the handshake; acks say the newest message received, coalesced", async () => {
+  const { client } = makeClient({ device: "web-1", receiptDelayMs: 1, receiptIntervalMs: 60 });
+  client.start();
+  const ws = FakeSocket.all[0];
+  assert.equal(param(ws.url, "device"), "web-1");
+  ws.open();
+  ws.hello("10");
+  ws.frame(msg("11"));
+  ws.frame(msg("12"));
+  ws.frame({ type: "delivered", id: "13", from: "alice", to: "bob", upto: "7" }); // an event: no message to ack
+  await tick(20);
+  assert.deepEqual(sentOfType(ws, "ack"), [{ type: "ack", upto: "12" }]); // one ack for the burst
+  ws.frame(msg("14"));
+  ws.frame(msg("15"));
+  await tick(5);
+  assert.equal(sentOfType(ws, "ack").length, 1); // within the interval: waits, latest wins
+  await tick(100);
+  assert.deepEqual(sentOfType(ws, "ack"), [{ type: "ack", upto: "12" }, { type: "ack", upto: "15" }]);
+  client.stop();
+});
+
+test("read markers: the newest per peer, once; what waited for a socket goes after its hello", async () => {
+  const { client } = makeClient({ receiptDelayMs: 1, receiptIntervalMs: 1 });
+  client.start();
+  const first = FakeSocket.all[0];
+  first.hello("10");
+  client.markRead("alice", "8");
+  client.markRead("alice", "9");
+  client.markRead("carol", "5");
+  client.markRead("alice", "7"); // older than what waits: nothing
+  await tick();
+  assert.deepEqual(sentOfType(first, "read"), [
+    { type: "read", peer: "alice", upto: "9" }, { type: "read", peer: "carol", upto: "5" }]);
+  client.markRead("alice", "9"); // said already
+  await tick();
+  assert.equal(sentOfType(first, "read").length, 2);
+  first.drop();
+  client.markRead("alice", "11"); // no live socket: it waits
+  await tick();
+  const second = FakeSocket.all[1];
+  assert.deepEqual(sentOfType(second, "read"), []);
+  second.hello("11", true);
+  await tick();
+  assert.deepEqual(sentOfType(second, "read"), [{ type: "read", peer: "alice", upto: "11" }]);
+  client.stop();
+});
+
+test("long-polling, acks and read markers go over HTTP with the device", async () => {
+  const posts = [];
+  let polls = 0;
+  const fetchImpl = async (url, init) => {
+    if (init.method === "POST") {
+      posts.push([new URL(url).pathname, JSON.parse(init.body), init.headers.Authorization]);
+      return { ok: true, status: 200, json: async () => ({}) };
+    }
+    if (polls++ === 0) {
+      return { ok: true, status: 200, json: async () => ({ recovered: true, cursor: "21", unread: 3,
+                                                            messages: [msg("20"), msg("21")] }) };
+    }
+    return new Promise(() => {}); // the next poll waits
+  };
+  const { client } = makeClient({ apiUrl: "http://api", transport: "poll", fetchImpl, device: "web-2", receiptDelayMs: 1,
+                                   receiptIntervalMs: 1 });
+  const unread = [];
+  client.addEventListener("unread", (e) => unread.push(e.detail));
+  client.start();
+  await tick();
+  client.markRead("alice", "21");
+  await tick(30);
+  assert.deepEqual(unread, [3]);
+  assert.deepEqual(posts, [
+    ["/v1/acks", { upto: "21", device: "web-2" }, "Bearer t"],
+    ["/v1/read", { peer: "alice", upto: "21" }, "Bearer t"],
+  ]);
+  client.stop();
+});
+
+test("many read markers at once go a few per flush, under the daemon's frame rate", async () => {
+  const { client } = makeClient({ receiptDelayMs: 1, receiptIntervalMs: 40 });
+  client.start();
+  const ws = FakeSocket.all[0];
+  ws.hello("10");
+  ws.frame(msg("11"));
+  for (let i = 1; i <= 6; i++) client.markRead(`peer${i}`, String(i));
+  await tick(20);
+  assert.equal(ws.sent.length, 4); // the ack and three markers
+  await tick(80);
+  assert.deepEqual(sentOfType(ws, "read").map((f) => f.peer), ["peer1", "peer2", "peer3", "peer4", "peer5", "peer6"]);
   client.stop();
 });
