@@ -64,6 +64,11 @@ class PollWaiter:
         self.wake.set()  # answer with the gap-free prefix it holds; the cursor resumes there
 
 
+# How long a hello or a poll answer waits for the unread count: past it, `unread` is null. A
+# MySQL that is slow must not hold a client's connection or its messages back by more.
+UNREAD_WAIT_SECONDS = 0.5
+
+
 class Daemon:
     def __init__(self, settings: Settings, hub: Hub | Hubs, stream: Stream | None, *,
                  streams: dict[int, Stream] | None = None, slot_map: SlotMap | None = None,
@@ -128,7 +133,7 @@ class Daemon:
         """The user's unread total for a hello or a poll answer; None when MySQL does not say within its timeout."""
         if self._unread is None:
             return None
-        return await self._unread.total(user, partition, self.settings.db_timeout_seconds)
+        return await self._unread.total(user, partition, min(self.settings.db_timeout_seconds, UNREAD_WAIT_SECONDS))
 
     def cursor(self, partition: int, position: int) -> str:
         """A cursor at ``position`` of ``partition``: a bare id for the single stream at epoch 0."""

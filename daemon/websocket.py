@@ -74,7 +74,13 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
         if identified is None:
             return True
         user, expires, partition = identified
+        unread = await daemon.unread(user, partition)
     else:
+        # Read before the upgrade: the hello is the first frame a client gets,
+        # before even the pong to a ping it sends at once (Autobahn's live cases).
+        unread = await daemon.unread(user, partition)
+        if conn.closing:
+            return True
         conn.upgrade(response)
     # Its delivery state, once user and partition are known: the hub it joins is its partition's.
     conn.subscriber = Subscriber(conn, user, partition=partition)
@@ -83,7 +89,7 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
     daemon.join(conn)  # due for its heartbeat at its first ping, or at exp if sooner
     metrics.WS_OPEN.inc()
     try:
-        await serve_socket(daemon, conn, user, daemon.resume_point(query.get("since"), user))
+        await serve_socket(daemon, conn, user, daemon.resume_point(query.get("since"), user), unread)
     except Behind:
         metrics.REJECTS.labels("behind").inc()
         conn.close(CloseCode.TRY_AGAIN, "this daemon is behind your since: retry")
@@ -130,7 +136,7 @@ def auth_frame_token(data: bytes) -> str:
     return frame["token"]
 
 
-async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int | None) -> None:
+async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int | None, unread: int | None) -> None:
     """The hello, the catch-up a page at a time, then live frames.
 
     Each page goes out once the socket has sent most of the one before
@@ -140,21 +146,14 @@ async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int |
     client is closed with 4008 after the last catch-up frame it got, and
     resumes from there."""
     sub = conn.subscriber
-    # Read while the catch-up's first page is: the hello waits for the slower of the two.
-    unread = asyncio.ensure_future(daemon.unread(user, sub.partition))
-    try:
-        pages, cursor = await daemon.subscribe(sub, since, CATCH_UP_PAGE, daemon.settings.send_buffer_max_bytes // 4)
-    except BaseException:
-        unread.cancel()
-        raise
+    pages, cursor = await daemon.subscribe(sub, since, CATCH_UP_PAGE, daemon.settings.send_buffer_max_bytes // 4)
     try:
         page = await anext(pages)
-        total = await unread
         if conn.closing:
             return
         conn.send_text(orjson.dumps({"type": "hello", "recovered": page.recovered,
                                      "cursor": daemon.cursor(sub.partition, cursor), "user": user,
-                                     "unread": total}))
+                                     "unread": unread}))
         while page.more:
             sub.send_page(page.frames)
             if not await conn.drained():
