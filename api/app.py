@@ -26,7 +26,7 @@ from api import metrics
 from api.errors import ApiError
 from api.asyncapi import document as asyncapi_document
 from api.openapi import document
-from api import events
+from api import devices, events
 from api.post_message import PostMessage, front, read_body
 from api.ratelimit import RateLimiter
 from api.state import State
@@ -264,6 +264,9 @@ ROUTES = [
     Route("/v1/messages/{id}", events.patch_message, methods=["PATCH"]),
     Route("/v1/messages/{id}", events.delete_message, methods=["DELETE"]),
     Route("/v1/acks", events.post_ack, methods=["POST"]),
+    Route("/v1/devices", devices.register, methods=["POST"]),
+    Route("/v1/devices", devices.list_devices, methods=["GET"]),
+    Route("/v1/devices/{device}", devices.remove, methods=["DELETE"]),
     Route("/v1/read", events.post_read, methods=["POST"]),
     Route("/v1/conversations", get_conversations, methods=["GET"]),
     Route("/v1/client-config", client_config, methods=["GET"]),

@@ -38,9 +38,16 @@ class State:
         fast 503. The deadline also covers the wait for a free thread: a burst of
         slow reads queues there, not in the connection pool, whose own timeout it
         would never reach."""
+        return await self._on_a_thread(fn, commit=False)
 
+    async def transaction(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(connection)`` in one transaction, committed if it returns (the
+        few writes that are not the writer's: push devices), as ``read`` runs."""
+        return await self._on_a_thread(fn, commit=True)
+
+    async def _on_a_thread(self, fn: Callable[[Connection], T], commit: bool) -> T:
         def run() -> T:
-            with self.engine.connect() as conn:
+            with self.engine.begin() if commit else self.engine.connect() as conn:
                 return fn(conn)
 
         try:

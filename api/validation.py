@@ -224,3 +224,36 @@ def client_msg_id_of(value: str | None) -> str | None:
         raise ApiError(422, "invalid_field", "`client_msg_id` must be 1-64 chars of [A-Za-z0-9_.:-]",
                        field="client_msg_id")
     return value
+
+
+DEVICE_FIELDS = ("device", "platform", "app_id", "pushkey", "data")
+PLATFORM = re.compile(r"[a-z0-9_-]{1,16}")
+APP_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+PUSHKEY = re.compile(r"[\x21-\x7e]{1,512}")  # printable ASCII: APNs tokens (hex), FCM tokens, Web Push URLs
+DEVICE_DATA_MAX_BYTES = 1024
+
+
+def parse_device(raw: bytes) -> tuple[str, str, str, str, dict]:
+    """``{"device", "platform", "app_id", "pushkey", "data"?}`` (POST /v1/devices)."""
+    obj = _object(raw, DEVICE_FIELDS)
+    device = _string(obj, "device", required=True)
+    if not DEVICE_ID.fullmatch(device or ""):
+        raise ApiError(422, "invalid_field", "`device` must be 1-64 chars of [A-Za-z0-9_.-]", field="device")
+    platform = _string(obj, "platform", required=True)
+    if not PLATFORM.fullmatch(platform or ""):
+        raise ApiError(422, "invalid_field", "`platform` must be 1-16 chars of [a-z0-9_-] (ios, android, web)",
+                       field="platform")
+    app_id = _string(obj, "app_id", required=True)
+    if not APP_ID.fullmatch(app_id or ""):
+        raise ApiError(422, "invalid_field", "`app_id` must be 1-128 chars of [A-Za-z0-9._-]", field="app_id")
+    pushkey = _string(obj, "pushkey", required=True)
+    if not PUSHKEY.fullmatch(pushkey or ""):
+        raise ApiError(422, "invalid_field", "`pushkey` must be 1-512 printable ASCII characters", field="pushkey")
+    data = obj.get("data", {})
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_field", "`data` must be a JSON object", field="data")
+    if len(orjson.dumps(data)) > DEVICE_DATA_MAX_BYTES:
+        raise ApiError(422, "invalid_field", f"`data` is over {DEVICE_DATA_MAX_BYTES} bytes as JSON", field="data")
+    return device or "", platform or "", app_id or "", pushkey or "", data

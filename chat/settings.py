@@ -7,6 +7,8 @@ working directory. No module reads ``os.environ`` on import: entry points call
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -157,6 +159,24 @@ class Settings(BaseSettings):
     recent_cache_max_bytes: int = Field(
         64 << 20, ge=0, description="Payload bytes that cache may hold at most; the oldest messages leave it first."
     )
+
+    # --- push (the pusher process) -----------------------------------------------
+    push_gateway_url: str = Field(
+        "", description="Base URL of a Matrix Push Gateway (Sygnal, or a compatible one): the pusher POSTs "
+        "`{url}/_matrix/push/v1/notify`. Empty: the pusher sends nothing and exits.",
+    )
+    push_delay_seconds: float = Field(
+        3.0, ge=0, description="A message no device of its recipient received (acked) or read this long after it "
+        "was sent is pushed to the recipient's registered devices.",
+    )
+    push_content: Literal["none", "sender", "full"] = Field(
+        "none", description="What a notification tells the gateway: ids and counts only (`none`), plus the "
+        "sender (`sender`), plus the body (`full`).",
+    )
+    push_give_up_seconds: float = Field(
+        600.0, gt=0, description="How long the pusher retries a notification the gateway does not accept.",
+    )
+    push_devices_max: int = Field(10, ge=1, le=100, description="Push devices one user may register.")
 
     metrics_port: int = Field(
         0, ge=0, le=65535, description="A port of this process alone that serves /metrics (0: none): scrape each "

@@ -136,6 +136,54 @@ device_acks = Table(
 )
 
 
+# A user's registered push devices (POST /v1/devices): a device id the client
+# picks, and what the push gateway needs to reach it (docs/push.md).
+devices = Table(
+    "devices",
+    metadata,
+    Column("user", String(64, collation="utf8mb4_bin"), primary_key=True),
+    Column("device", String(64, collation="utf8mb4_bin"), primary_key=True),
+    Column("platform", String(16, collation="utf8mb4_bin"), nullable=False),
+    Column("app_id", String(128, collation="utf8mb4_bin"), nullable=False),
+    Column("pushkey", String(512, collation="utf8mb4_bin"), nullable=False),
+    Column("data", Text(collation="utf8mb4_bin"), nullable=False),  # JSON object, passed to the gateway
+    Column("created_at", DATETIME(fsp=3), nullable=False),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+    mysql_collate="utf8mb4_bin",
+)
+
+# The pusher's progress per partition: every row up to ``upto`` is decided
+# (its notifications are in push_outbox, or it needs none).
+push_state = Table(
+    "push_state",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),  # the partition
+    Column("upto", BigInteger, nullable=False),
+    mysql_engine="InnoDB",
+)
+
+# Notifications decided and not yet accepted by the gateway: written in the
+# transaction that moves push_state, deleted once the gateway answers, so that
+# a pusher killed in between sends them after its restart (with the same key).
+push_outbox = Table(
+    "push_outbox",
+    metadata,
+    Column("key", String(160, collation="utf8mb4_bin"), primary_key=True),  # the idempotency key
+    Column("partition", SmallInteger, nullable=False),
+    Column("user", String(64, collation="utf8mb4_bin"), nullable=False),
+    Column("device", String(64, collation="utf8mb4_bin"), nullable=False),
+    Column("notification", Text(collation="utf8mb4_bin"), nullable=False),  # the gateway request's JSON
+    Column("created_at", DATETIME(fsp=3), nullable=False),
+    Column("attempts", SmallInteger, nullable=False, server_default="0"),
+    Column("next_at", DATETIME(fsp=3), nullable=False),
+    Index("ix_push_outbox_partition_next_at", "partition", "next_at"),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+    mysql_collate="utf8mb4_bin",
+)
+
+
 def row_to_message(row: Row) -> Message:
     """A row of `messages` as the Message it stores (created_at is kept in UTC, without a zone)."""
     created = row.created_at.replace(tzinfo=UTC)

@@ -83,6 +83,7 @@ class System:
     api_port: int = field(default_factory=free_port)
     # the writer process's /metrics (its Mongo lag, for the benchmarks)
     writer_metrics_port: int = field(default_factory=free_port)
+    pusher_metrics_port: int = field(default_factory=free_port)  # also its readiness: it listens once started
     daemon_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -113,11 +114,17 @@ class System:
     def start(self, name: str, wait: bool = True) -> subprocess.Popen:
         module = name.split("_")[0]
         log = open(self.logdir / f"{name}.log", "ab")
-        env = {**self.env, "CHAT_METRICS_PORT": str(self.writer_metrics_port)} if module == "writer" else self.env
+        env = self.env
+        if module in ("writer", "pusher"):
+            port = self.writer_metrics_port if module == "writer" else self.pusher_metrics_port
+            env = {**env, "CHAT_METRICS_PORT": str(port)}
         proc = subprocess.Popen([sys.executable, "-m", module], env=env, cwd=ROOT, stdout=log, stderr=log)
         self.procs[name] = proc
         if module in ("writer", "relay"):
             wait_unix_listening(proc, self.env[SOCKETS[module]], 20)
+            return proc
+        if module == "pusher":
+            wait_listening(proc, self.pusher_metrics_port, 20)
             return proc
         port = self.api_port if module == "api" else self.daemon_port
         # The port is shared (SO_REUSEPORT): another process may answer on it

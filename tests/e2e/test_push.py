@@ -1,0 +1,290 @@
+"""Offline push (docs/push.md), end to end: the API's device registrations, the
+pusher process, MySQL, and a push gateway of the tests' own in its own process
+(tests/push/gateway.py), which answers as the Matrix Push Gateway API says or
+fails, stalls and rejects when told.
+
+No test waits for the delay to pass by sleeping. A push that must come is
+waited for at the gateway; a push that must not come is ruled out by a
+barrier: the pusher decides a partition's rows in id order, so once a later
+message's push has arrived, every decision before it is made. And to be sure a
+device's ack or a read lands before the pusher decides, the pusher is paused
+(SIGSTOP) while it does.
+"""
+
+import contextlib
+import os
+from datetime import UTC, datetime, timedelta
+import signal
+import subprocess
+import sys
+import uuid
+
+import httpx
+import orjson
+import pytest
+import websockets
+from sqlalchemy import create_engine, text
+
+from harness.servers import ROOT
+from pusher.process import SEND_CONCURRENCY
+from harness.system import System, running_system
+from tests.e2e.helpers import post
+from harness.waiting import eventually_sync
+from tests.timing import PATIENCE, eventually
+
+DELAY = "0.5"  # CHAT_PUSH_DELAY_SECONDS here: short, as nothing waits for it but the pusher
+
+
+class Gateway:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.push.gateway"], cwd=ROOT, stdout=subprocess.PIPE,
+                                     text=True)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        assert line.startswith("gateway listening on "), line
+        self.url = line.rsplit(" ", 1)[1].strip()
+
+    def received(self) -> list[dict]:
+        return httpx.get(f"{self.url}/_test/received", timeout=PATIENCE).json()["received"]
+
+    def refused(self) -> int:
+        return httpx.get(f"{self.url}/_test/received", timeout=PATIENCE).json()["refused"]
+
+    def mode(self, mode: str, reject: list[str] | None = None) -> None:
+        httpx.post(f"{self.url}/_test/mode", json={"mode": mode, "reject": reject or []}, timeout=PATIENCE)
+
+    def to(self, pushkey: str) -> list[dict]:
+        return [r for r in self.received() if r["notification"]["devices"][0]["pushkey"] == pushkey]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    g = Gateway()
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def pushing(dbs, gateway):
+    with running_system(dbs, daemons=1, apis=1, writer=True, relay=True, CHAT_RATE_LIMIT_PER_SECOND="0",
+                        CHAT_PUSH_GATEWAY_URL=gateway.url, CHAT_PUSH_DELAY_SECONDS=DELAY) as system:
+        system.start("pusher")
+        wait_for_lease(system)
+        yield system
+
+
+def sql(system: System, statement: str, **params) -> list:
+    engine = create_engine(system.dbs.mariadb.url())
+    try:
+        with engine.begin() as conn:
+            result = conn.execute(text(statement), params)
+            return result.all() if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+def wait_for_lease(system: System) -> None:
+    """Until the pusher holds partition 0's lease and has its position (push_state): from then on, every message is
+    decided."""
+    eventually_sync(lambda: sql(system, "SELECT upto FROM push_state WHERE id = 0"), "the pusher's lease")
+
+
+def due(created_at: str) -> bool:
+    """Whether a message created then is past the pusher's delay now (the pusher reads the same clock)."""
+    created = datetime.fromisoformat(created_at.replace("Z", "+00:00"))
+    return datetime.now(UTC) >= created + timedelta(seconds=float(DELAY))
+
+
+async def call(system: System, user: str, method: str, path: str, **kwargs) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=PATIENCE) as client:
+        return await client.request(method, f"{system.api_url}{path}",
+                                    headers={"Authorization": f"Bearer {system.token(user)}"}, **kwargs)
+
+
+async def register(system: System, user: str, device: str) -> str:
+    pushkey = f"pk-{uuid.uuid4().hex}"
+    r = await call(system, user, "POST", "/v1/devices",
+                   json={"device": device, "platform": "android", "app_id": "chat.example", "pushkey": pushkey,
+                         "data": {"url": "https://push.example/notify"}})
+    assert r.status_code == 201, r.text
+    return pushkey
+
+
+async def send(system: System, sender: str, to: str, body: str) -> str:
+    return (await sent(system, sender, to, body))["id"]
+
+
+async def sent(system: System, sender: str, to: str, body: str) -> dict:
+    r = await post(system, sender, to, body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+async def barrier(system: System, gateway: Gateway) -> None:
+    """Every message sent before now is decided: a marker message to an offline
+    user of the same partition is pushed only after them."""
+    tag = uuid.uuid4().hex[:8]
+    sender, marker = f"barrier-from-{tag}", f"barrier-{tag}"
+    pushkey = await register(system, marker, "phone")
+    await send(system, sender, marker, "marker")
+    await eventually(lambda: gateway.to(pushkey) != [], "the marker's push")
+
+
+@contextlib.contextmanager
+def paused(system: System):
+    """The pusher stopped (SIGSTOP) for the block: what happens in it happens before its next decision."""
+    pid = system.procs["pusher"].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def test_an_offline_device_gets_exactly_one_notification_per_window(pushing, gateway, users):
+    alice, bob = users("alice"), users("bob")
+    phone = await register(pushing, bob, "phone")
+    with paused(pushing):  # both messages are due at its next decision: one window
+        messages = [await sent(pushing, alice, bob, f"m{i}") for i in range(2)]
+        await eventually(lambda: due(messages[-1]["created_at"]), "both messages past the delay")
+    ids = [m["id"] for m in messages]
+    await eventually(lambda: gateway.to(phone) != [], "bob's push")
+    await barrier(pushing, gateway)
+    [got] = gateway.to(phone)
+    note = got["notification"]
+    assert (note["event_id"], note["room_id"], note["counts"]["unread"]) == (ids[-1], alice, 2)
+    assert "content" not in note and "sender" not in note  # CHAT_PUSH_CONTENT=none: ids and counts only
+    assert note["devices"] == [{"app_id": "chat.example", "pushkey": phone,
+                                "data": {"url": "https://push.example/notify"}}]
+    assert got["key"] == f"0:{ids[-1]}:{bob}:phone"
+    assert sql(pushing, "SELECT COUNT(*) FROM push_outbox WHERE user = :u", u=bob) == [(0,)]
+
+
+async def test_a_device_that_acked_the_message_gets_no_push_and_a_dropped_one_only_what_it_missed(
+        pushing, gateway, users):
+    alice, bob = users("alice"), users("bob")
+    phone = await register(pushing, bob, "phone")
+    headers = {"Authorization": f"Bearer {pushing.token(bob)}"}
+    ws = await websockets.connect(f"{pushing.ws_url}/v1/ws?device=phone", additional_headers=headers)
+    assert orjson.loads(await ws.recv())["type"] == "hello"
+    with paused(pushing):
+        first = await send(pushing, alice, bob, "while online")
+        frame = orjson.loads(await ws.recv())
+        assert frame["id"] == first
+        await ws.send(orjson.dumps({"type": "ack", "upto": first}).decode())
+        await eventually(lambda: sql(pushing, "SELECT upto FROM device_acks WHERE user = :u", u=bob) == [
+            (int(first),)], "the ack stored")
+    await ws.close()  # dropped mid-conversation
+    missed = await send(pushing, alice, bob, "while away")
+    await eventually(lambda: gateway.to(phone) != [], "the push of what it missed")
+    await barrier(pushing, gateway)
+    assert [r["notification"]["event_id"] for r in gateway.to(phone)] == [missed]
+
+
+async def test_a_read_on_the_laptop_before_the_delay_cancels_the_phone_s_push(pushing, gateway, users):
+    alice, bob = users("alice"), users("bob")
+    phone = await register(pushing, bob, "phone")
+    with paused(pushing):
+        msg = await send(pushing, alice, bob, "read it on the laptop")
+        r = await call(pushing, bob, "POST", "/v1/read", json={"peer": alice, "upto": msg})
+        assert r.json()["upto"] == msg
+    await barrier(pushing, gateway)
+    assert gateway.to(phone) == []
+
+
+async def test_a_rejected_pushkey_is_removed(pushing, gateway, users):
+    alice, bob = users("alice"), users("bob")
+    phone = await register(pushing, bob, "phone")
+    gateway.mode("ok", reject=[phone])
+    try:
+        await send(pushing, alice, bob, "to a phone that is gone")
+        await eventually(lambda: gateway.to(phone) != [], "the push the gateway rejects")
+        await eventually(lambda: sql(pushing, "SELECT device FROM devices WHERE user = :u", u=bob) == [],
+                         "the registration removed")
+    finally:
+        gateway.mode("ok")
+    assert (await call(pushing, bob, "GET", "/v1/devices")).json() == {"devices": []}
+
+
+async def test_a_gateway_that_fails_loses_nothing_and_pushes_nothing_twice(pushing, gateway, users):
+    alice = users("alice")
+    people = [users(f"bob{i}") for i in range(3)]
+    phones = [await register(pushing, bob, "phone") for bob in people]
+    refused_before = gateway.refused()
+    gateway.mode("fail")
+    try:
+        for bob in people:
+            await send(pushing, alice, bob, "while the gateway is down")
+        await eventually(lambda: gateway.refused() >= refused_before + 2 * len(people), "retries refused")
+    finally:
+        gateway.mode("ok")
+    await eventually(lambda: all(gateway.to(p) for p in phones), "every push once the gateway is back")
+    await barrier(pushing, gateway)
+    assert [len(gateway.to(p)) for p in phones] == [1, 1, 1]
+    keys = [r["key"] for r in gateway.received()]
+    assert len(keys) == len(set(keys))
+
+
+async def test_a_killed_pusher_pushes_what_it_had_not_after_its_restart(pushing, gateway, users):
+    alice = users("alice")
+    tag = alice.split("-", 1)[1]
+    people = [users(f"bob{i}") for i in range(20)]
+    phones = [await register(pushing, bob, "phone") for bob in people]
+
+    def outbox(attempted: bool) -> int:
+        return sql(pushing, "SELECT COUNT(*) FROM push_outbox WHERE user LIKE :u AND attempts >= :a",
+                   u=f"bob%-{tag}", a=1 if attempted else 0)[0][0]
+
+    gateway.mode("fail")  # decided and tried, none taken
+    try:
+        for bob in people:
+            await send(pushing, alice, bob, "before the kill")
+        await eventually(lambda: outbox(attempted=True) == len(people), "every push decided and tried")
+        stalled = httpx.get(f"{gateway.url}/_test/received", timeout=PATIENCE).json()["stalled"]
+        gateway.mode("stall")  # the next tries hang: the pusher dies with requests in flight
+        await eventually(lambda: httpx.get(f"{gateway.url}/_test/received", timeout=PATIENCE).json()["stalled"]
+                         > stalled, "a request in flight")
+        pushing.stop("pusher", signal.SIGKILL)
+    finally:
+        gateway.mode("ok")  # the held requests are taken now, and their pusher is gone
+    pushing.start("pusher")
+    await eventually(lambda: all(gateway.to(p) for p in phones), "every push after the restart")
+    await eventually(lambda: outbox(attempted=False) == 0, "the outbox emptied")
+    keys = {p: {r["key"] for r in gateway.to(p)} for p in phones}
+    assert [len(k) for k in keys.values()] == [1] * len(people)  # one notification each, by its key
+    # Sent twice, under the same key, at most what was in flight at the kill: a gateway that honours
+    # Idempotency-Key shows them once.
+    assert sum(len(gateway.to(p)) for p in phones) - len(people) <= SEND_CONCURRENCY
+
+
+async def test_device_registrations_have_their_limits_and_documented_refusals(pushing, users):
+    bob = users("bob")
+    r = await call(pushing, bob, "POST", "/v1/devices",
+                   json={"device": "phone", "platform": "ios", "app_id": "a", "pushkey": "k1"})
+    assert r.status_code == 201
+    again = await call(pushing, bob, "POST", "/v1/devices",
+                       json={"device": "phone", "platform": "ios", "app_id": "a", "pushkey": "k2"})
+    assert (again.status_code, again.json()["pushkey"]) == (200, "k2")  # the same device, its new token
+    for i in range(9):
+        assert (await call(pushing, bob, "POST", "/v1/devices",
+                           json={"device": f"d{i}", "platform": "ios", "app_id": "a", "pushkey": f"k{i}"})
+                ).status_code == 201
+    eleventh = await call(pushing, bob, "POST", "/v1/devices",
+                          json={"device": "d10", "platform": "ios", "app_id": "a", "pushkey": "x"})
+    assert (eleventh.status_code, eleventh.json()["error"]) == (409, "too_many_devices")
+    assert len((await call(pushing, bob, "GET", "/v1/devices")).json()["devices"]) == 10
+    for bad in ({"device": "a b", "platform": "ios", "app_id": "a", "pushkey": "k"},
+                {"device": "d", "platform": "IOS", "app_id": "a", "pushkey": "k"},
+                {"device": "d", "platform": "ios", "app_id": "a", "pushkey": "k" * 513},
+                {"device": "d", "platform": "ios", "app_id": "a", "pushkey": "k", "data": [1]},
+                {"device": "d", "platform": "ios", "app_id": "a", "pushkey": "k", "data": {"x": "y" * 2000}},
+                {"device": "d", "platform": "ios", "app_id": "a"}):
+        r = await call(pushing, bob, "POST", "/v1/devices", json=bad)
+        assert (r.status_code, r.json()["error"]) == (422, "invalid_field"), bad
+    assert (await call(pushing, bob, "DELETE", "/v1/devices/phone")).status_code == 204
+    gone = await call(pushing, bob, "DELETE", "/v1/devices/phone")
+    assert (gone.status_code, gone.json()["error"]) == (404, "device_not_found")
+    assert (await call(pushing, users("carol"), "GET", "/v1/devices")).json() == {"devices": []}
