@@ -83,7 +83,8 @@ class System:
     api_port: int = field(default_factory=free_port)
     # the writer process's /metrics (its Mongo lag, for the benchmarks)
     writer_metrics_port: int = field(default_factory=free_port)
-    pusher_metrics_port: int = field(default_factory=free_port)  # also its readiness: it listens once started
+    # each pusher process's /metrics, by name: also its readiness (it listens once started)
+    pusher_metrics_ports: dict[str, int] = field(default_factory=dict)
     daemon_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -115,16 +116,17 @@ class System:
         module = name.split("_")[0]
         log = open(self.logdir / f"{name}.log", "ab")
         env = self.env
-        if module in ("writer", "pusher"):
-            port = self.writer_metrics_port if module == "writer" else self.pusher_metrics_port
-            env = {**env, "CHAT_METRICS_PORT": str(port)}
+        if module == "writer":
+            env = {**env, "CHAT_METRICS_PORT": str(self.writer_metrics_port)}
+        elif module == "pusher":
+            env = {**env, "CHAT_METRICS_PORT": str(self.pusher_metrics_ports.setdefault(name, free_port()))}
         proc = subprocess.Popen([sys.executable, "-m", module], env=env, cwd=ROOT, stdout=log, stderr=log)
         self.procs[name] = proc
         if module in ("writer", "relay"):
             wait_unix_listening(proc, self.env[SOCKETS[module]], 20)
             return proc
         if module == "pusher":
-            wait_listening(proc, self.pusher_metrics_port, 20)
+            wait_listening(proc, self.pusher_metrics_ports[name], 20)
             return proc
         port = self.api_port if module == "api" else self.daemon_port
         # The port is shared (SO_REUSEPORT): another process may answer on it

@@ -288,3 +288,43 @@ async def test_device_registrations_have_their_limits_and_documented_refusals(pu
     gone = await call(pushing, bob, "DELETE", "/v1/devices/phone")
     assert (gone.status_code, gone.json()["error"]) == (404, "device_not_found")
     assert (await call(pushing, users("carol"), "GET", "/v1/devices")).json() == {"devices": []}
+
+
+@pytest.fixture(scope="module")
+def two_pushers(tmp_path_factory, gateway):
+    """Two partitions, and two pusher processes (as on two hosts) for them."""
+    from harness.system import databases
+    with databases(tmp_path_factory.mktemp("push-parts"), partitions=2) as dbs, \
+            running_system(dbs, daemons=0, apis=1, writer=True, CHAT_RATE_LIMIT_PER_SECOND="0",
+                           CHAT_PUSH_GATEWAY_URL=gateway.url, CHAT_PUSH_DELAY_SECONDS=DELAY) as system:
+        system.start("pusher_a")  # takes both leases; the second waits for them
+        eventually_sync(lambda: len(sql(system, "SELECT id FROM push_state")) == 2, "both partitions leased")
+        system.start("pusher_b")
+        yield system
+
+
+def lease_holders(system: System) -> dict[int, int | None]:
+    """partition -> the MySQL connection id that holds its pusher lock."""
+    from pusher.store import lease_name
+    return {k: sql(system, "SELECT IS_USED_LOCK(:n)", n=lease_name(k))[0][0] for k in (0, 1)}
+
+
+async def test_one_pusher_per_partition_and_another_takes_over_when_it_dies(two_pushers, gateway):
+    from chat.partitions import SlotMap
+    two = SlotMap.even(2)
+    holders = lease_holders(two_pushers)
+    assert all(holders.values())
+    tag = uuid.uuid4().hex[:6]
+    bobs = {k: next(u for i in range(1000) if two.partition_of(u := f"bob{i}-{tag}") == k) for k in (0, 1)}
+    phones = {k: await register(two_pushers, bob, "phone") for k, bob in bobs.items()}
+    for k, bob in bobs.items():  # each partition's user, a message from the other partition's
+        await send(two_pushers, bobs[1 - k], bob, f"to partition {k}")
+    await eventually(lambda: all(gateway.to(p) for p in phones.values()), "a push in each partition")
+    assert [len(gateway.to(p)) for p in phones.values()] == [1, 1]  # a copy is pushed in its partition alone
+
+    two_pushers.stop("pusher_a", signal.SIGKILL)  # its leases die with its MySQL sessions
+    await eventually(lambda: all(lease_holders(two_pushers).values()) and lease_holders(two_pushers) != holders,
+                     "the leases held again")
+    for k, bob in bobs.items():
+        await send(two_pushers, bobs[1 - k], bob, f"again to partition {k}")
+    await eventually(lambda: all(len(gateway.to(p)) == 2 for p in phones.values()), "pushes after the takeover")
