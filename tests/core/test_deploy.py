@@ -222,9 +222,10 @@ def stopwaitsecs(parser: configparser.ConfigParser) -> dict[str, int]:
 def test_supervisord_prod_runs_only_the_system():
     parser = supervisord_config()
     programs = {s.split(":", 1)[1] for s in parser.sections() if s.startswith("program:")}
-    assert programs == {"writer", "api", "relay", "daemon"}  # no mariadb, ferretdb or init
+    assert programs == {"writer", "api", "relay", "daemon", "pusher"}  # no mariadb, ferretdb or init
     assert parser.getint("program:writer", "numprocs", fallback=1) == 1  # one group commit per host
     assert parser.getint("program:relay", "numprocs", fallback=1) == 1  # one oplog tail per host
+    assert parser.getint("program:pusher", "numprocs", fallback=1) == 1  # partitions are leased across hosts
     assert parser.getint("program:api", "numprocs") == 4
     assert parser.getint("program:daemon", "numprocs") == 6
     for name in programs:
@@ -283,7 +284,7 @@ def test_supervisord_itself_accepts_the_prod_config(tmp_path, monkeypatch):
     options.process_config(do_usage=False)
     groups = {g.name: g for g in options.process_group_configs}
     assert {name: len(g.process_configs) for name, g in groups.items()} == {"writer": 1, "api": 4, "relay": 1,
-                                                                             "daemon": 6}
+                                                                             "daemon": 6, "pusher": 1}
     # daemons stop first, their relay after them
     assert groups["daemon"].priority > groups["relay"].priority > groups["api"].priority > groups["writer"].priority
     socket = f"{tmp_path}/run/writer.sock"  # where the API processes find the writer (/run/chat-delivery there)
