@@ -131,8 +131,10 @@ class ClientFrames:
             await self._submit(draft)
         except WRITE_FAILURES as exc:
             answer = answer_for(exc)
-            # docs/receipts.md, "Errors": on the socket, any way the write path is away is one code
-            self._error(frame, "writer_unavailable" if answer.status == 503 else answer.code, answer.message)
+            if answer.status == 503:  # docs/receipts.md, "Errors": any way the write path is away is one code
+                self._error(frame, "writer_unavailable", "the writer did not take it; send it again")
+            else:
+                self._error(frame, answer.code, answer.message)
         except Exception:
             log.exception("event=client_frame_failed frame=%s", frame)
             self._error(frame, "server_error", "internal error; send it again")
