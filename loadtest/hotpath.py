@@ -29,6 +29,7 @@ import typer
 
 from chat.settings import Settings
 from daemon import metrics
+from daemon.client_frames import ClientFrames
 from daemon.connection import Connection, ServerState
 from daemon.http_phase import Request
 from daemon.hub import Hub, Subscriber
@@ -65,6 +66,9 @@ class Unrouted:
 
     def forget(self, conn: Connection) -> None:
         """No connection closes here."""
+
+    def client_frames(self, conn: Connection) -> ClientFrames:
+        raise AssertionError("the hot path's clients send nothing")
 
 
 def oplog_batches(clients: int, count: int, batch: int, seed: int = 7) -> list[Batch]:
