@@ -15,6 +15,7 @@ import orjson
 import typer
 
 from loadtest.report.compare_tables import comparison_tables
+from loadtest.report.receipts_table import receipts_tables
 from loadtest.peers.report import peers_tables
 from loadtest.common.results import DOCS, RESULTS
 
@@ -95,8 +96,20 @@ def write_report(r: dict, out: Path, docs: Path | None = None) -> None:
 
 def generated_tables(r: dict, results: Path, images: str) -> list[str]:
     """What docs/benchmarks.md holds below its GENERATED marker: the run's sections, then the
-    peers run and the A/B comparisons kept in the results folder."""
-    return sections(r, images, level="###") + peers_tables(results) + comparison_tables(results)
+    peers run, the A/B comparisons and the other scenarios' files kept in the results folder."""
+    return (sections(r, images, level="###") + peers_tables(results) + comparison_tables(results)
+            + receipts_tables(results))
+
+
+def rewrite_generated(docs: Path = DOCS, results: Path = RESULTS) -> None:
+    """The generated part of the page alone, from the published files (no plots, no report.md):
+    for a scenario that publishes a file of its own."""
+    text = docs.read_text()
+    if GENERATED not in text:
+        raise SystemExit(f"{docs} lacks the line {GENERATED!r} below which the tables go")
+    images = os.path.relpath(results, docs.parent) + "/"
+    generated = generated_tables(orjson.loads((results / "latest.json").read_bytes()), results, images)
+    docs.write_text(text[:text.index(GENERATED) + len(GENERATED)] + "\n\n" + "\n".join(generated))
 
 
 def sections(r: dict, images: str, level: str = "##") -> list[str]:
