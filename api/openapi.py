@@ -21,6 +21,7 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 _MESSAGE = {"$ref": "#/components/schemas/Message"}
 _EDIT = {"$ref": "#/components/schemas/Edit"}
 _DELETE = {"$ref": "#/components/schemas/Delete"}
+_DEVICE = {"$ref": "#/components/schemas/Device"}
 _RETRY_AFTER = {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}
 _WWW_AUTHENTICATE = {"WWW-Authenticate": {"$ref": "#/components/headers/WWW-Authenticate"}}
 
@@ -115,6 +116,9 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                      "description": "1-64 characters of [A-Za-z0-9_.:-]: a retry with the same one stores "
                                     "nothing new"}
     bad_shape = _err("Valid JSON of the wrong shape; `field` names the field", "invalid_field", "invalid_body")
+    device_id = {"type": "string", "pattern": pattern(rules.DEVICE_ID),
+                 "description": "A device id: 1-64 characters of [A-Za-z0-9_.-]"}
+    devices_max = Settings.model_fields["push_devices_max"].default
     past = ("past the newest id of the caller's stream (past_newest); else valid JSON of the wrong shape, `field` "
             "naming the field")
     return {
@@ -269,6 +273,42 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                                    "checks": {"type": "object", "additionalProperties": {"type": "string"},
                                               "description": "ok, or down: and why, per dependency"}},
                 },
+                "NewDevice": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["device", "platform", "app_id", "pushkey"],
+                    "properties": {
+                        "device": {**device_id, "description": "The caller's name for the device: 1-64 characters "
+                                                               "of [A-Za-z0-9_.-]; registering it again replaces it"},
+                        "platform": {"type": "string", "pattern": pattern(rules.PLATFORM),
+                                     "description": "1-16 characters of [a-z0-9_-]: ios, android, web"},
+                        "app_id": {"type": "string", "pattern": pattern(rules.APP_ID),
+                                   "description": "The app id the push gateway knows: 1-128 characters of "
+                                                  "[A-Za-z0-9._-]"},
+                        "pushkey": {"type": "string", "pattern": pattern(rules.PUSHKEY),
+                                    "description": "The device's push token: 1-512 printable ASCII characters "
+                                                   "(an APNs token, an FCM token, a Web Push endpoint)"},
+                        "data": {"type": ["object", "null"],
+                                 "description": f"Passed to the push gateway with each notification; at most "
+                                                f"{rules.DEVICE_DATA_MAX_BYTES} bytes as JSON; `{{}}` if not given "
+                                                "(or null)"},
+                    },
+                },
+                "Device": {
+                    "type": "object", "required": ["device", "platform", "app_id", "pushkey", "data", "created_at"],
+                    "properties": {
+                        "device": device_id, "platform": {"type": "string"}, "app_id": {"type": "string"},
+                        "pushkey": {"type": "string"}, "data": {"type": "object"},
+                        "created_at": {"type": "string", "format": "date-time",
+                                       "description": "When the device was first registered (a replacement "
+                                                      "keeps it)"},
+                    },
+                },
+                "Devices": {
+                    "type": "object", "required": ["devices"],
+                    "properties": {"devices": {"type": "array", "items": _DEVICE, "description":
+                                               f"Oldest registration first; at most CHAT_PUSH_DEVICES_MAX "
+                                               f"({devices_max} by default)"}},
+                },
                 "Error": {
                     "type": "object", "required": ["error", "message"],
                     "properties": {"error": {"type": "string"}, "message": {"type": "string"},
@@ -389,6 +429,59 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                         "422": _err(f"`upto` {past}", "invalid_field", "invalid_body", "past_newest"),
                         "429": rate_limited,
                         "503": write_unavailable,
+                        **_HEAD_ANSWERS,
+                    },
+                },
+            },
+            "/v1/devices": {
+                "post": {
+                    "summary": "Register a device of the caller for offline push (the pusher notifies it through "
+                               "the push gateway), or replace the registration of the same `device`",
+                    "security": [{"bearer": []}],
+                    "requestBody": {"required": True, "content": _json({"$ref": "#/components/schemas/NewDevice"})},
+                    "responses": {
+                        "201": _ok("Registered", _DEVICE),
+                        "200": _ok("Replaced: the caller had registered this `device`; its `created_at` stays",
+                                   _DEVICE),
+                        "400": malformed,
+                        "401": unauthorized,
+                        "409": _err(f"The caller has CHAT_PUSH_DEVICES_MAX ({devices_max} by default) devices "
+                                    "registered, none of them this one: remove one first", "too_many_devices"),
+                        "413": too_large,
+                        "422": bad_shape,
+                        "503": _err("MySQL down or slow (mysql_unavailable; the registration may have been stored: "
+                                    "repeating it is safe), or the process at its connection limit (overloaded)",
+                                    "mysql_unavailable", "overloaded", headers=_RETRY_AFTER),
+                        **_HEAD_ANSWERS,
+                    },
+                },
+                "get": {
+                    "summary": "The caller's registered push devices",
+                    "security": [{"bearer": []}],
+                    "responses": {
+                        "200": _ok("The list", {"$ref": "#/components/schemas/Devices"}),
+                        "401": unauthorized,
+                        "503": read_unavailable,
+                        **_HEAD_ANSWERS,
+                    },
+                },
+            },
+            "/v1/devices/{device}": {
+                "delete": {
+                    "summary": "Remove one of the caller's push devices: the pusher notifies it no more",
+                    "security": [{"bearer": []}],
+                    "parameters": [{"name": "device", "in": "path", "required": True, "schema": device_id,
+                                    "description": "The `device` it was registered with"}],
+                    "responses": {
+                        "204": {"description": "Removed"},
+                        "401": unauthorized,
+                        "404": _err("The caller has no device of this id (device_not_found); or a `/` in it, "
+                                    "even as %2F, which makes the path another one, of no route (not_found)",
+                                    "device_not_found", "not_found"),
+                        "422": _err("The path's device is not a device id; `field` names it", "invalid_field"),
+                        "503": _err("MySQL down or slow (mysql_unavailable; the device may have been removed: "
+                                    "repeating it answers 404), or the process at its connection limit "
+                                    "(overloaded)", "mysql_unavailable", "overloaded", headers=_RETRY_AFTER),
                         **_HEAD_ANSWERS,
                     },
                 },

@@ -7,6 +7,9 @@
     chatctl edit --as alice 12 "hello!"
     chatctl delete --as alice 12
     chatctl ack --as bob 12 [--device phone-1]
+    chatctl device register --as bob phone-1 --platform android --app-id chat.example --pushkey TOKEN
+    chatctl device list --as bob
+    chatctl device remove --as bob phone-1
     chatctl partitions show
     chatctl partitions grow 8    (writers stopped: docs/operations.md)
 """
@@ -31,6 +34,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 partitions_app = typer.Typer(add_completion=False, no_args_is_help=True,
                              help="The slot map of the partitions, in MySQL (docs/operations.md).")
 app.add_typer(partitions_app, name="partitions")
+device_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="The push devices a user has registered: the pusher notifies them of what they missed.")
+app.add_typer(device_app, name="device")
 
 _DURATION = re.compile(r"(\d+)([smhd]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -76,7 +82,8 @@ def call_api(command: str, sender: str, api: str | None, method: str, path: str,
     except httpx.HTTPError as exc:
         typer.echo(f"chatctl {command}: {method} {base}{path}: {exc or type(exc).__name__}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(reply.text)
+    if reply.text:  # (204: nothing)
+        typer.echo(reply.text)
     if reply.status_code >= 300:
         raise typer.Exit(1)
 
@@ -138,6 +145,53 @@ def ack(upto: str = typer.Argument(..., help="A position of your stream: everyth
     if device is not None:
         payload["device"] = device
     call_api("ack", user, api, "POST", "/v1/acks", json=payload)
+
+
+def path_segment(value: str) -> str:
+    """``value`` as one segment of a URL path: `/` encoded, and `.` and `..` too, which an HTTP client would
+    otherwise take for the current and the parent directory."""
+    return quote(value, safe="") if value not in (".", "..") else value.replace(".", "%2E")
+
+
+_DEVICE = typer.Argument(..., metavar="DEVICE", help="Your name for the device: 1-64 characters of [A-Za-z0-9_.-]")
+
+
+def parse_data(text: str | None) -> object:
+    """``--data``: a JSON document (the API says whether it is an object small enough)."""
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc}", param_hint="--data") from None
+
+
+@device_app.command("register")
+def device_register(device: str = _DEVICE,
+                    platform: str = typer.Option(..., help="ios, android or web"),
+                    app_id: str = typer.Option(..., help="The app id the push gateway knows"),
+                    pushkey: str = typer.Option(..., help="The device's push token (or Web Push endpoint)"),
+                    data: str = typer.Option(None, help="A JSON object the push gateway gets with each "
+                                                        "notification, e.g. '{\"url\": \"https://...\"}'"),
+                    user: str = typer.Option(..., "--as", help=_AS.format("Register")), api: str = _API) -> None:
+    """Register DEVICE for offline push, or replace its registration; print it as JSON."""
+    payload: dict[str, object] = {"device": device, "platform": platform, "app_id": app_id, "pushkey": pushkey}
+    if data is not None:
+        payload["data"] = parse_data(data)
+    call_api("device register", user, api, "POST", "/v1/devices", json=payload)
+
+
+@device_app.command("list")
+def device_list(user: str = typer.Option(..., "--as", help=_AS.format("List")), api: str = _API) -> None:
+    """Print your registered push devices as JSON, oldest first."""
+    call_api("device list", user, api, "GET", "/v1/devices")
+
+
+@device_app.command("remove")
+def device_remove(device: str = _DEVICE, user: str = typer.Option(..., "--as", help=_AS.format("Remove")),
+                  api: str = _API) -> None:
+    """Remove your push device DEVICE: it is notified no more. Prints nothing."""
+    call_api("device remove", user, api, "DELETE", f"/v1/devices/{path_segment(device)}")
 
 
 class Format(StrEnum):

@@ -168,6 +168,7 @@ async function start(jwt) {
   $("me").textContent = me;
   showConversations(list);
   client.start();
+  await loadDevices();
 }
 
 function logout() {
@@ -181,6 +182,7 @@ function logout() {
   conversations.clear();
   amendments = new Map();
   sessionStorage.removeItem(TOKEN_KEY);
+  showDevices([], "");
   showLogin();
 }
 
@@ -188,6 +190,38 @@ function showStatus(state) {
   $("status").dataset.state = state;
   $("status").textContent = STATUS_LABELS[state] || state;
   if (state === "live" || state === "polling") markOpenRead(); // a marker lost with a socket goes again
+}
+
+// ---- push devices ------------------------------------------------------------------------
+
+// The devices the pusher notifies for me (GET /v1/devices): an app registers them with
+// POST /v1/devices. This page registers none (docs/web-client.md): it lists them.
+async function loadDevices() {
+  const user = me;
+  let reply = null;
+  try {
+    reply = await api("/v1/devices");
+  } catch { /* shown below */ }
+  if (me !== user) return; // logged out, or in as someone else, meanwhile
+  if (!reply?.ok) return showDevices([], "devices unavailable");
+  showDevices((await reply.json()).devices, "");
+}
+
+function showDevices(devices, problem) {
+  $("devices").replaceChildren(...devices.map((d) => {
+    const li = document.createElement("li");
+    li.dataset.device = d.device;
+    const name = document.createElement("span");
+    name.className = "device";
+    name.textContent = d.device;
+    const platform = document.createElement("span");
+    platform.className = "platform";
+    platform.textContent = ` ${d.platform} · ${d.app_id}`;
+    li.title = `registered ${d.created_at}`;
+    li.append(name, platform);
+    return li;
+  }));
+  $("devices-note").textContent = problem || (devices.length ? "" : "none registered");
 }
 
 // ---- conversations ----------------------------------------------------------------------
@@ -646,6 +680,7 @@ async function main() {
   $("open-chat").addEventListener("submit", openFromForm);
   $("composer").addEventListener("submit", send);
   $("older").addEventListener("click", loadOlder);
+  $("devices-refresh").addEventListener("click", () => loadDevices());
   config = await (await api("/v1/client-config")).json();
   const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) await start(saved);

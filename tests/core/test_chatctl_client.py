@@ -145,8 +145,26 @@ def chatctl(*args: str):
     (["ack", "--as", "ben", "12", "--device", "phone-1"], "POST", "/v1/acks", {"upto": "12", "device": "phone-1"}),
     (["send", "--as", "ann", "ben", "hi"], "POST", "/v1/messages", {"to": "ben", "body": "hi"}),
     (["edit", "--as", "ann", "1/2", "x"], "PATCH", "/v1/messages/1%2F2", {"body": "x"}),  # one path segment
+    (["device", "register", "--as", "ben", "phone-1", "--platform", "android", "--app-id", "chat.example",
+      "--pushkey", "pk1"], "POST", "/v1/devices",
+     {"device": "phone-1", "platform": "android", "app_id": "chat.example", "pushkey": "pk1"}),
+    (["device", "register", "--as", "ben", "phone-1", "--platform", "web", "--app-id", "chat.example",
+      "--pushkey", "https://push.example/s/1", "--data", '{"url": "https://push.example/notify"}'], "POST",
+     "/v1/devices", {"device": "phone-1", "platform": "web", "app_id": "chat.example",
+                     "pushkey": "https://push.example/s/1", "data": {"url": "https://push.example/notify"}}),
+    (["device", "register", "--as", "ben", "phone-1", "--platform", "ios", "--app-id", "a", "--pushkey", "k",
+      "--data", "[1]"], "POST", "/v1/devices",  # JSON, not an object: the API's to refuse
+     {"device": "phone-1", "platform": "ios", "app_id": "a", "pushkey": "k", "data": [1]}),
+    (["device", "list", "--as", "ben"], "GET", "/v1/devices", None),
+    (["device", "remove", "--as", "ben", "phone-1"], "DELETE", "/v1/devices/phone-1", None),
+    (["device", "remove", "--as", "ben", "a/b"], "DELETE", "/v1/devices/a%2Fb", None),  # one path segment
+    (["device", "remove", "--as", "ben", ".."], "DELETE", "/v1/devices/%2E%2E", None),  # a device id, not the parent
+    (["device", "remove", "--as", "ben", "."], "DELETE", "/v1/devices/%2E", None),
+    (["device", "remove", "--as", "ben", "a..b"], "DELETE", "/v1/devices/a..b", None),
 ], ids=["read", "edit", "edit, idempotent", "delete", "delete, idempotent", "ack", "ack of a device", "send",
-        "an id that is not one"])
+        "an id that is not one", "device register", "device register with data", "device register, data a list",
+        "device list", "device remove", "device remove, an id that is not one", "device remove, ..",
+        "device remove, .", "device remove, dots within"])
 def test_each_command_makes_its_request_as_the_user_and_prints_the_answer(answered, args, method, path, body):
     answered.reply = httpx.Response(201, json={"type": "event", "id": "13"})
     done = chatctl(*args, "--api", API)
@@ -154,7 +172,7 @@ def test_each_command_makes_its_request_as_the_user_and_prints_the_answer(answer
     (request,) = answered.requests
     assert (request.method, str(request.url)) == (method, API + path)
     assert (orjson.loads(request.content) if request.content else None) == body
-    assert auth.verify(SECRET, auth.bearer(request.headers["authorization"])) == args[2]
+    assert auth.verify(SECRET, auth.bearer(request.headers["authorization"])) == args[args.index("--as") + 1]
 
 
 def test_a_refusal_is_printed_as_it_came_and_exits_1(answered):
@@ -174,3 +192,23 @@ def test_an_api_that_does_not_answer_is_said_on_stderr(answered):
 def test_a_user_that_cannot_be_one_is_refused_before_any_request(answered):
     done = chatctl("delete", "--as", "not a user", "12", "--api", API)
     assert done.exit_code == 2 and "--as" in done.stderr and answered.requests == []
+
+
+def test_a_removed_device_prints_nothing_and_exits_0(answered):
+    answered.reply = httpx.Response(204)
+    done = chatctl("device", "remove", "--as", "ben", "phone-1", "--api", API)
+    assert (done.exit_code, done.stdout) == (0, "")
+
+
+def test_a_device_refusal_is_printed_as_it_came_and_exits_1(answered):
+    refusal = {"error": "too_many_devices", "message": "remove one first", "field": "device"}
+    answered.reply = httpx.Response(409, json=refusal)
+    done = chatctl("device", "register", "--as", "ben", "d11", "--platform", "ios", "--app-id", "a", "--pushkey",
+                   "k", "--api", API)
+    assert done.exit_code == 1 and orjson.loads(done.stdout) == refusal
+
+
+def test_device_data_that_is_not_json_is_refused_before_any_request(answered):
+    done = chatctl("device", "register", "--as", "ben", "phone-1", "--platform", "ios", "--app-id", "a",
+                   "--pushkey", "k", "--data", "{url: x}", "--api", API)
+    assert done.exit_code == 2 and "--data" in done.stderr and answered.requests == []

@@ -15,7 +15,7 @@ from api import validation
 from api.app import create_app
 from api.errors import ApiError
 from api.asyncapi import schemas as asyncapi_schemas
-from api.openapi import OPENAPI, document
+from api.openapi import OPENAPI, document, pattern
 from chat import serve
 from chat.settings import Settings
 
@@ -156,12 +156,14 @@ async def test_the_served_document_is_the_one_of_the_process_settings():
     (SCHEMAS["Ack"], validation.ACK_FIELDS, ["upto"], lambda obj: validation.parse_ack(orjson.dumps(obj))),
     (SCHEMAS["ReadMarker"], validation.READ_FIELDS, ["peer", "upto"],
      lambda obj: validation.parse_read(orjson.dumps(obj))),
-], ids=["message", "dev login", "edit", "ack", "read"])
+    (SCHEMAS["NewDevice"], validation.DEVICE_FIELDS, ["device", "platform", "app_id", "pushkey"],
+     lambda obj: validation.parse_device(orjson.dumps(obj))),
+], ids=["message", "dev login", "edit", "ack", "read", "device"])
 def test_body_fields_are_the_apis(schema, fields, required, parse):
     assert list(schema["properties"]) == list(fields) and schema["additionalProperties"] is False
     assert schema["required"] == required
     whole = {"to": "bob", "body": "x", "client_msg_id": "c1", "user": "bob", "upto": "7", "device": "phone-1",
-             "peer": "bob"}
+             "peer": "bob", "platform": "ios", "app_id": "chat.example", "pushkey": "k1", "data": {"a": 1}}
     full = {name: whole[name] for name in fields}
     assert api_accepts(parse, full)
     assert not api_accepts(parse, {**full, "other": 1})
@@ -350,3 +352,101 @@ async def test_405_names_the_methods_the_path_takes(method, path, allow):
         reply = await client.request(method, path)
     assert reply.status_code == 405 and reply.headers["allow"] == allow
     assert reply.json() == {"error": "method_not_allowed", "message": f"{method} is not allowed here"}
+
+
+NEW_DEVICE = SCHEMAS["NewDevice"]["properties"]
+REGISTRATION = {"device": "phone", "platform": "ios", "app_id": "chat.example", "pushkey": "k1"}
+
+
+def registration(**fields) -> bytes:
+    return orjson.dumps({**REGISTRATION, **fields})
+
+
+def remove_accepts(value: str) -> bool:
+    """Whether DELETE /v1/devices/{device} takes ``value`` as its id (api.devices.remove: DEVICE_ID)."""
+    return validation.DEVICE_ID.fullmatch(value) is not None
+
+
+DEVICE_PATH = PATHS["/v1/devices/{device}"]["delete"]["parameters"][0]
+
+
+# Each field of a registration, with the values at and past its rule's edges.
+DEVICE_FIELD_VALUES = {
+    "device": USER_IDS,
+    "platform": ["ios", "android", "web", "a", "x" * 16, "x" * 17, "", "IOS", "web push", "we.b", "w_e-b9", "ios\n",
+                 "é"],
+    "app_id": ["a", "chat.example", "A-b_c.9", "x" * 128, "x" * 129, "", "a b", "a:b", "a/b", "é", "a\n"],
+    "pushkey": ["k", "https://push.example/send/abc?x=1", "!~", "k" * 512, "k" * 513, "", "a b", "a\tb", "\x7f",
+                "é", "k\n"],
+}
+
+
+@pytest.mark.parametrize("name,value", [(n, v) for n, values in DEVICE_FIELD_VALUES.items() for v in values],
+                         ids=repr)
+def test_a_registrations_patterns_take_what_the_api_takes(name, value):
+    assert schema_accepts(NEW_DEVICE[name], value) == api_accepts(
+        validation.parse_device, registration(**{name: value})), (name, value)
+
+
+@pytest.mark.parametrize("value", USER_IDS)
+def test_the_device_in_the_path_takes_what_the_api_takes(value):
+    assert schema_accepts(DEVICE_PATH["schema"], value) == remove_accepts(value), value
+    assert (DEVICE_PATH["name"], DEVICE_PATH["in"], DEVICE_PATH["required"]) == ("device", "path", True)
+
+
+def test_the_document_states_the_device_rules():
+    assert NEW_DEVICE["device"]["pattern"] == DEVICE_PATH["schema"]["pattern"] == pattern(validation.DEVICE_ID)
+    for name, rule in (("platform", validation.PLATFORM), ("app_id", validation.APP_ID),
+                       ("pushkey", validation.PUSHKEY)):
+        assert NEW_DEVICE[name]["pattern"] == pattern(rule), name
+    assert f"{validation.DEVICE_DATA_MAX_BYTES} bytes" in NEW_DEVICE["data"]["description"]
+
+
+@pytest.mark.parametrize("data,documented", [
+    ({}, True), ({"url": "https://push.example/notify", "n": [1, {"x": None}]}, True), (None, True),
+    ([1], False), ("x", False), (1, False), (True, False)], ids=repr)
+def test_a_registrations_data_is_an_object_or_null_as_the_api_takes_it(data, documented):
+    types = NEW_DEVICE["data"]["type"]
+    kind = {dict: "object", type(None): "null"}.get(type(data), "other")
+    assert (kind in types) == documented == api_accepts(validation.parse_device, registration(data=data))
+    if data is None:  # none given: an empty object
+        assert validation.parse_device(registration(data=None))[4] == {}
+
+
+def test_data_past_its_byte_limit_is_refused_as_the_document_says():
+    most = validation.DEVICE_DATA_MAX_BYTES
+    fits = {"x": "y" * (most - len(b'{"x":""}'))}
+    assert len(orjson.dumps(fits)) == most and api_accepts(validation.parse_device, registration(data=fits))
+    assert not api_accepts(validation.parse_device, registration(data={"x": fits["x"] + "y"}))
+
+
+# The device routes (api/devices.py): each refusal, by operation and status.
+DEVICE_REFUSALS = {
+    ("/v1/devices", "post"): {"409": ["too_many_devices"], "422": ["invalid_field", "invalid_body"],
+                              "503": ["mysql_unavailable", "overloaded"]},
+    ("/v1/devices", "get"): {"503": ["mysql_unavailable", "overloaded"]},
+    ("/v1/devices/{device}", "delete"): {"404": ["device_not_found", "not_found"], "422": ["invalid_field"],
+                                         "503": ["mysql_unavailable", "overloaded"]},
+}
+
+
+@pytest.mark.parametrize("path,method", DEVICE_REFUSALS, ids=[f"{m.upper()} {p}" for p, m in DEVICE_REFUSALS])
+def test_the_device_endpoints_declare_each_refusal(path, method):
+    op = PATHS[path][method]
+    for status, codes in DEVICE_REFUSALS[path, method].items():
+        assert declared(op, status)[0] == codes, status
+    assert declared(op, "503")[1]["Retry-After"]["required"]
+    refusals = {s for s in op["responses"] if s.startswith(("4", "5"))}
+    assert refusals == {*DEVICE_REFUSALS[path, method], "401", "408", "431",
+                        *(("400", "413") if "requestBody" in op else ())}
+
+
+def test_the_device_endpoints_answer_what_the_api_answers():
+    post, listing = PATHS["/v1/devices"]["post"], PATHS["/v1/devices"]["get"]
+    assert {s: post["responses"][s]["content"]["application/json"]["schema"] for s in ("201", "200")} == {
+        "201": {"$ref": "#/components/schemas/Device"}, "200": {"$ref": "#/components/schemas/Device"}}
+    assert listing["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/Devices")
+    assert "content" not in PATHS["/v1/devices/{device}"]["delete"]["responses"]["204"]
+    # What api.devices answers for a device: the registration's fields and when it was made.
+    assert SCHEMAS["Device"]["required"] == [*validation.DEVICE_FIELDS, "created_at"]
+    assert SCHEMAS["Devices"]["properties"]["devices"]["items"] == {"$ref": "#/components/schemas/Device"}

@@ -1,4 +1,4 @@
-"""`chatctl send` and `chatctl listen`, and `edit`, `delete`, `read` and `ack`, as a developer runs them,
+"""`chatctl send` and `chatctl listen`, `edit`, `delete`, `read` and `ack`, and `device`, as a developer runs them,
 against real servers: what each prints, and what MySQL holds after.
 (`chatctl listen` behind a front door of two partitions: test_partitioned_delivery.py.)"""
 
@@ -210,3 +210,47 @@ def test_chatctl_ack_tells_the_sender_its_messages_were_delivered(system, users)
     assert conversations(system, alice)[bob]["peer_delivered_upto"] == sent["id"]
     assert sorted(tuple(r) for r in sql(system, "SELECT device, upto FROM device_acks WHERE user = :u", u=bob)) == [
         ("default", int(sent["id"])), ("phone-1", int(sent["id"]))]
+
+
+# Push devices (api/devices.py), as a user registers, lists and removes them.
+
+def test_chatctl_device_register_list_and_remove(system, users):
+    bob, carol = users("bob"), users("carol")
+    api = ("--api", system.api_url)
+    register = ("device", "register", "--as", bob, *api, "phone-1", "--platform", "android", "--app-id",
+                "chat.example")
+
+    status, phone = answer(chatctl(system, *register, "--pushkey", "pk-1", "--data",
+                                   '{"url": "https://push.example/notify"}'))
+    assert status == 0 and phone == {"device": "phone-1", "platform": "android", "app_id": "chat.example",
+                                     "pushkey": "pk-1", "data": {"url": "https://push.example/notify"},
+                                     "created_at": phone["created_at"]}
+    # Registered again: the same device with its new token, registered when it first was.
+    status, renewed = answer(chatctl(system, *register, "--pushkey", "pk-2"))
+    assert status == 0 and renewed == {**phone, "pushkey": "pk-2", "data": {}}
+    status, laptop = answer(chatctl(system, "device", "register", "--as", bob, *api, "laptop", "--platform", "web",
+                                    "--app-id", "chat.web", "--pushkey", "https://push.example/s/1"))
+    assert status == 0
+    assert answer(chatctl(system, "device", "list", "--as", bob, *api)) == (0, {"devices": [renewed, laptop]})
+    assert answer(chatctl(system, "device", "list", "--as", carol, *api)) == (0, {"devices": []})
+
+    for field, options in (("platform", ("--platform", "IOS", "--app-id", "a", "--pushkey", "k")),
+                           ("data", ("--platform", "ios", "--app-id", "a", "--pushkey", "k", "--data", "[1]"))):
+        status, refused = answer(chatctl(system, "device", "register", "--as", bob, *api, "tablet", *options))
+        assert status == 1 and (refused["error"], refused["field"]) == ("invalid_field", field), refused
+
+    removed = chatctl(system, "device", "remove", "--as", bob, *api, "phone-1")
+    assert (removed.returncode, removed.stdout) == (0, ""), removed.stderr
+    status, gone = answer(chatctl(system, "device", "remove", "--as", bob, *api, "phone-1"))
+    assert status == 1 and gone["error"] == "device_not_found"
+    status, refused = answer(chatctl(system, "device", "remove", "--as", carol, *api, "laptop"))
+    assert status == 1 and refused["error"] == "device_not_found"  # bob's, not carol's
+    status, refused = answer(chatctl(system, "device", "remove", "--as", bob, *api, "a b"))
+    assert status == 1 and (refused["error"], refused["field"]) == ("invalid_field", "device")
+    # `..` is a device id: its removal names it, not the parent path.
+    status, dots = answer(chatctl(system, "device", "register", "--as", bob, *api, "..", "--platform", "ios",
+                                  "--app-id", "a", "--pushkey", "k"))
+    assert status == 0 and dots["device"] == ".."
+    assert chatctl(system, "device", "remove", "--as", bob, *api, "..").returncode == 0
+    assert [tuple(r) for r in sql(system, "SELECT device, pushkey FROM devices WHERE user = :u", u=bob)] == [
+        ("laptop", "https://push.example/s/1")]
