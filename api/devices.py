@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from api.errors import ApiError
 from api.events import _body, _json, _state, _user
-from api.validation import DEVICE_ID, parse_device
+from api.validation import DEVICE_ID, DEVICE_RULE, parse_device
 from db.sql import devices
 
 
@@ -63,7 +63,7 @@ async def remove(request: Request) -> Response:
     user = _user(request, st)
     device = request.path_params["device"]
     if not DEVICE_ID.fullmatch(device):
-        raise ApiError(422, "invalid_field", "`device` must be 1-64 chars of [A-Za-z0-9_.-]", field="device")
+        raise ApiError(422, "invalid_field", DEVICE_RULE, field="device")
 
     def delete(conn: Connection) -> int:
         return conn.execute(devices.delete().where(devices.c.user == user, devices.c.device == device)).rowcount

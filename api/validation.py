@@ -18,6 +18,7 @@ from api.errors import ApiError
 from chat import auth
 from chat.auth import is_user_id
 from chat.drafts import Draft
+from chat import parsing
 from chat.parsing import is_decimal
 
 # The rules below are also what /openapi.json states (api.openapi builds its
@@ -29,7 +30,8 @@ MESSAGE_FIELDS = ("to", "body", "client_msg_id")
 EDIT_FIELDS = ("body", "client_msg_id")
 ACK_FIELDS = ("upto", "device")
 READ_FIELDS = ("peer", "upto")
-DEVICE_ID = USER_ID  # a device id a client picks: the same alphabet and length as a user id
+DEVICE_ID = parsing.DEVICE_ID
+DEVICE_RULE = "`device` must be 1-64 chars of [A-Za-z0-9_.-], not . or .."
 DEFAULT_DEVICE = "default"
 DEV_LOGIN_FIELDS = ("user",)
 # GET /v1/messages: its query parameters, and the ranges of the two numbers.
@@ -193,7 +195,7 @@ def parse_ack(raw: bytes) -> tuple[int, str]:
     if device is None:
         device = DEFAULT_DEVICE
     elif not DEVICE_ID.fullmatch(device):
-        raise ApiError(422, "invalid_field", "`device` must be 1-64 chars of [A-Za-z0-9_.-]", field="device")
+        raise ApiError(422, "invalid_field", DEVICE_RULE, field="device")
     return upto, device
 
 
@@ -238,7 +240,7 @@ def parse_device(raw: bytes) -> tuple[str, str, str, str, dict]:
     obj = _object(raw, DEVICE_FIELDS)
     device = _string(obj, "device", required=True)
     if not DEVICE_ID.fullmatch(device or ""):
-        raise ApiError(422, "invalid_field", "`device` must be 1-64 chars of [A-Za-z0-9_.-]", field="device")
+        raise ApiError(422, "invalid_field", DEVICE_RULE, field="device")
     platform = _string(obj, "platform", required=True)
     if not PLATFORM.fullmatch(platform or ""):
         raise ApiError(422, "invalid_field", "`platform` must be 1-16 chars of [a-z0-9_-] (ios, android, web)",

@@ -21,7 +21,7 @@ from chat.auth import is_user_id
 from chat.drafts import Draft
 from chat.errors import ChatError
 from chat.messages import Kind, Message
-from chat.parsing import is_decimal
+from chat.parsing import is_decimal, is_device_id
 from chat.write_errors import WRITE_FAILURES, answer_for
 
 log = logging.getLogger("chat.daemon")
@@ -74,7 +74,7 @@ def device_of(raw: str | None) -> str | None:
     """The handshake's ``device`` parameter, checked (a user id's alphabet and length); None if bad."""
     if raw is None:
         return DEFAULT_DEVICE
-    return raw if is_user_id(raw) else None
+    return raw if is_device_id(raw) else None
 
 
 class ClientFrames:

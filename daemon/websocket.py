@@ -52,7 +52,8 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
     origin = request.headers.get("origin")
     device = device_of(query.get("device"))
     if device is None:
-        conn.respond(422, error_body("invalid_field", "`device` must be 1-64 chars of [A-Za-z0-9_.-]", "device"),
+        conn.respond(422, error_body("invalid_field", "`device` must be 1-64 chars of [A-Za-z0-9_.-], not . or ..",
+                                     "device"),
                      False)
         return False
     conn.device = device
