@@ -49,17 +49,29 @@ class Notification:
     request: dict
 
 
-def due(rows: list[Row], now: datetime, delay_seconds: float) -> tuple[list[Row], int | None]:
-    """The rows (oldest first) whose delay is over, and the id every row up to is decided by
-    them (None: none is). Rows are in id order, and ids in commit order: the first one still
-    within its delay stops the rest, so that the decided prefix never has a hole."""
-    cutoff = now - timedelta(seconds=delay_seconds)
-    taken = []
+def due(rows: list[Row], now: datetime, delay_seconds: float) -> tuple[list[Row], int | None, datetime | None]:
+    """The rows (oldest first) whose delay is over, the id every row up to is decided by
+    them (None: none is), and when the first row that is not due yet will be (None: all
+    are). Rows are in id order, and ids in commit order: the first one still within its
+    delay stops the rest, so that the decided prefix never has a hole."""
+    delay = timedelta(seconds=delay_seconds)
+    cutoff = now - delay
+    taken: list[Row] = []
     for row in rows:
         if row.created_at > cutoff:
-            break
+            return taken, (taken[-1].id if taken else None), row.created_at + delay
         taken.append(row)
-    return taken, (taken[-1].id if taken else None)
+    return taken, (taken[-1].id if taken else None), None
+
+
+def pause(next_due: datetime | None, now: datetime, tick: float, longest: float) -> float:
+    """How long a pusher with nothing left to do now waits: until the next row is due, but
+    at least ``tick`` (rows due within it are decided together, not one read each) and at
+    most ``longest`` (retries in the outbox come due too). None: no row is waiting, and the
+    next read, of nothing or of rows just written, is cheap: ``tick``."""
+    if next_due is None:
+        return tick
+    return min(longest, max(tick, (next_due - now).total_seconds()))
 
 
 def missed(rows: list[Row], lives_here: Callable[[str], bool], acked: dict[str, int],

@@ -97,31 +97,29 @@ class PartitionPusher:
         self._position = await self._sql(store.start_position, conn, self.partition)
         checked = time.monotonic()
         while not stop.is_set():
-            worked = await self.step(conn)
+            more_due, next_due = await self._decide(conn)
+            more_sends = await self._send(conn)
             if time.monotonic() - checked > LEASE_RETRY_SECONDS:
                 checked = time.monotonic()
                 if not await self._sql(store.still_held, conn, self.partition):
                     log.warning("event=lease_lost partition=%d", self.partition)
                     return
-            if not worked:
-                await _wait(stop, TICK_SECONDS)
+            if not (more_due or more_sends):
+                await _wait(stop, core.pause(next_due, self._clock(), TICK_SECONDS, LEASE_RETRY_SECONDS))
 
-    async def step(self, conn: Connection) -> bool:
-        """One decision and one round of sends; True if either did something."""
-        decided = await self._decide(conn)
-        sent = await self._send(conn)
-        return decided or sent
-
-    async def _decide(self, conn: Connection) -> bool:
+    async def _decide(self, conn: Connection) -> tuple[bool, datetime | None]:
+        """Decides the rows that are due; returns (more may be due at once: a full page
+        was read, when the next row not yet due will be)."""
         size = await self._sql(store.outbox_size, conn, self.partition)
         metrics.OUTBOX.labels(self._label).set(size)
         if size >= OUTBOX_MAX:
-            return False
+            return False, None
         now = self._clock()
-        rows = await self._sql(store.rows_after, conn, self.partition, self._position)
-        taken, upto = core.due(rows, now, self._settings.push_delay_seconds)
+        rows = await self._sql(store.rows_after, conn, self.partition, self._position,
+                               self._settings.push_content == "full")
+        taken, upto, next_due = core.due(rows, now, self._settings.push_delay_seconds)
         if upto is None:
-            return False
+            return False, next_due
         notes: list[core.Notification] = []
         candidates = {r.recipient for r in taken if self._lives_here(r.recipient) and r.recipient != r.sender}
         if candidates:
@@ -139,9 +137,10 @@ class PartitionPusher:
         metrics.DECIDED.labels(self._label).set(upto)
         if notes:
             log.info("event=push_decided partition=%d upto=%d notifications=%d", self.partition, upto, len(notes))
-        return True
+        return len(rows) == store.PAGE and next_due is None, next_due
 
     async def _send(self, conn: Connection) -> bool:
+        """Sends the outbox rows that are due; True if a full batch went (more may be due)."""
         now = self._clock()
         due = await self._sql(store.outbox_due, conn, self.partition, now, SEND_BATCH)
         if not due:
@@ -156,7 +155,7 @@ class PartitionPusher:
                 await self._settle(conn, row, answer)
 
         await asyncio.gather(*(one(row) for row in due))
-        return True
+        return len(due) == SEND_BATCH
 
     async def _settle(self, conn: Connection, row: Row, answer: Answer) -> None:
         now = self._clock()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import orjson
-from sqlalchemy import func, select, text, tuple_
+from sqlalchemy import func, literal, select, text, tuple_
 from sqlalchemy.engine import Connection
 
 from chat.partitions import lock_name
@@ -46,9 +46,11 @@ def start_position(conn: Connection, partition: int) -> int:
     return int(upto)
 
 
-def rows_after(conn: Connection, partition: int, after: int) -> list[Row]:
+def rows_after(conn: Connection, partition: int, after: int, with_body: bool) -> list[Row]:
+    """The next PAGE rows; their bodies only when a notification may carry one (CHAT_PUSH_CONTENT=full)."""
     messages = tables_of(partition).messages
-    found = conn.execute(select(messages.c.id, messages.c.sender, messages.c.recipient, messages.c.body,
+    body = messages.c.body if with_body else literal("").label("body")
+    found = conn.execute(select(messages.c.id, messages.c.sender, messages.c.recipient, body,
                                 messages.c.created_at, messages.c.kind, messages.c.deleted)
                          .where(messages.c.id > after).order_by(messages.c.id).limit(PAGE)).all()
     conn.commit()

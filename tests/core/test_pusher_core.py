@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from chat.messages import Kind
-from pusher.core import Device, Row, due, gives_up, missed, notifications, rejected_pushkeys, retry_in
+from pusher.core import Device, Row, due, gives_up, missed, notifications, pause, rejected_pushkeys, retry_in
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
@@ -17,9 +17,18 @@ def row(msg_id: int, sender: str = "ann", recipient: str = "ben", seconds: float
 
 def test_rows_are_decided_in_id_order_up_to_the_first_still_within_its_delay():
     rows = [row(1, seconds=0), row(2, seconds=1), row(3, seconds=5), row(4, seconds=2)]
-    taken, upto = due(rows, T0 + timedelta(seconds=4), delay_seconds=3)
+    taken, upto, next_due = due(rows, T0 + timedelta(seconds=4), delay_seconds=3)
     assert ([r.id for r in taken], upto) == ([1, 2], 2)  # 4 is old enough, but 3 before it is not
-    assert due(rows, T0, 3) == ([], None)
+    assert next_due == T0 + timedelta(seconds=8)  # 3's
+    assert due(rows, T0, 3) == ([], None, T0 + timedelta(seconds=3))
+    assert due(rows[:2], T0 + timedelta(seconds=9), 3)[2] is None
+
+
+def test_a_pusher_with_nothing_due_waits_for_the_next_row_within_bounds():
+    assert pause(T0 + timedelta(seconds=0.5), T0, tick=0.1, longest=1.0) == 0.5
+    assert pause(T0 + timedelta(seconds=0.01), T0, tick=0.1, longest=1.0) == 0.1  # due soon: rows decided together
+    assert pause(T0 + timedelta(seconds=5), T0, tick=0.1, longest=1.0) == 1.0  # retries come due meanwhile
+    assert pause(None, T0, tick=0.1, longest=1.0) == 0.1
 
 
 def test_what_no_device_received_nor_its_user_read_is_missed():
