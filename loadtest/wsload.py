@@ -114,10 +114,10 @@ def _rss(pids: list[int]) -> int:
 
 
 async def _send(api_url: str, secret: str, users: list[str], rate: float, seconds: float,
-                progress: bool) -> tuple[dict[str, list[int]], list[float], int, list[str]]:
-    """Posts `rate` messages/s for `seconds` between random pairs; returns
+                progress: bool, seed: int = 1) -> tuple[dict[str, list[int]], list[float], int, list[str]]:
+    """Posts `rate` messages/s for `seconds` between random pairs (drawn from ``seed``); returns
     (expected: user -> ids, creation latencies in s, errors)."""
-    rng = random.Random(1)
+    rng = random.Random(seed)
     # Ids of this run only: a second run on the same system (the same users)
     # would otherwise repeat the first one's client_msg_ids, get 409s, and
     # send fewer messages than it says.
