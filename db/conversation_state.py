@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.expression import TextClause
@@ -32,6 +32,16 @@ def _unread_sql(partition: int) -> TextClause:
 
 
 @functools.cache
+def _unread_totals_sql(partition: int) -> TextClause:
+    return text(
+        f"SELECT m.recipient AS user, COUNT(*) AS n FROM messages{suffix(partition)} m "
+        "LEFT JOIN read_markers r ON r.reader = m.recipient AND r.peer = m.sender "
+        f"WHERE m.recipient IN :users AND m.sender <> m.recipient AND m.kind = {int(Kind.MESSAGE)} "
+        "AND m.deleted = 0 AND m.id > COALESCE(r.upto, 0) GROUP BY m.recipient"
+    ).bindparams(bindparam("users", expanding=True))
+
+
+@functools.cache
 def _peer_markers_sql(partition: int) -> TextClause:
     return text(
         f"SELECT sender AS peer, kind, MAX(ref_id) AS upto FROM messages{suffix(partition)} "
@@ -45,6 +55,14 @@ _MARKERS_SQL = text("SELECT peer, upto FROM read_markers WHERE reader = :user")
 def unread_by_peer(conn: Connection, partition: int, user: str) -> dict[str, int]:
     """Per peer: their messages to ``user`` above ``user``'s read marker, deleted ones aside."""
     return {row.peer: int(row.n) for row in conn.execute(_unread_sql(partition), {"user": user})}
+
+
+def unread_totals(conn: Connection, partition: int, users: set[str]) -> dict[str, int]:
+    """Each user's unread total over every conversation, in one statement (the pusher's badges)."""
+    if not users:
+        return {}
+    found = {row.user: int(row.n) for row in conn.execute(_unread_totals_sql(partition), {"users": sorted(users)})}
+    return {user: found.get(user, 0) for user in users}
 
 
 def read_markers_of(conn: Connection, user: str) -> dict[str, int]:

@@ -51,7 +51,7 @@ T = TypeVar("T")
 
 TICK_SECONDS = 0.1  # a step's pause when there was nothing to do
 LEASE_RETRY_SECONDS = 1.0  # how often a pusher without the lease asks for it again
-SEND_BATCH = 64  # outbox rows taken per step
+SEND_BATCH = 64  # outbox rows taken per step, and settled together
 SEND_CONCURRENCY = 8  # requests to the gateway at once
 OUTBOX_MAX = 10_000  # past it, deciding waits: the queue is bounded even while the gateway is down
 
@@ -147,20 +147,28 @@ class PartitionPusher:
             return False
         limit = asyncio.Semaphore(SEND_CONCURRENCY)
 
-        async def one(row: Row) -> None:
+        async def one(row: Row) -> tuple[Row, Answer]:
             async with limit:
-                answer = await self._gateway.notify(orjson.loads(row.notification), row.key)
-                # Settled at once, each on its own: a pusher killed now resends only
-                # what is in flight (SEND_CONCURRENCY at most), under the same key.
-                await self._settle(conn, row, answer)
+                return row, await self._gateway.notify(orjson.loads(row.notification), row.key)
 
-        await asyncio.gather(*(one(row) for row in due))
+        answers = await asyncio.gather(*(one(row) for row in due))
+        # The batch is settled in one statement once all its answers are in: a pusher
+        # killed before that sends its accepted ones again (SEND_BATCH at most), under
+        # the same keys.
+        done = [row.key for row, answer in answers if answer.accepted or self._gives_up(row, answer)]
+        await self._sql(store.sent, conn, done)
+        for row, answer in answers:
+            await self._settle(conn, row, answer)
         return len(due) == SEND_BATCH
 
+    def _gives_up(self, row: Row, answer: Answer) -> bool:
+        return not answer.accepted and core.gives_up(row.created_at.replace(tzinfo=UTC), self._clock(),
+                                                     self._settings.push_give_up_seconds)
+
     async def _settle(self, conn: Connection, row: Row, answer: Answer) -> None:
+        """What a row's answer leaves to do once the batch's taken rows are deleted."""
         now = self._clock()
         if answer.accepted:
-            await self._sql(store.sent, conn, [row.key])
             metrics.NOTIFICATIONS.labels("sent").inc()
             metrics.OUTBOX_WAIT.observe(max(0.0, (now - row.created_at.replace(tzinfo=UTC)).total_seconds()))
             if answer.rejected:
@@ -168,8 +176,7 @@ class PartitionPusher:
                 metrics.NOTIFICATIONS.labels("rejected").inc(len(answer.rejected))
                 log.warning("event=pushkey_rejected partition=%d user=%s pushkeys=%d registrations_removed=%d",
                             self.partition, row.user, len(answer.rejected), removed)
-        elif core.gives_up(row.created_at.replace(tzinfo=UTC), now, self._settings.push_give_up_seconds):
-            await self._sql(store.sent, conn, [row.key])
+        elif self._gives_up(row, answer):
             metrics.NOTIFICATIONS.labels("given_up").inc()
             log.error("event=push_given_up partition=%d key=%s attempts=%d last=%s", self.partition, row.key,
                       row.attempts + 1, answer.detail)

@@ -11,7 +11,7 @@ from sqlalchemy import func, literal, select, text, tuple_
 from sqlalchemy.engine import Connection
 
 from chat.partitions import lock_name
-from db.conversation_state import unread_by_peer
+from db import conversation_state
 from db.partition_map import tables_of
 from db.sql import device_acks, devices, push_outbox, push_state, read_markers
 from pusher.core import Device, Notification, Row
@@ -78,7 +78,7 @@ def devices_of(conn: Connection, users: set[str]) -> dict[str, list[Device]]:
 
 
 def unread_totals(conn: Connection, partition: int, users: set[str]) -> dict[str, int]:
-    totals = {u: sum(unread_by_peer(conn, partition, u).values()) for u in users}
+    totals = conversation_state.unread_totals(conn, partition, users)
     conn.commit()
     return totals
 
