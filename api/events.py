@@ -10,8 +10,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import metrics
-from api.errors import ApiError
+from api.errors import ApiError, rate_limited, write_refused
 from api.post_message import read_body
 from api.state import State
 from api.validation import (
@@ -24,7 +23,7 @@ from api.validation import (
 )
 from chat.drafts import Draft
 from chat.messages import Kind, Message
-from chat.write_errors import WRITE_FAILURES, answer_for
+from chat.write_errors import WRITE_FAILURES
 from db.conversation_state import unread_by_peer
 
 
@@ -49,21 +48,16 @@ async def _body(request: Request, st: State) -> bytes:
 def _within_rate(st: State, user: str) -> None:
     wait = st.limiter.allow(user)
     if wait:
-        raise ApiError(429, "rate_limited", "too many writes; retry after the given seconds",
-                       headers={"Retry-After": str(max(1, round(wait + 0.5)))})
+        raise rate_limited(wait)
 
 
 async def submit(st: State, draft: Draft, field: str) -> tuple[Message, bool]:
     """The writer's answer to ``draft``, or its refusal as the error of ``docs/receipts.md``,
-    ``field`` naming what the refusal is about."""
+    ``field`` naming what the refusal is about (the app's handler counts it, as every ApiError)."""
     try:
         return await st.writer.submit(draft)
     except WRITE_FAILURES as exc:
-        answer = answer_for(exc)
-        headers = None if answer.retry_after is None else {"Retry-After": str(answer.retry_after)}
-        metrics.ERRORS.labels(answer.code).inc()
-        raise ApiError(answer.status, answer.code, answer.message,
-                       field=field if answer.field else None, headers=headers) from None
+        raise write_refused(exc, field) from None
 
 
 async def post_ack(request: Request) -> Response:

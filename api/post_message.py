@@ -19,12 +19,12 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import metrics
-from api.errors import ApiError
+from api.errors import ApiError, rate_limited, write_refused
 from api.state import State
 from api.validation import parse_bearer, parse_message
 from chat.errors import ChatError, error_body
 from chat.parsing import is_decimal
-from chat.write_errors import WRITE_FAILURES, answer_for
+from chat.write_errors import WRITE_FAILURES
 
 log = logging.getLogger("chat.api")
 
@@ -71,15 +71,12 @@ class PostMessage:
         raw = await read_body(receive, content_length, st.settings.request_max_bytes)
         wait = st.limiter.allow(sender)
         if wait:
-            raise ApiError(429, "rate_limited", "too many messages; retry after the given seconds",
-                           headers={"Retry-After": str(max(1, round(wait + 0.5)))})
+            raise rate_limited(wait)
         draft = parse_message(raw, sender, st.settings.body_max_chars)
         try:
             msg, created = await st.writer.submit(draft)
         except WRITE_FAILURES as exc:
-            answer = answer_for(exc)
-            headers = None if answer.retry_after is None else {"Retry-After": str(answer.retry_after)}
-            raise ApiError(answer.status, answer.code, answer.message, field=answer.field, headers=headers) from None
+            raise write_refused(exc) from None
         (metrics.MESSAGES_CREATED if created else metrics.MESSAGES_REPLAYED).inc()
         return (201 if created else 200), orjson.dumps(msg.to_public()), []
 

@@ -80,7 +80,7 @@ from loadtest import wsload
 from loadtest.clients import lean as leanclient
 from loadtest.clients.websocket import masked
 from loadtest.common import machine
-from loadtest.common.results import RESULTS, UNPUBLISHED
+from loadtest.common.results import RESULTS, UNPUBLISHED, per_unit_us, ratio, write_result
 from loadtest.report.push_table import push_table
 
 if TYPE_CHECKING:
@@ -349,12 +349,6 @@ def in_windows(pairs: Iterable[tuple[float, float]], starts: list[float]) -> lis
     return out
 
 
-def per_unit_us(cpu_seconds: float, count: int) -> float | None:
-    return round(cpu_seconds / count * 1e6, 1) if count else None
-
-
-def ratio(value: float | None, base: float | None) -> float | None:
-    return round(value / base, 2) if value is not None and base else None
 
 
 def summarize(phases: list[dict], outs: list[dict], matched: Matched, expected_online: dict[str, list[int]],
@@ -688,18 +682,7 @@ def main(users: int = typer.Option(10_000, help="users: half online on WebSocket
     result = {"machine": machine.describe(), "parameters": params,
               "deployed": {**AS_DEPLOYED, "daemons": DEPLOYED_DAEMONS, "pushers": 1},
               "wall_seconds": round(time.monotonic() - started), **measured}
-    target = out or (OUT_PUBLISHED if publish else OUT_DEFAULT)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    print("\n".join(push_table(result)))
-    print(f"\nwrote {target}")
-    if publish:
-        from loadtest.report.write import rewrite_generated
-
-        rewrite_generated()
-        print("rewrote the generated tables of docs/benchmarks.md")
-    if result["failed"]:
-        raise SystemExit(f"FAILED push: {result['failed']}")
+    write_result(result, out or (OUT_PUBLISHED if publish else OUT_DEFAULT), push_table, publish, "push")
 
 
 if __name__ == "__main__":

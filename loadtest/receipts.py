@@ -55,7 +55,7 @@ from loadtest import wsload
 from loadtest.clients import lean as leanclient
 from loadtest.clients.websocket import masked
 from loadtest.common import machine
-from loadtest.common.results import RESULTS, UNPUBLISHED
+from loadtest.common.results import RESULTS, UNPUBLISHED, per_unit_us, ratio, write_result
 from loadtest.report.receipts_table import receipts_table
 
 if TYPE_CHECKING:
@@ -256,12 +256,6 @@ def event_latencies(sent: Iterable[list], seen: Iterable[list]) -> tuple[dict[in
     return out, unmatched
 
 
-def per_message_us(cpu_seconds: float, messages: int) -> float | None:
-    return round(cpu_seconds / messages * 1e6, 1) if messages else None
-
-
-def ratio(value: float | None, base: float | None) -> float | None:
-    return round(value / base, 2) if value is not None and base else None
 
 
 def combine(rounds: list[dict]) -> dict:
@@ -281,7 +275,7 @@ def combine(rounds: list[dict]) -> dict:
         "rounds": len(rounds), "messages": messages,
         "message_ms": wsload.percentiles([v for r in rounds for v in r["latencies"]]),
         "event_ms": {kind: wsload.percentiles(values) for kind, values in sorted(events.items())},
-        "cpu_us_per_message": {name: per_message_us(s, messages) for name, s in cpu.items()},
+        "cpu_us_per_message": {name: per_unit_us(s, messages) for name, s in cpu.items()},
         "rows": rows, "rows_per_message": {k: round(n / messages, 3) for k, n in rows.items()} if messages else {},
         "frames_sent": frames_sent,
         "frames_received_per_message": round(sum(r["frames"] for r in rounds) / messages, 2) if messages else None,
@@ -364,7 +358,7 @@ def one_phase(system: System, shared: Shared, engine: Engine, index: int, name: 
         expected[user].extend(ids)
     sent = len(creation)
     print(f"[receipts] {name} (phase {index}): {sent} messages in {seconds:g} s, settled in {settled:.1f} s, "
-          f"daemons {per_message_us(cpu_seconds['daemons'], sent)} µs/msg", flush=True)
+          f"daemons {per_unit_us(cpu_seconds['daemons'], sent)} µs/msg", flush=True)
     return {"name": name, "index": index, "sent": sent, "asked": int(rate * seconds), "send_errors": send_errors,
             "refused": refused[:3], "creation_ms": wsload.percentiles(creation), "settle_seconds": round(settled, 1),
             "cpu_seconds": cpu_seconds, "host_cpu": host_cpu,
@@ -466,8 +460,8 @@ def summarize(done: list[dict], outs: list[dict], expected: dict[str, list[int]]
         "phases": phases, "ratios": ratios(phases),
         "client_cost": {
             "what": "loadtest.clients.lean: asyncio and uvloop, in processes of their own, on the same cores",
-            "cpu_us_per_frame": per_message_us(cpu_clients, frames),
-            "sender_cpu_us_per_message": per_message_us(sum(d["cpu_seconds"]["sender"] for d in done),
+            "cpu_us_per_frame": per_unit_us(cpu_clients, frames),
+            "sender_cpu_us_per_message": per_unit_us(sum(d["cpu_seconds"]["sender"] for d in done),
                                                         sum(d["sent"] for d in done))},
         "sent": sum(d["sent"] for d in done), "asked": sum(d["asked"] for d in done),
         "send_errors": sum(d["send_errors"] for d in done), "refused": [x for d in done for x in d["refused"]],
@@ -524,18 +518,7 @@ def main(clients: int = typer.Option(10_000, help="WebSocket clients, one user e
     result = {"machine": machine.describe(), "parameters": params,
               "deployed": {**AS_DEPLOYED, "daemons": DEPLOYED_DAEMONS},
               "wall_seconds": round(time.monotonic() - started), **measured}
-    target = out or (OUT_PUBLISHED if publish else OUT_DEFAULT)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    print("\n".join(receipts_table(result)))
-    print(f"\nwrote {target}")
-    if publish:
-        from loadtest.report.write import rewrite_generated
-
-        rewrite_generated()
-        print("rewrote the generated tables of docs/benchmarks.md")
-    if result["failed"]:
-        raise SystemExit(f"FAILED receipts: {result['failed']}")
+    write_result(result, out or (OUT_PUBLISHED if publish else OUT_DEFAULT), receipts_table, publish, "receipts")
 
 
 if __name__ == "__main__":
