@@ -80,8 +80,10 @@ from loadtest import wsload
 from loadtest.clients import lean as leanclient
 from loadtest.clients.websocket import masked
 from loadtest.common import machine
-from loadtest.common.results import RESULTS, UNPUBLISHED, per_unit_us, ratio, write_result
+from loadtest.common.results import RESULTS, UNPUBLISHED
+from loadtest.common.units import per_unit_us, ratio
 from loadtest.report.push_table import push_table
+from loadtest.report.write import write_result
 
 if TYPE_CHECKING:
     from multiprocessing.sharedctypes import Synchronized

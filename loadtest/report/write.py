@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import matplotlib
@@ -344,6 +344,20 @@ def _plots(r: dict, out: Path) -> None:
                 f"Latency vs message rate, {paced[0]['clients']} clients, replayed oplog (no database)",
                 out / RATE_REPLAY_PLOT)
     plt.close("all")
+
+def write_result(result: dict, target: Path, table: Callable[[dict], list[str]], publish: bool, name: str) -> None:
+    """A scenario's end: its JSON written to ``target``, its table printed, the page's
+    generated tables rewritten if it is published, and a failing exit if its own checks failed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    print("\n".join(table(result)))
+    print(f"\nwrote {target}")
+    if publish:
+        rewrite_generated()
+        print("rewrote the generated tables of docs/benchmarks.md")
+    if result["failed"]:
+        raise SystemExit(f"FAILED {name}: {result['failed']}")
+
 
 
 def main(results: Path = typer.Option(RESULTS / "latest.json", help="a benchmark's JSON result"),
