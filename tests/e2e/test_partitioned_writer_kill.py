@@ -67,7 +67,9 @@ async def test_copies_owed_by_a_killed_writer_reach_the_recipient_s_devices_once
     try:
         # Partition 1's writer cannot take a turn: each home commit in
         # partition 0 is answered, and its copy waits in the writer process.
-        assert holder.execute(text("SELECT GET_LOCK(:n, 0)"), {"n": lock_name(1)}).scalar() == 1
+        # Waited for: partition 1's writer takes its lock for a moment each second while idle
+        # (a turn that drains leftover copies); asked with no wait, one such turn refused it.
+        assert holder.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": lock_name(1), "t": PATIENCE}).scalar() == 1
         replies = [await post(front, ann, ben, f"m{n}", f"k{n}") for n in range(3)]
         assert [r.status_code for r in replies] == [201] * 3
         home_ids = [int(r.json()["id"]) for r in replies]
