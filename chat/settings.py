@@ -160,6 +160,28 @@ class Settings(BaseSettings):
         64 << 20, ge=0, description="Payload bytes that cache may hold at most; the oldest messages leave it first."
     )
 
+    # --- typing and presence (docs/presence.md) ------------------------------------
+    redis_url: SecretStr = Field(
+        SecretStr("redis://127.0.0.1:6379/0"),
+        description="Redis that carries typing and presence between daemons, API processes and hosts (one for "
+        "all of them). Empty: no typing or presence; messages are delivered either way.",
+    )
+    presence_enabled: bool = Field(
+        True, description="Track who is online. False: `/v1/presence` answers 404 and `watch` frames an error.",
+    )
+    typing_ttl_seconds: float = Field(
+        5.0, gt=0, le=60, description="How long a `typing` start shows unless refreshed (the event's `ttl`).",
+    )
+    presence_grace_seconds: float = Field(
+        3.0, ge=0, le=60, description="A user whose last connection closed turns offline (and `last_seen` is "
+        "stored) if none comes back within this.",
+    )
+    presence_watch_max: int = Field(200, ge=0, le=1000, description="Users one connection may watch.")
+    presence_daemon_timeout_seconds: float = Field(
+        10.0, ge=4, le=300, description="A daemon whose Redis heartbeat (every 2 s) is older than this is dead: "
+        "its users turn offline unless connected elsewhere.",
+    )
+
     # --- push (the pusher process) -----------------------------------------------
     push_gateway_url: str = Field(
         "", description="Base URL of a Matrix Push Gateway (Sygnal, or a compatible one): the pusher POSTs "

@@ -1,4 +1,4 @@
-"""Private MariaDB and FerretDB instances on free ports, for tests and benchmarks.
+"""Private MariaDB, FerretDB and Redis instances on free ports, for tests and benchmarks.
 
 Each instance lives in its own folder and is stopped (and its folder left for
 post-mortems) when the context exits. Nothing here is a fake: these are the
@@ -156,8 +156,31 @@ def ferretdb_command(data: Path, port: int) -> list[str]:
             f"--state-dir={data}", "--test-capped-cleanup-interval=200ms"]
 
 
+@dataclass
+class Redis:
+    """The signals' carrier (docs/presence.md): nothing in it is kept, so no snapshot and no append log."""
+    dir: Path
+    port: int
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        log = open(self.dir / "redis.log", "ab")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.dir)], stdout=log, stderr=log)
+        wait_port(self.port, 20, self.proc)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc:
+            stop(self.proc, sig)
+
+
 @contextlib.contextmanager
-def running(server: MariaDB | FerretDB) -> Iterator:
+def running(server: MariaDB | FerretDB | Redis) -> Iterator:
     server.start()
     try:
         yield server
@@ -172,12 +195,15 @@ def fresh_dir(base: Path, name: str) -> Path:
     return path
 
 
-def env_for(mariadb: MariaDB, ferretdb: FerretDB, **extra: str) -> dict[str, str]:
+def env_for(mariadb: MariaDB, ferretdb: FerretDB, redis: Redis | None = None, **extra: str) -> dict[str, str]:
+    """The processes' environment; without ``redis``, no typing or presence (and no connection to
+    the default Redis URL, which may be another run's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHAT_")}
     # URL tokens on: many tests' raw clients and Autobahn's wstest (which can set no
     # header) put the token in the URL. The default refuses them: the tests of
     # that default, the web client's and chatctl's set it to false.
     env.update({"CHAT_MYSQL_URL": mariadb.url(), "CHAT_MONGO_URL": ferretdb.url,
-                "CHAT_JWT_SECRET": "test-secret-0123456789abcdef0123456789", "CHAT_URL_TOKENS_ALLOWED": "true"})
+                "CHAT_JWT_SECRET": "test-secret-0123456789abcdef0123456789", "CHAT_URL_TOKENS_ALLOWED": "true",
+                "CHAT_REDIS_URL": redis.url if redis is not None else ""})
     env.update(extra)
     return env

@@ -23,7 +23,7 @@ import psutil
 from chat import auth
 from chat.settings import Settings
 from db.init import init_all
-from harness.servers import ROOT, FerretDB, MariaDB, env_for, free_port, fresh_dir, running, stop
+from harness.servers import ROOT, FerretDB, MariaDB, Redis, env_for, free_port, fresh_dir, running, stop
 from harness.waiting import FACTOR, eventually_sync
 
 
@@ -31,14 +31,16 @@ from harness.waiting import FACTOR, eventually_sync
 class Databases:
     mariadb: MariaDB
     ferretdb: FerretDB
+    redis: Redis | None = None  # the signals' carrier: typing and presence
 
     def settings(self, **overrides: Any) -> Settings:
+        overrides.setdefault("redis_url", self.redis.url if self.redis is not None else "")
         return Settings(mysql_url=self.mariadb.url(), mongo_url=self.ferretdb.url, **overrides)
 
 
 @contextlib.contextmanager
 def databases(base: Path, **init: object) -> Iterator[Databases]:
-    """A MariaDB and a FerretDB of their own, with the schema laid out.
+    """A MariaDB, a FerretDB and a Redis of their own, with the schema laid out.
     ``init``: settings for `db.init` only (``oplog_max_docs=...``, ``partitions=...``).
 
     The data folders are copies of a template built once per process for each
@@ -46,11 +48,12 @@ def databases(base: Path, **init: object) -> Iterator[Databases]:
     per instance, a copy takes a fraction of one."""
     mariadb = MariaDB(fresh_dir(base, "mariadb"), free_port())
     ferretdb = FerretDB(fresh_dir(base, "ferretdb"), free_port())
+    redis = Redis(fresh_dir(base, "redis"), free_port())
     template = _template(init)
     shutil.copytree(template / "mariadb", mariadb.dir / "data", symlinks=True)
     shutil.copytree(template / "ferretdb", ferretdb.dir / "data", symlinks=True)
-    with running(mariadb), running(ferretdb):
-        yield Databases(mariadb, ferretdb)
+    with running(mariadb), running(ferretdb), running(redis):
+        yield Databases(mariadb, ferretdb, redis)
 
 
 _TEMPLATES: dict[tuple, Path] = {}
@@ -90,7 +93,7 @@ class System:
 
     @property
     def env(self) -> dict[str, str]:
-        return env_for(self.dbs.mariadb, self.dbs.ferretdb, CHAT_API_PORT=str(self.api_port),
+        return env_for(self.dbs.mariadb, self.dbs.ferretdb, self.dbs.redis, CHAT_API_PORT=str(self.api_port),
                        CHAT_DAEMON_PORT=str(self.daemon_port), **self.env_extra)
 
     @property

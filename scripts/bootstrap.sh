@@ -7,7 +7,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
 need_pkgs=()
-for p in mariadb-server libmariadb-dev pkg-config apache2-utils build-essential nginx-light chromium; do
+for p in mariadb-server libmariadb-dev pkg-config apache2-utils build-essential nginx-light chromium redis-server; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 # Node.js runs the web client's pure tests and the AsyncAPI parser; Debian's if the machine has none.
