@@ -26,7 +26,7 @@ from api import metrics
 from api.errors import ApiError
 from api.asyncapi import document as asyncapi_document
 from api.openapi import document
-from api import devices, events
+from api import devices, events, signals
 from api.post_message import PostMessage, front, read_body
 from api.ratelimit import RateLimiter
 from api.state import State
@@ -36,6 +36,7 @@ from chat.messages import Kind
 from chat.metrics_port import serve_metrics
 from chat.partitions import SlotMap, suffix
 from chat.settings import Settings
+from chat.signal_store import SignalStore, connect
 from db import mongo
 from db.partition_map import load_slot_map, tables_of
 from db.retention import run_sweeper
@@ -269,6 +270,10 @@ ROUTES = [
     Route("/v1/devices/{device}", devices.remove, methods=["DELETE"]),
     Route("/v1/read", events.post_read, methods=["POST"]),
     Route("/v1/conversations", get_conversations, methods=["GET"]),
+    Route("/v1/typing", signals.post_typing, methods=["POST"]),
+    Route("/v1/presence", signals.get_presence, methods=["GET"]),
+    Route("/v1/presence/settings", signals.get_presence_settings, methods=["GET"]),
+    Route("/v1/presence/settings", signals.put_presence_settings, methods=["PUT"]),
     Route("/v1/client-config", client_config, methods=["GET"]),
     Route("/v1/dev/token", dev_token, methods=["POST"]),
     Route("/healthz", healthz, methods=["GET"]),
@@ -315,9 +320,11 @@ def create_app(settings: Settings) -> ASGIApp:
         slot_map = load_slot_map(engine)
         writer, writer_engine = _writer(settings, db, slot_map)
         reads = read_threads(engine)
+        redis_url = settings.redis_url.get_secret_value()
+        signal_store = SignalStore(connect(redis_url, settings.db_timeout_seconds)) if redis_url else None
         app.state.chat = State(settings, engine, client, writer,
                                RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst), reads,
-                               slot_map)
+                               slot_map, signal_store)
         tasks = [asyncio.create_task(run_sweeper(
                      db, engine, reads, settings.retention_seconds, settings.sweep_interval_seconds,
                      slot_map.partitions), name="sweeper")]
@@ -345,6 +352,8 @@ def create_app(settings: Settings) -> ASGIApp:
                 writer_engine.dispose()
             reads.close()
             engine.dispose()
+            if signal_store is not None:
+                await signal_store.close()
 
     app = Starlette(routes=[*ROUTES, *PAGE_ROUTES], lifespan=lifespan,
                     exception_handlers={ApiError: api_error, 404: not_found, 405: method_not_allowed})

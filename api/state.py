@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pymongo import AsyncMongoClient
@@ -16,11 +16,14 @@ from api.errors import ApiError
 from api.ratelimit import RateLimiter
 from chat.partitions import SlotMap
 from chat.settings import Settings
+from chat.signal_store import SignalStore
+from chat.typing_gate import TypingGate
 from db.threads import Threads
 from writer.client import RemoteWriter
 from writer.partitioned import PartitionedWriter
 
 T = TypeVar("T")
+TYPING_GATE_MAX = 10_000
 
 
 @dataclass
@@ -32,6 +35,9 @@ class State:
     limiter: RateLimiter
     reads: Threads  # the blocking MySQL reads; never asyncio's default executor (db.threads)
     slot_map: SlotMap  # read at start: which partition's table holds a user's history
+    signals: SignalStore | None = None  # typing and presence in Redis; None: CHAT_REDIS_URL is empty
+    # POST /v1/typing's throttle: (user, peer) pairs, bounded whoever calls
+    typing_gate: TypingGate = field(default_factory=lambda: TypingGate(TYPING_GATE_MAX))
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         """``fn(connection)``, one read from MySQL on the API's read threads, or a

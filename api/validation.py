@@ -30,6 +30,9 @@ MESSAGE_FIELDS = ("to", "body", "client_msg_id")
 EDIT_FIELDS = ("body", "client_msg_id")
 ACK_FIELDS = ("upto", "device")
 READ_FIELDS = ("peer", "upto")
+TYPING_FIELDS = ("to", "state")
+PRESENCE_SETTINGS_FIELDS = ("hidden",)
+PRESENCE_USERS_MAX = 200  # users one GET /v1/presence reads
 DEVICE_ID = parsing.DEVICE_ID
 DEVICE_RULE = "`device` must be 1-64 chars of [A-Za-z0-9_.-], not . or .."
 DEFAULT_DEVICE = "default"
@@ -259,3 +262,39 @@ def parse_device(raw: bytes) -> tuple[str, str, str, str, dict]:
     if len(orjson.dumps(data)) > DEVICE_DATA_MAX_BYTES:
         raise ApiError(422, "invalid_field", f"`data` is over {DEVICE_DATA_MAX_BYTES} bytes as JSON", field="data")
     return device or "", platform or "", app_id or "", pushkey or "", data
+
+
+def parse_typing(raw: bytes) -> tuple[str, str]:
+    """``{"to": user, "state": "start"|"stop"}`` (POST /v1/typing) -> (to, state)."""
+    obj = _object(raw, TYPING_FIELDS)
+    to = _string(obj, "to", required=True)
+    if not is_user_id(to):
+        raise ApiError(422, "invalid_field", "`to` must be a user id: 1-64 chars of [A-Za-z0-9_.-]", field="to")
+    state = obj.get("state", "start")
+    if state not in ("start", "stop"):
+        raise ApiError(422, "invalid_field", "`state` must be start or stop", field="state")
+    return to, state
+
+
+def parse_presence_users(params: Mapping[str, str]) -> list[str]:
+    """``?users=a,b,c`` (GET /v1/presence): 1 to 200 user ids, duplicates dropped, order kept."""
+    raw = params.get("users", "")
+    users = list(dict.fromkeys(u for u in raw.split(",") if u)) if raw else []
+    if not users:
+        raise ApiError(422, "invalid_field", "`users` is required: comma-separated user ids", field="users")
+    if len(users) > PRESENCE_USERS_MAX:
+        raise ApiError(422, "invalid_field", f"at most {PRESENCE_USERS_MAX} users at once", field="users")
+    bad = next((u for u in users if not is_user_id(u)), None)
+    if bad is not None:
+        raise ApiError(422, "invalid_field", "`users` must be user ids: 1-64 chars of [A-Za-z0-9_.-]",
+                       field="users")
+    return users
+
+
+def parse_presence_settings(raw: bytes) -> bool:
+    """``{"hidden": true|false}`` (PUT /v1/presence/settings) -> hidden."""
+    obj = _object(raw, PRESENCE_SETTINGS_FIELDS)
+    hidden = obj.get("hidden")
+    if type(hidden) is not bool:
+        raise ApiError(422, "invalid_field", "`hidden` must be true or false", field="hidden")
+    return hidden

@@ -268,6 +268,10 @@ class Connection(asyncio.Protocol):
             self.subscriber.overflowed = True
             self.overflow()
 
+    def signal(self, payload: bytes) -> None:
+        """A typing or presence event: written as a message is, under the same send-buffer bound."""
+        self.send(0, payload, None)
+
     def overflow(self) -> None:
         if not self.closing:
             metrics.CLOSES.labels("slow_consumer").inc()

@@ -37,6 +37,10 @@ class Sink(Protocol):
         sent is a gap-free prefix, and the shell ends there (a WebSocket closes with 4008)."""
         ...
 
+    def signal(self, payload: bytes) -> None:
+        """A typing or presence event (docs/presence.md): no id, never held, never replayed."""
+        ...
+
 
 class _Nowhere:
     """The sink of a subscriber whose shell is gone: nothing more goes out."""
@@ -47,6 +51,9 @@ class _Nowhere:
         pass
 
     def overflow(self) -> None:
+        pass
+
+    def signal(self, payload: bytes) -> None:
         pass
 
 
@@ -148,6 +155,18 @@ class Hub:
         for sub in targets:
             sub.offer(msg_id, payload, frame, limit)
         return len(targets)
+
+
+    def signal(self, user: str, payload: bytes, skip: int | None = None) -> int:
+        """Writes a typing event to the user's live connections, but the one whose sink has id
+        ``skip`` (the typist's own); returns how many. One still catching up gets none: an
+        event is news of now, and its hello must come first."""
+        sent = 0
+        for sub in tuple(self._by_user.get(user, ())):
+            if sub.pending is None and not sub.overflowed and id(sub.sink) != skip:
+                sub.sink.signal(payload)
+                sent += 1
+        return sent
 
 
 class Hubs:

@@ -23,12 +23,14 @@ from chat.errors import CloseCode
 from chat.metrics_port import serve_metrics
 from chat.serve import LISTEN_BACKLOG, reuseport_socket
 from chat.settings import Settings
+from chat.signal_store import SignalStore, connect
 from chat.stopping import bounded, exit_by, stop_on_signals
 from daemon import metrics, partition_streams
 from daemon.acceptor import Acceptor, connection_ceiling
 from daemon.connection import Connection
 from daemon.routes import Router
 from daemon.server import Daemon
+from daemon.signals import Signals
 from db import mongo
 from db.conversation_state import UnreadTotals
 from db.sql import make_engine
@@ -139,8 +141,17 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     if settings.fill_holes_from_mysql:
         unread = UnreadTotals(make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
                                           pool_size=2))
+    signals = None
+    presence_engine = None
+    if settings.redis_url.get_secret_value():  # typing and presence (docs/presence.md)
+        if settings.fill_holes_from_mysql:  # last_seen and the hidden users: one connection is plenty
+            presence_engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
+                                          pool_size=1)
+        url = settings.redis_url.get_secret_value()
+        signals = Signals(settings, SignalStore(connect(url, settings.db_timeout_seconds)),
+                          connect(url, settings.db_timeout_seconds), parts.hubs, parts.slot_map, presence_engine)
     daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, slot_map=parts.slot_map,
-                    writer=writer, unread=unread)
+                    writer=writer, unread=unread, signals=signals)
     failed: list[BaseException] = []
 
     def must_not_end(task: asyncio.Task) -> None:
@@ -170,6 +181,8 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
             for run_stream in parts.loops:
                 group.create_task(run_stream, name="stream").add_done_callback(must_not_end)
             group.create_task(heartbeats(daemon), name="heartbeats").add_done_callback(must_not_end)
+            if signals is not None:
+                group.create_task(signals.run(), name="signals").add_done_callback(must_not_end)
             if parts.engine is not None:
                 group.create_task(partition_streams.epoch_changed(parts.engine, parts.slot_map.epoch,
                                                                   settings.gap_check_seconds),
@@ -210,6 +223,10 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
             await bounded("writer_close", writer.close(), SHUTDOWN_STEP_SECONDS, log)
         if unread is not None:
             unread.close()
+        if signals is not None:
+            await bounded("signals_close", signals.close(), SHUTDOWN_STEP_SECONDS, log)
+        if presence_engine is not None:
+            presence_engine.dispose()
         parts.close()
         log.info("event=daemon_stopped")
     if failed:

@@ -37,6 +37,9 @@ CATCHUP_QUERIES = Counter("chat_daemon_catchups_total", "Catch-ups and hole fill
 CATCHUPS_FROM_CACHE = CATCHUP_QUERIES.labels("cache")
 STRAYS = Counter("chat_daemon_stray_documents_total", "Documents of the fast store skipped as not the writer's: "
                  "not in its shape, or past the head MySQL has committed", ["reason"])
+SIGNALS = Counter("chat_daemon_signals_total", "Typing and presence events, by kind and what became of them "
+                  "(published, received, throttled, dropped)", ["kind", "outcome"])
+SIGNAL_FRAMES = Counter("chat_daemon_signal_frames_total", "Typing events written to connections")
 CLOSES = Counter("chat_daemon_closes_total", "Connections closed by the server, by reason", ["reason"])
 REJECTS = Counter("chat_daemon_rejects_total", "Handshakes refused, by reason", ["reason"])
 GC_PAUSES = Histogram(

@@ -68,7 +68,7 @@ class Router:
     def client_frames(self, conn: Connection) -> ClientFrames:
         writer = self.daemon.writer
         return ClientFrames(conn.subscriber.user, conn.device, None if writer is None else writer.submit,
-                            conn.send_text)
+                            conn.send_text, signals=self.daemon.signals, conn=conn)
 
 
 async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[str, str]) -> None:
@@ -89,6 +89,9 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
     sub = waiter.subscriber
     daemon.polls.add(waiter)
     metrics.POLLS_WAITING.inc()
+    signals = daemon.signals
+    if signals is not None:  # a waiting poll is a connection: its user is online
+        signals.arrive(user)
     try:
         try:
             pages, cursor = await daemon.subscribe(sub, daemon.resume_point(query.get("since"), user), limit,
@@ -117,6 +120,8 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
         sub.detach()
         daemon.polls.discard(waiter)
         metrics.POLLS_WAITING.dec()
+        if signals is not None:
+            signals.leave(user)
     items = waiter.items
     if len(items) > limit:  # live messages came on top of the catch-up: the rest waits for the next poll
         items = items[:limit]
@@ -128,7 +133,8 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
     unread = await daemon.unread(user, partition)
     body = (b'{"messages":[' + b",".join(payload for _i, payload in items) + b'],"cursor":"'
             + daemon.cursor(partition, last).encode() + b'","recovered":'
-            + (b"true" if catch.recovered else b"false") + b',"unread":' + orjson.dumps(unread) + b"}")
+            + (b"true" if catch.recovered else b"false") + b',"unread":' + orjson.dumps(unread)
+            + b',"signals":[' + b",".join(waiter.signals) + b"]}")
     conn.respond(200, body, keep, headers)
 
 

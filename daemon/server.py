@@ -26,6 +26,7 @@ from daemon.connection import Connection, ServerState
 from daemon.heartbeat_wheel import DueWheel
 from daemon.hub import Hub, Hubs, Subscriber
 from daemon.partitioning import cursor_text, resume_since, wrong_partition
+from daemon.signals import Signals
 from daemon.stream import Stream
 from writer.client import RemoteWriter
 
@@ -46,18 +47,27 @@ class Behind(ChatError):
     retries (1013, or 503 to a poll), here or elsewhere."""
 
 
+POLL_SIGNALS_MAX = 100  # typing events one poll answer carries at most: past it, they are dropped
+
+
 class PollWaiter:
     """A long-poll: collects what its subscriber sends until the answer goes out."""
 
-    __slots__ = ("subscriber", "items", "wake")
+    __slots__ = ("subscriber", "items", "signals", "wake")
 
     def __init__(self, user: str, since: int, partition: int = 0):
         self.subscriber = Subscriber(self, user, since, partition)
         self.items: list[tuple[int, bytes]] = []
+        self.signals: list[bytes] = []  # typing events that came while it waited (its answer's `signals`)
         self.wake = asyncio.Event()
 
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
         self.items.append((msg_id, payload))
+        self.wake.set()
+
+    def signal(self, payload: bytes) -> None:
+        if len(self.signals) < POLL_SIGNALS_MAX:
+            self.signals.append(payload)
         self.wake.set()
 
     def overflow(self) -> None:
@@ -72,7 +82,8 @@ UNREAD_WAIT_SECONDS = 0.5
 class Daemon:
     def __init__(self, settings: Settings, hub: Hub | Hubs, stream: Stream | None, *,
                  streams: dict[int, Stream] | None = None, slot_map: SlotMap | None = None,
-                 writer: RemoteWriter | None = None, unread: UnreadTotals | None = None):
+                 writer: RemoteWriter | None = None, unread: UnreadTotals | None = None,
+                 signals: Signals | None = None):
         """``hub`` and ``stream``: the single stream's, or, with ``streams`` (by
         partition), the hubs of those partitions and the first one's stream."""
         self.settings = settings
@@ -90,6 +101,7 @@ class Daemon:
         self.polls: set[PollWaiter] = set()
         self.writer = writer  # the host's writer: where clients' acks and read markers go (None: refused)
         self._unread = unread  # None: no MySQL, and `unread` is null
+        self.signals = signals  # typing and presence; None: no Redis (CHAT_REDIS_URL empty)
 
     @property
     def draining(self) -> bool:
@@ -168,6 +180,8 @@ class Daemon:
         """A new WebSocket: among the sockets, due for its heartbeat at its first ping (or token expiry)."""
         self.sockets.add(conn)
         self.due.schedule(conn, conn.next_due())
+        if self.signals is not None:
+            self.signals.arrive(conn.subscriber.user)
 
     def forget(self, conn: Connection) -> None:
         """A WebSocket is gone (closed either way); idempotent."""
@@ -176,6 +190,8 @@ class Daemon:
             self.hub.unregister(conn.subscriber)
             conn.subscriber.detach()
             metrics.WS_OPEN.dec()
+            if self.signals is not None:
+                self.signals.leave(conn.subscriber.user)
 
 
 async def _one(page: CatchUp) -> AsyncGenerator[CatchUp, None]:

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     create_engine,
+    false,
 )
 from sqlalchemy.dialects.mysql import DATETIME
 from sqlalchemy.engine import Engine, Row
@@ -148,6 +149,20 @@ devices = Table(
     Column("pushkey", String(512, collation="utf8mb4_bin"), nullable=False),
     Column("data", Text(collation="utf8mb4_bin"), nullable=False),  # JSON object, passed to the gateway
     Column("created_at", DATETIME(fsp=3), nullable=False),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+    mysql_collate="utf8mb4_bin",
+)
+
+# Each user's last seen (the end of their last connection anywhere, after
+# the grace) and whether they hide their presence (docs/presence.md). Online
+# itself lives in Redis, never here.
+presence = Table(
+    "presence",
+    metadata,
+    Column("user", String(64, collation="utf8mb4_bin"), primary_key=True),
+    Column("last_seen", DATETIME(fsp=3), nullable=True),
+    Column("hidden", Boolean, nullable=False, server_default=false()),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
     mysql_collate="utf8mb4_bin",

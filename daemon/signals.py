@@ -1,0 +1,350 @@
+"""A daemon's typing and presence (docs/presence.md): the I/O shell around
+``daemon.presence``, between the daemon's connections and Redis.
+
+It runs beside the streams and never in their way: its own Redis clients,
+its own tasks, bounded queues, and every Redis failure caught here. A daemon
+whose Redis is away delivers messages as before; its clients' typing and
+watch frames get ``signals_unavailable``, and once Redis is back the daemon
+puts its users back (``_resync``).
+
+Tasks: ``_listen`` (the channels: typing for the partitions served, presence
+changes), ``_flush`` (announcements and withdrawals, in order, one pipeline
+per batch), ``_publish`` (typing, one pipeline per batch), and ``_tick``
+(the graces, the heartbeat, the sweep of dead daemons, ``last_seen`` into MySQL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from chat.messages import rfc3339
+from chat.partitions import SlotMap
+from chat.settings import Settings
+from chat.signal_store import PRESENCE_CHANNEL, SignalStore, typing_channel
+from daemon import metrics
+from daemon.hub import Hubs
+from daemon.presence import PresenceTracker, Watchers
+from db import presence as presence_sql
+from db.threads import Threads
+
+log = logging.getLogger("chat.daemon")
+
+TICK_SECONDS = 0.25  # how often graces are checked: a user goes offline within a quarter second of its end
+HEARTBEAT_SECONDS = 2.0  # a daemon's heartbeat into Redis; the sweep of dead ones runs as often
+STORE_SECONDS = 1.0  # last_seen goes to MySQL in one statement at most this often
+CHANGES_BATCH = 500  # announcements and withdrawals in one pipeline
+TYPING_QUEUE_MAX = 10_000  # typing events waiting for Redis; past it (Redis slow) new ones are dropped
+SWEEPS_PER_TICK = 20  # batches of dead daemons' users withdrawn per heartbeat
+REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+T = TypeVar("T")
+
+
+class Watcher(Protocol):
+    """What a watching connection is to the shell: where its presence frames go."""
+
+    def signal(self, payload: bytes) -> None: ...
+
+    def __hash__(self) -> int: ...
+
+
+class Unavailable(Exception):
+    """Typing or presence cannot be served: off here, or Redis is away. Its message is the error frame's."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def presence_frame(words: list[str]) -> bytes | None:
+    """The client frame of a ``chat:presence`` payload (``chat.signal_store``); None if malformed."""
+    if len(words) < 2 or words[0] not in ("0", "1"):
+        return None
+    online = words[0] == "1"
+    last_seen = None
+    if not online and len(words) > 2 and words[2].isdigit():
+        last_seen = rfc3339(presence_sql.ms_to_datetime(int(words[2])))
+    return orjson.dumps({"type": "presence", "user": words[1], "online": online, "last_seen": last_seen})
+
+
+class Signals:
+    def __init__(self, settings: Settings, store: SignalStore, listener: aioredis.Redis, hubs: Hubs,
+                 slot_map: SlotMap, engine: Engine | None, *,
+                 clock: Callable[[], float] = time.monotonic, wall_ms: Callable[[], int] = lambda: time.time_ns()
+                 // 1_000_000, sleep: Callable[[float], Awaitable[object]] = asyncio.sleep):
+        self.settings = settings
+        self.store = store
+        self._listener = listener  # its own connection: a subscribed one can do nothing else
+        self.hubs = hubs
+        self.slot_map = slot_map
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.presence = settings.presence_enabled
+        self.tracker = PresenceTracker(settings.presence_grace_seconds)
+        self.watchers: Watchers[Watcher] = Watchers()
+        self._engine = engine  # None: no MySQL (development): last_seen is not stored
+        self._threads = Threads(1, "presence")
+        self._clock, self._wall_ms, self._sleep = clock, wall_ms, sleep
+        self._changes: deque[tuple[str, int | None]] = deque()
+        self._changes_ready = asyncio.Event()
+        self._typing: deque[tuple[list[str], str]] = deque()
+        self._typing_ready = asyncio.Event()
+        self._seen: dict[str, int] = {}  # went offline, last seen (ms): for MySQL
+        self._resync = True  # Redis must be told all this daemon's users (at start, and after it was away)
+        self.healthy = False  # Redis answered the last command
+
+    # --- from the connections -------------------------------------------------
+    def arrive(self, user: str) -> None:
+        if self.presence and self.tracker.arrive(user):
+            self._change(user, None)
+
+    def leave(self, user: str) -> None:
+        if self.presence:
+            self.tracker.leave(user, self._clock(), self._wall_ms())
+
+    def forget(self, conn: Watcher) -> None:
+        self.watchers.forget(conn)
+
+    def typing(self, origin: int, sender: str, to: str, state: str) -> None:
+        """Publishes a typing event (its gate has passed it); ``origin``: the typist's sink, not sent back to it."""
+        if not self.healthy:
+            raise Unavailable("signals_unavailable", "typing is unavailable: the daemon cannot reach Redis")
+        if len(self._typing) >= TYPING_QUEUE_MAX:
+            metrics.SIGNALS.labels("typing", "dropped").inc()
+            return
+        channels = {typing_channel(self.slot_map.partition_of(to)), typing_channel(self.slot_map.partition_of(sender))}
+        self._typing.append((sorted(channels), f"{self.id}/{origin} {sender} {to} {state}"))
+        self._typing_ready.set()
+
+    async def watch(self, conn: Watcher, users: list[str]) -> bytes:
+        """Replaces ``conn``'s watch list; returns the snapshot frame. Changes reach ``conn`` from now on."""
+        if not self.presence:
+            raise Unavailable("presence_disabled", "presence is turned off on this server")
+        if not self.healthy:
+            raise Unavailable("signals_unavailable", "presence is unavailable: the daemon cannot reach Redis")
+        kept = list(self.watchers.watch(conn, users))
+        # MySQL first, Redis last, and the frame out with no wait after Redis: a change
+        # published after that read reaches the client after this snapshot.
+        rows = {} if self._engine is None or not kept else await self._mysql(presence_sql.rows_of, kept)
+        try:
+            online = await self.store.online(kept)
+        except REDIS_ERRORS:
+            self._away()
+            raise Unavailable("signals_unavailable", "presence is unavailable: the daemon cannot reach Redis") from None
+        return orjson.dumps({"type": "presence", "users": presence_sql.view(kept, online, rows)})
+
+    def _change(self, user: str, last_seen: int | None) -> None:
+        self._changes.append((user, last_seen))
+        self._changes_ready.set()
+
+    # --- running -----------------------------------------------------------------
+    async def run(self) -> None:
+        """For the life of the daemon: none of these ends but by cancellation."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._listen(), name="signals_listen")
+            group.create_task(self._publish(), name="signals_publish")
+            group.create_task(self._flush(), name="signals_flush")
+            group.create_task(self._tick(), name="signals_tick")
+
+    async def close(self) -> None:
+        self._threads.close()
+        await self.store.close()
+        await self._listener.aclose()
+
+    def _away(self) -> None:
+        if self.healthy:
+            log.warning("event=redis_unreachable action=signals_off")
+        self.healthy = False
+        self._resync = True
+
+    def _back(self) -> None:
+        if not self.healthy:
+            log.info("event=redis_reachable")
+        self.healthy = True
+
+    async def _listen(self) -> None:
+        channels = [typing_channel(p) for p in sorted(self.hubs.by_partition)]
+        if self.presence:
+            channels.append(PRESENCE_CHANNEL)
+        while True:
+            pubsub = self._listener.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(*channels)
+                while True:
+                    message = await pubsub.get_message(timeout=HEARTBEAT_SECONDS)
+                    if message is not None:
+                        self._received(message["channel"], message["data"])
+            except REDIS_ERRORS:
+                self._away()
+            finally:
+                await pubsub.aclose()
+            await self._sleep(1.0)
+
+    def _received(self, channel: bytes, data: bytes) -> None:
+        words = data.decode().split()
+        if channel == PRESENCE_CHANNEL.encode():
+            frame = presence_frame(words)
+            if frame is None:
+                return
+            for conn in self.watchers.of(words[1]):
+                conn.signal(frame)
+            metrics.SIGNALS.labels("presence", "received").inc()
+            return
+        if len(words) != 4:
+            return
+        origin, sender, to, state = words
+        partition = int(channel.rsplit(b":", 1)[1])
+        daemon, _, sink = origin.rpartition("/")
+        skip = int(sink) if daemon == self.id and sink.isdigit() else None
+        frame = orjson.dumps({"type": "typing", "from": sender, "to": to, "state": state,
+                              "ttl": self.settings.typing_ttl_seconds})
+        hub = self.hubs.by_partition.get(partition)
+        if hub is None:
+            return
+        partition_of = self.slot_map.partition_of
+        sent = 0
+        if partition_of(to) == partition:
+            sent += hub.signal(to, frame)
+        if partition_of(sender) == partition and sender != to:
+            sent += hub.signal(sender, frame, skip)
+        metrics.SIGNALS.labels("typing", "received").inc()
+        metrics.SIGNAL_FRAMES.inc(sent)
+
+    async def _publish(self) -> None:
+        queue = self._typing
+        while True:
+            await self._typing_ready.wait()
+            self._typing_ready.clear()
+            while queue:
+                batch = [queue.popleft() for _ in range(min(len(queue), CHANGES_BATCH))]
+                try:
+                    async with self.store.client.pipeline(transaction=False) as pipe:
+                        for channels, payload in batch:
+                            for channel in channels:
+                                pipe.publish(channel, payload)
+                        await pipe.execute()
+                    metrics.SIGNALS.labels("typing", "published").inc(len(batch))
+                except REDIS_ERRORS:
+                    self._away()
+                    metrics.SIGNALS.labels("typing", "dropped").inc(len(batch))
+
+    async def _flush(self) -> None:
+        """Announcements and withdrawals, in the order they happened, a batch per round trip. After
+        Redis was away, what it holds for this daemon is made what the tracker holds instead."""
+        queue = self._changes
+        while True:
+            await self._changes_ready.wait()
+            self._changes_ready.clear()
+            try:
+                if self._resync:
+                    queue.clear()  # the resync puts every user right
+                    await self._reconcile()
+                    self._resync = False
+                while queue:
+                    batch = [queue.popleft() for _ in range(min(len(queue), CHANGES_BATCH))]
+                    self._went_offline(batch, await self.store.apply(self.id, batch))
+                self._back()
+            except REDIS_ERRORS:
+                self._away()
+
+    async def _reconcile(self) -> None:
+        held = self.tracker.held()
+        listed = await self.store.users_of(self.id)
+        now = self._wall_ms()
+        changes: list[tuple[str, int | None]] = [(u, None) for u in held]  # idempotent: SADD
+        changes += [(u, now) for u in listed - held]
+        for start in range(0, len(changes), CHANGES_BATCH):
+            batch = changes[start:start + CHANGES_BATCH]
+            self._went_offline(batch, await self.store.apply(self.id, batch))
+        log.info("event=presence_resync daemon=%s users=%d withdrawn=%d", self.id, len(held), len(listed - held))
+
+    def _went_offline(self, batch: list[tuple[str, int | None]], results: list[int]) -> None:
+        for (user, last_seen), changed in zip(batch, results, strict=True):
+            if last_seen is not None and changed:
+                self._seen[user] = max(self._seen.get(user, 0), last_seen)
+
+    async def _tick(self) -> None:
+        next_beat = next_store = 0.0
+        while True:
+            now = self._clock()
+            if self.presence:
+                for user, last_seen in self.tracker.due(now):
+                    self._change(user, last_seen)
+            if now >= next_beat:
+                next_beat = now + HEARTBEAT_SECONDS
+                await self._beat()
+            if now >= next_store and self._seen:
+                next_store = now + STORE_SECONDS
+                await self._store_seen()
+            await self._sleep(TICK_SECONDS)
+
+    async def _beat(self) -> None:
+        try:
+            had, _now = await self.store.heartbeat(self.id)
+            if not self.presence:
+                self._back()
+                return
+            if not await self.store.hidden_loaded():
+                await self._load_hidden()
+            if not had:
+                self._resync = True  # Redis lost this daemon (restarted, or swept it after a long pause)
+            if self._resync:
+                self._changes_ready.set()
+            for _ in range(SWEEPS_PER_TICK):
+                swept = await self.store.sweep(round(self.settings.presence_daemon_timeout_seconds * 1000))
+                if swept is None:
+                    break
+                dead, last_seen, gone = swept
+                for user in gone:
+                    self._seen[user] = max(self._seen.get(user, 0), last_seen)
+                if gone:
+                    log.info("event=presence_swept daemon=%s offline=%d", dead, len(gone))
+            if not self._resync:
+                self._back()
+        except REDIS_ERRORS:
+            self._away()
+
+    async def _mysql(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(connection, *args)`` in one transaction, on this shell's own thread."""
+        engine = self._engine
+        assert engine is not None
+
+        def run() -> T:
+            with engine.begin() as conn:
+                return fn(conn, *args)
+
+        return await self._threads.run(run)
+
+    async def _load_hidden(self) -> None:
+        if self._engine is None:
+            await self.store.load_hidden([])
+            return
+        try:
+            users = await self._mysql(presence_sql.hidden_users)
+        except SQLAlchemyError:
+            log.warning("event=hidden_users_unread action=retry")  # nothing is published until they are loaded
+            return
+        await self.store.load_hidden(users)
+
+    async def _store_seen(self) -> None:
+        seen, self._seen = self._seen, {}
+        if self._engine is None:
+            return
+        try:
+            await self._mysql(presence_sql.store_last_seen, seen)
+        except SQLAlchemyError:
+            log.warning("event=last_seen_unstored users=%d action=retry", len(seen))
+            for user, ms in seen.items():  # kept for the next try: one entry per user, so bounded by them
+                self._seen[user] = max(self._seen.get(user, 0), ms)
