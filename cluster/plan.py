@@ -1,7 +1,7 @@
 """The cluster's namespaces, links, addresses and ports: a pure plan, made before anything is created.
 
 One bridge in the root namespace joins a veth pair per namespace: the
-database namespace (MariaDB, FerretDB, Toxiproxy), the application hosts and
+database namespace (MariaDB, FerretDB, Redis, Toxiproxy), the application hosts and
 the edge (nginx). The root namespace keeps the bridge's own address, so the
 bench and a user's curl reach every namespace without entering one.
 """
@@ -18,8 +18,10 @@ NAMESPACE_PATTERN = re.compile(rf"^{PREFIX}(db|edge|h\d+)$")
 BRIDGE = "chatbr0"
 VETH_PREFIX = "chv-"  # root-side ends; the namespace end is renamed eth0 inside it
 
-MYSQL_PORT, MONGO_PORT, TOXIPROXY_API_PORT = 3306, 27017, 8474
-MYSQL_PROXY_BASE, MONGO_PROXY_BASE = 3310, 27110  # + host number: host 1's proxies are 3311 and 27111
+MYSQL_PORT, MONGO_PORT, REDIS_PORT, TOXIPROXY_API_PORT = 3306, 27017, 6379, 8474
+# + host number: host 1's proxies are 3311, 27111 and 6311
+MYSQL_PROXY_BASE, MONGO_PROXY_BASE, REDIS_PROXY_BASE = 3310, 27110, 6310
+DATABASES = ("mysql", "mongo", "redis")  # a host's links, each behind a proxy of its own
 API_PORT, DAEMON_PORT_BASE = 8000, 8100  # daemon d of a host listens on 8100 + d
 API_METRICS_PORT, WRITER_METRICS_PORT, RELAY_METRICS_PORT, DAEMON_METRICS_BASE = 9000, 9200, 9300, 9100
 EDGE_PORT = 80
@@ -41,11 +43,11 @@ class Member:
 
 @dataclass(frozen=True)
 class Proxy:
-    """One Toxiproxy proxy: a host's own link to one database."""
+    """One Toxiproxy proxy: a host's own link to one database (Redis, the signals' carrier, counts as one)."""
 
     name: str
     host: str  # the application namespace that uses it
-    database: str  # "mysql" | "mongo"
+    database: str  # one of DATABASES
     listen: str  # address:port in the database namespace
     upstream: str
 
@@ -69,12 +71,14 @@ class Plan:
         return [m.namespace for m in self.members]
 
     def proxies(self) -> list[Proxy]:
+        ports = {"mysql": (MYSQL_PROXY_BASE, MYSQL_PORT), "mongo": (MONGO_PROXY_BASE, MONGO_PORT),
+                 "redis": (REDIS_PROXY_BASE, REDIS_PORT)}
         out = []
         for number, host in enumerate(self.hosts, start=1):
-            out.append(Proxy(f"{host.namespace}-mysql", host.namespace, "mysql",
-                             f"{self.db.address}:{MYSQL_PROXY_BASE + number}", f"{self.db.address}:{MYSQL_PORT}"))
-            out.append(Proxy(f"{host.namespace}-mongo", host.namespace, "mongo",
-                             f"{self.db.address}:{MONGO_PROXY_BASE + number}", f"{self.db.address}:{MONGO_PORT}"))
+            for database in DATABASES:
+                base, port = ports[database]
+                out.append(Proxy(f"{host.namespace}-{database}", host.namespace, database,
+                                 f"{self.db.address}:{base + number}", f"{self.db.address}:{port}"))
         return out
 
     def proxy(self, host: str, database: str) -> Proxy:

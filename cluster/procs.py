@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROLES = ("api", "writer", "relay", "daemon", "mysql", "ferretdb", "toxiproxy", "nginx")
+ROLES = ("api", "writer", "relay", "daemon", "mysql", "ferretdb", "redis", "toxiproxy", "nginx")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -21,6 +21,8 @@ def role_of(cmdline: list[str]) -> str | None:
         return "mysql"
     if exe == "ferretdb":
         return "ferretdb"
+    if exe.startswith("redis-server"):  # it rewrites its title: "/usr/bin/redis-server 10.213.0.2:6379"
+        return "redis"
     if exe == "toxiproxy-server":
         return "toxiproxy"
     if exe == "nginx" or exe.startswith("nginx:"):

@@ -1,7 +1,7 @@
 """One application host's supervisord.conf: the repo's supervisord.conf structure
 (writer, api, relay, daemons, in that start order) without the databases,
 every process configured through CHAT_* settings that point at the host's
-own Toxiproxy links to MySQL and Mongo."""
+own Toxiproxy links to MySQL, Mongo and Redis."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Brings the cluster up and down: databases and Toxiproxy in chat-db, one
+"""Brings the cluster up and down: databases, Redis and Toxiproxy in chat-db, one
 supervisord per application host, nginx in chat-edge.
 
 ``Cluster`` is a context manager: leaving it, on success, error or Ctrl-C,
@@ -26,7 +26,16 @@ from chat.settings import Settings
 from chatctl.partitions import grow
 from cluster import netns, nginx_conf, supervisor_conf
 from cluster.partitions import Daemon, assign
-from cluster.plan import API_PORT, DAEMON_PORT_BASE, EDGE_PORT, MONGO_PORT, MYSQL_PORT, TOXIPROXY_API_PORT, Plan
+from cluster.plan import (
+    API_PORT,
+    DAEMON_PORT_BASE,
+    EDGE_PORT,
+    MONGO_PORT,
+    MYSQL_PORT,
+    REDIS_PORT,
+    TOXIPROXY_API_PORT,
+    Plan,
+)
 from cluster.toxiproxy import Toxiproxy
 from db.partition_map import load_slot_map
 from harness.servers import FERRETDB, FERRETDB_GC, ferretdb_command, wait_port
@@ -36,6 +45,7 @@ log = logging.getLogger("chat.cluster")
 ROOT = Path(__file__).resolve().parent.parent
 TOXIPROXY = ROOT / ".cache/toxiproxy/bin/toxiproxy-server"
 NGINX = Path("/usr/sbin/nginx")
+REDIS = Path("/usr/bin/redis-server")
 MYSQL_USER = "chat"
 
 
@@ -54,7 +64,7 @@ class Cluster:
     # ---- life cycle --------------------------------------------------------------
     def __enter__(self) -> Cluster:
         netns.require_root()
-        for path in (TOXIPROXY, FERRETDB, NGINX):
+        for path in (TOXIPROXY, FERRETDB, NGINX, REDIS):
             if not path.exists():
                 raise SystemExit(f"cluster: {path} is missing (make cluster installs it; or scripts/bootstrap.sh)")
         left = netns.teardown()
@@ -98,8 +108,9 @@ class Cluster:
     # ---- databases -----------------------------------------------------------------
     def _start_databases(self) -> None:
         db = self.plan.db.address
-        mysql_dir, ferret_dir = self.state / "db/mysql", self.state / "db/ferretdb"
+        mysql_dir, ferret_dir, redis_dir = self.state / "db/mysql", self.state / "db/ferretdb", self.state / "db/redis"
         ferret_dir.mkdir(parents=True)
+        redis_dir.mkdir(parents=True)
         # its own tmpdir: a starting mariadbd deletes every #sql* file in its
         # tmpdir, which in a shared /tmp are another server's live temporary tables
         (mysql_dir / "tmp").mkdir(parents=True)
@@ -116,10 +127,17 @@ class Cluster:
         command = ferretdb_command(ferret_dir, MONGO_PORT)
         command = [f"--listen-addr={db}:{MONGO_PORT}" if a.startswith("--listen-addr=") else a for a in command]
         ferret = self._spawn("ferretdb", self.plan.db.namespace, command, {**os.environ, **FERRETDB_GC})
+        # Typing and presence (docs/presence.md): nothing in it is kept, so no snapshot and no
+        # append log. Protected mode would refuse every client that is not on loopback, and the
+        # hosts come through Toxiproxy from the namespace's own address.
+        redis = self._spawn("redis", self.plan.db.namespace, [
+            str(REDIS), "--bind", db, "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no",
+            "--protected-mode", "no", "--dir", str(redis_dir)])
         toxi = self._spawn("toxiproxy", self.plan.db.namespace,
                            [str(TOXIPROXY), "-host", db, "-port", str(TOXIPROXY_API_PORT)])
         wait_port(MYSQL_PORT, 60, mariadb, host=db)
         wait_port(MONGO_PORT, 30, ferret, host=db)
+        wait_port(REDIS_PORT, 20, redis, host=db)
         wait_port(TOXIPROXY_API_PORT, 15, toxi, host=db)
         root = create_engine(f"mysql+mysqldb://root@localhost/?unix_socket={socket_path}")
         with root.begin() as conn:
@@ -132,8 +150,8 @@ class Cluster:
         env = {**os.environ, "CHAT_MYSQL_URL": self.admin_mysql_url, "CHAT_MONGO_URL": self.admin_mongo_url}
         subprocess.run([sys.executable, "-m", "db.init"], env=env, cwd=ROOT, check=True, timeout=120,
                        capture_output=True)
-        log.info("event=cluster_databases mysql=%s:%d mongo=%s:%d toxiproxy=%s", db, MYSQL_PORT, db, MONGO_PORT,
-                 self.plan.toxiproxy_api)
+        log.info("event=cluster_databases mysql=%s:%d mongo=%s:%d redis=%s:%d toxiproxy=%s", db, MYSQL_PORT, db,
+                 MONGO_PORT, db, REDIS_PORT, self.plan.toxiproxy_api)
 
     def mysql_url(self, address: str, port: int) -> str:
         return f"mysql+mysqldb://{MYSQL_USER}:{self.mysql_password}@{address}:{port}/chat?charset=utf8mb4"
@@ -146,6 +164,11 @@ class Cluster:
     @property
     def admin_mongo_url(self) -> str:
         return f"mongodb://{self.plan.db.address}:{MONGO_PORT}/?directConnection=true"
+
+    @property
+    def admin_redis_url(self) -> str:
+        """Straight to Redis, past Toxiproxy."""
+        return f"redis://{self.plan.db.address}:{REDIS_PORT}/0"
 
     def grow_partitions(self, partitions: int) -> None:
         settings = Settings(mysql_url=self.admin_mysql_url, mongo_url=self.admin_mongo_url)
@@ -164,11 +187,12 @@ class Cluster:
 
     # ---- application hosts and the edge --------------------------------------------------
     def host_env(self, namespace: str) -> dict[str, str]:
-        mysql, mongo = self.plan.proxy(namespace, "mysql"), self.plan.proxy(namespace, "mongo")
-        address, port = mysql.listen.rsplit(":", 1)
-        maddress, mport = mongo.listen.rsplit(":", 1)
+        """Every store through the host's own Toxiproxy proxies."""
+        mysql = self.plan.proxy(namespace, "mysql").listen
+        address, port = mysql.rsplit(":", 1)
         return {"CHAT_MYSQL_URL": self.mysql_url(address, int(port)),
-                "CHAT_MONGO_URL": f"mongodb://{maddress}:{mport}/?directConnection=true",
+                "CHAT_MONGO_URL": f"mongodb://{self.plan.proxy(namespace, 'mongo').listen}/?directConnection=true",
+                "CHAT_REDIS_URL": f"redis://{self.plan.proxy(namespace, 'redis').listen}/0",
                 "CHAT_JWT_SECRET": self.secret, **self.extra_env}
 
     def start_hosts(self, partitions: int | None = None, wait: float = 90) -> None:
@@ -266,12 +290,12 @@ class Cluster:
                  f"    edge (nginx)   {p.edge.namespace:10} {p.edge_url}   /v1/messages -> APIs, /v1/ws /v1/poll "
                  "-> daemons (?partition=k)",
                  f"    databases      {p.db.namespace:10} MariaDB {p.db.address}:{MYSQL_PORT}  FerretDB "
-                 f"{p.db.address}:{MONGO_PORT}  Toxiproxy API {p.toxiproxy_api}"]
+                 f"{p.db.address}:{MONGO_PORT}  Redis {p.db.address}:{REDIS_PORT}  Toxiproxy API {p.toxiproxy_api}"]
         for h in p.hosts:
             daemons = "  ".join(f":{d.port}" for d in self.daemons if d.host == h.namespace)
             lines.append(f"    host           {h.namespace:10} {h.address}  api :{API_PORT}  daemons {daemons}  "
                          f"(MySQL via {p.proxy(h.namespace, 'mysql').listen}, Mongo via "
-                         f"{p.proxy(h.namespace, 'mongo').listen})")
+                         f"{p.proxy(h.namespace, 'mongo').listen}, Redis via {p.proxy(h.namespace, 'redis').listen})")
         lines += ["", "  Try it (the token secret is in var/cluster/secret):",
                   "    export CHAT_JWT_SECRET=$(cat var/cluster/secret)",
                   "    BOB=$(.venv/bin/chatctl token bob); ALICE=$(.venv/bin/chatctl token alice)",
@@ -280,7 +304,9 @@ class Cluster:
                   "-H \"Authorization: Bearer $BOB\" &",
                   f"    curl -s -X POST {p.edge_url}/v1/messages -H \"Authorization: Bearer $ALICE\" "
                   "-H 'Content-Type: application/json' -d '{\"to\": \"bob\", \"body\": \"hello\"}'",
-                  f"  Faults: curl -s -X POST {p.toxiproxy_api}/proxies/chat-h1-mysql -d '{{\"enabled\": false}}'",
+                  f"    curl -s \"{p.edge_url}/v1/presence?users=bob\" -H \"Authorization: Bearer $ALICE\"",
+                  f"  Faults: curl -s -X POST {p.toxiproxy_api}/proxies/chat-h1-mysql -d '{{\"enabled\": false}}' "
+                  "(and chat-h1-mongo, chat-h1-redis)",
                   f"  Logs: {self.state}/<namespace>/log, {self.state}/log"]
         return "\n".join(lines)
 

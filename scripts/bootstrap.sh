@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything `make run` and `make test` need, idempotently:
-# Debian packages, the venv with pinned deps, FerretDB 1.24 and the AsyncAPI parser.
+# Debian packages, the venv with pinned deps, FerretDB 1.24 and the AsyncAPI parser;
+# as root also Toxiproxy, for the cluster test (tests/e2e/test_cluster_signals.py).
 # A second run does no network work and returns in about a second.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
 need_pkgs=()
-for p in mariadb-server libmariadb-dev pkg-config apache2-utils build-essential nginx-light chromium redis-server; do
+for p in mariadb-server libmariadb-dev pkg-config apache2-utils build-essential nginx-light chromium redis-server iproute2; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 # Node.js runs the web client's pure tests and the AsyncAPI parser; Debian's if the machine has none.
@@ -31,3 +32,8 @@ fi
 
 scripts/install-ferretdb.sh
 scripts/install-asyncapi-parser.sh
+# The cluster test runs only as root (network namespaces) and is skipped otherwise:
+# only then is Toxiproxy built (with Go, about 25 s the first time; docs/cluster.md).
+if [ "$(id -u)" = 0 ]; then
+  scripts/cluster/install-toxiproxy.sh
+fi

@@ -34,11 +34,31 @@ def test_plan_names_and_addresses():
 def test_plan_has_a_proxy_per_host_and_database_on_distinct_ports():
     plan = make_plan(4)
     proxies = plan.proxies()
-    assert len(proxies) == 8
-    assert len({p.listen for p in proxies}) == 8 and len({p.name for p in proxies}) == 8
+    assert len(proxies) == 12  # MySQL, Mongo and Redis for each of 4 hosts
+    assert len({p.listen for p in proxies}) == 12 and len({p.name for p in proxies}) == 12
     h2 = plan.proxy("chat-h2", "mysql")
     assert (h2.name, h2.listen, h2.upstream) == ("chat-h2-mysql", "10.213.0.2:3312", "10.213.0.2:3306")
     assert plan.proxy("chat-h4", "mongo").upstream == "10.213.0.2:27017"
+    h3 = plan.proxy("chat-h3", "redis")
+    assert (h3.name, h3.listen, h3.upstream) == ("chat-h3-redis", "10.213.0.2:6313", "10.213.0.2:6379")
+    # no proxy listens on a database's own port, with the most hosts a plan has
+    largest = make_plan(20, "10.213.0.0/24")
+    listening = {int(p.listen.rsplit(":", 1)[1]) for p in largest.proxies()}
+    assert len(listening) == 60 and not listening & {3306, 27017, 6379, 8474}
+
+
+def test_every_host_reaches_every_store_through_its_own_proxies():
+    from cluster.up import Cluster  # builds nothing until entered
+
+    cluster = Cluster(make_plan(3), extra_env={"CHAT_PRESENCE_DAEMON_TIMEOUT_SECONDS": "4"})
+    env = cluster.host_env("chat-h2")
+    assert env["CHAT_MYSQL_URL"].startswith(f"mysql+mysqldb://chat:{cluster.mysql_password}@10.213.0.2:3312/chat")
+    assert env["CHAT_MONGO_URL"] == "mongodb://10.213.0.2:27112/?directConnection=true"
+    assert env["CHAT_REDIS_URL"] == "redis://10.213.0.2:6312/0"
+    assert env["CHAT_PRESENCE_DAEMON_TIMEOUT_SECONDS"] == "4"
+    assert cluster.admin_redis_url == "redis://10.213.0.2:6379/0"
+    banner = cluster.banner()
+    assert "Redis 10.213.0.2:6379" in banner and "Redis via 10.213.0.2:6311" in banner
 
 
 @pytest.mark.parametrize(("hosts", "subnet", "message"), [
@@ -198,7 +218,9 @@ def test_toxiproxy_bodies():
     body = toxiproxy.populate_body(plan.proxies())
     assert body[0] == {"name": "chat-h1-mysql", "listen": "10.213.0.2:3311", "upstream": "10.213.0.2:3306",
                        "enabled": True}
-    assert len(body) == 6
+    assert len(body) == 9
+    assert body[2] == {"name": "chat-h1-redis", "listen": "10.213.0.2:6311", "upstream": "10.213.0.2:6379",
+                       "enabled": True}
     assert toxiproxy.latency_body(2.4) == {"name": "rtt", "type": "latency", "stream": "downstream",
                                            "toxicity": 1.0, "attributes": {"latency": 2, "jitter": 0}}
     assert toxiproxy.enabled_body(False) == {"enabled": False}
@@ -213,6 +235,7 @@ def test_roles_and_cpu_from_proc():
     assert role_of(["mariadbd", "--no-defaults"]) == "mysql"
     assert role_of(["/x/.cache/ferretdb/bin/ferretdb", "--handler=sqlite"]) == "ferretdb"
     assert role_of(["nginx: worker process"]) == "nginx"
+    assert role_of(["/usr/bin/redis-server 10.213.0.2:6379"]) == "redis"  # the title it gives itself
     assert role_of(["/repo/.venv/bin/python", "/repo/.venv/bin/supervisord", "-n"]) is None
     stat = "4242 (python (x) y) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 1"
     assert cpu_ticks_from_stat(stat) == 175

@@ -97,7 +97,8 @@ def test_compose_says_it_is_untested():
 
 
 def test_compose_has_the_services(compose):
-    assert {"mongo1", "mongo2", "mongo3", "mongo-init", "mariadb", "migrate", "app"} <= set(compose["services"])
+    services = {"mongo1", "mongo2", "mongo3", "mongo-init", "mariadb", "redis", "migrate", "app"}
+    assert services <= set(compose["services"])
 
 
 def test_compose_three_mongo_members_form_rs0(compose):
@@ -133,7 +134,7 @@ def test_compose_one_shots_run_in_order(compose):
     assert tokens(services["migrate"]["command"])[-2:] == ["-m", "db.init"]
     assert depends_on(services["migrate"]) == {"mariadb": "service_healthy",
                                               "mongo-init": "service_completed_successfully"}
-    assert depends_on(services["app"]) == {"migrate": "service_completed_successfully"}
+    assert depends_on(services["app"]) == {"migrate": "service_completed_successfully", "redis": "service_healthy"}
     assert services["mariadb"]["image"] == "mariadb:10.11"
     assert services["mariadb"]["environment"]["MARIADB_DATABASE"] == "chat"
 
@@ -149,6 +150,14 @@ def test_compose_app(compose):
     # Longer than both supervisord groups' stop (daemons, then API).
     grace = int(str(app["stop_grace_period"]).rstrip("s"))
     assert grace > sum(stopwaitsecs(supervisord_config()).values())
+
+
+def test_compose_redis_keeps_nothing_and_every_process_reaches_it(compose):
+    redis = compose["services"]["redis"]
+    args = tokens(redis["command"])
+    assert args[0] == "redis-server" and "healthcheck" in redis
+    assert args[args.index("--save") + 1] == "" and args[args.index("--appendonly") + 1] == "no"
+    assert compose["services"]["app"]["environment"]["CHAT_REDIS_URL"] == "redis://redis:6379/0"
 
 
 def test_compose_mongo_urls_follow_the_read_concern_rule(compose):
@@ -545,6 +554,7 @@ def test_env_example_is_valid_settings(monkeypatch):
     assert settings.public_daemon_url == "https://chat.example.com"  # the page reaches the daemons via nginx
     assert settings.dev_login is False
     assert settings.api_host == settings.daemon_host == "0.0.0.0"
+    assert settings.redis_url.get_secret_value().startswith("redis://:")  # typing and presence, with a password
     check_mongo_urls(values["CHAT_MONGO_URL"], values["CHAT_DAEMON_MONGO_URL"])
 
 
