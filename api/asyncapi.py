@@ -2,7 +2,8 @@
 
 OpenAPI describes the write API; this describes every frame a daemon sends
 (messages, and the events of docs/receipts.md: edits, deletes, read markers,
-delivery receipts) and every frame it accepts (``auth``, ``ack``, ``read``),
+delivery receipts; the signals of docs/presence.md: typing and presence) and
+every frame it accepts (``auth``, ``ack``, ``read``, ``typing``, ``watch``),
 and the close codes, so that a client can be
 generated from it or checked against it. The close codes come from
 ``chat.errors.CloseCode`` and the limits from the settings, not written out a
@@ -25,9 +26,9 @@ CLOSE_MEANINGS: dict[CloseCode, str] = {
     CloseCode.PROTOCOL_ERROR: "Protocol error: an unmasked frame, reserved bits or opcodes, a bad control frame, "
                               "a continuation with nothing to continue, a new message inside a fragmented one, "
                               "an invalid close code.",
-    CloseCode.INVALID_DATA: "Text, or a close reason, that is not UTF-8; or a client frame that is not a JSON "
-                            "object of a documented `type` (`auth`, `ack`, `read`) with its fields of the right "
-                            "types: the reason says what is wrong.",
+    CloseCode.INVALID_DATA: "Text, or a close reason, that is not UTF-8; or a client frame of a documented `type` "
+                            "(`auth`, `ack`, `read`, `typing`, `watch`) without its fields of the right types, or "
+                            "with others: the reason says what is wrong.",
     CloseCode.POLICY: "Too many inbound frames (CHAT_WS_MAX_FRAMES_PER_SECOND).",
     CloseCode.TOO_BIG: "An inbound frame over CHAT_WS_MAX_FRAME_BYTES.",
     CloseCode.SERVER_ERROR: "Server error: reconnect with `since`.",
@@ -65,9 +66,17 @@ DEFAULT_DEVICE = "default"
 # digits, as the API's ids.
 ID_MAX, ID_DIGITS = 2**63 - 1, 19
 _UPTO = {"type": "string", "maxLength": ID_DIGITS, "pattern": decimal_pattern(1, ID_MAX, ID_DIGITS)}
-# The codes of an `error` frame: a refused `ack` or `read` (docs/receipts.md, "Errors").
+# The codes of an `error` frame: a refused `ack` or `read` (docs/receipts.md, "Errors"), a refused `typing` or
+# `watch`, or a frame of a `type` the daemon does not know (docs/presence.md, "What the client may send wrong").
 ERROR_FRAME_CODES = ("message_not_found", "not_in_conversation", "past_newest", "message_deleted",
-                     "writer_unavailable")
+                     "writer_unavailable", "watch_too_many", "unknown_type", "signals_unavailable",
+                     "presence_disabled", "server_error")
+# The client frames an `error` frame may name besides an unknown type's, which it names as it came.
+REFUSED_FRAMES = ("ack", "read", "typing", "watch")
+TYPING_STATES = ("start", "stop")
+_LAST_SEEN = {**_CREATED_AT, "type": ["string", "null"],
+              "description": "When the user's last connection ended (UTC, millisecond precision); null while "
+                             "online, for a user never seen, and for a hidden one."}
 
 
 def _frame(kind: str, description: str, fields: dict[str, dict], optional: dict[str, dict] | None = None) -> dict:
@@ -115,10 +124,43 @@ def _event_schemas(body_max_chars: int) -> dict[str, dict]:
     }
 
 
+def _signal(kind: str, description: str, fields: dict[str, dict]) -> dict:
+    """The schema of a signal a daemon sends (docs/presence.md): every field required, no id and no cursor (a
+    signal has no place in the stream: it is never resumed, never in a catch-up)."""
+    return {"type": "object", "description": description, "required": ["type", *fields],
+            "additionalProperties": False, "properties": {"type": {"const": kind}, **fields}}
+
+
+def _signal_schemas(settings: Settings) -> dict[str, dict]:
+    """Typing and presence, as daemons send them (docs/presence.md)."""
+    online = {"type": "boolean", "description": "At least one live WebSocket or waiting long-poll, anywhere."}
+    user_presence: dict[str, dict] = {"user": _USER, "online": online, "last_seen": _LAST_SEEN}
+    online_has_no_last_seen: dict[str, dict] = {
+        "if": {"properties": {"online": {"const": True}}, "required": ["online"]},
+        "then": {"properties": {"last_seen": {"type": "null"}}}}
+    entry: dict[str, object] = {"type": "object", "required": list(user_presence), "additionalProperties": False,
+                                "properties": user_presence, **online_has_no_last_seen}
+    return {
+        "Typing": _signal("typing", "`from` is typing to `to` (`start`): show it for `ttl` seconds unless another "
+                                    "`start` refreshes it; or stopped (`stop`): hide it at once. Sent to `to`'s "
+                                    "live connections and to `from`'s other ones.",
+                          {"from": _USER, "to": _USER, "state": {"enum": list(TYPING_STATES)},
+                           "ttl": {"type": "number", "exclusiveMinimum": 0,
+                                   "description": "Seconds a `start` shows for (CHAT_TYPING_TTL_SECONDS)."}}),
+        "PresenceSnapshot": _signal("presence", "The answer to a `watch`: each watched user's presence now.",
+                                    {"users": {"type": "array", "items": entry,
+                                               "maxItems": settings.presence_watch_max}}),
+        "PresenceChange": {**_signal("presence", "A watched user came online, or went offline (after "
+                                                 "CHAT_PRESENCE_GRACE_SECONDS with no connection, or on hiding).",
+                                     user_presence), **online_has_no_last_seen},
+    }
+
+
 def schemas(settings: Settings) -> dict[str, dict]:
     """The JSON Schemas (AsyncAPI's schema format, a superset of draft 7) of every frame, by name."""
     message = _message_schema(settings.body_max_chars)
     events = _event_schemas(settings.body_max_chars)
+    signals = _signal_schemas(settings)
     return {
         "Hello": {
             "type": "object",
@@ -136,6 +178,7 @@ def schemas(settings: Settings) -> dict[str, dict]:
         },
         "Message": message,
         **events,
+        **signals,
         "ErrorFrame": {
             "type": "object",
             "required": ["type", "code", "message", "frame"],
@@ -144,11 +187,19 @@ def schemas(settings: Settings) -> dict[str, dict]:
                 "type": {"const": "error"},
                 "code": {"enum": list(ERROR_FRAME_CODES)},
                 "message": {"type": "string"},
-                "frame": {"enum": ["ack", "read"], "description": "The `type` of the client frame refused."},
+                "frame": {"type": "string", "description": "The `type` of the client frame refused."},
             },
-            "description": "A refused `ack` or `read` (docs/receipts.md, \"Errors\"); the socket stays open. "
-                           "Success has no answer: a `read` arrives on the stream, as on the user's other "
-                           "devices.",
+            # `unknown_type` names the type as the client sent it; every other code, a frame the daemon takes.
+            "if": {"properties": {"code": {"not": {"const": "unknown_type"}}}},
+            "then": {"properties": {"frame": {"enum": list(REFUSED_FRAMES)}}},
+            "description": "A refused `ack` or `read` (docs/receipts.md, \"Errors\"), a refused `typing` or "
+                           "`watch` (`watch_too_many`: the list is unchanged; `signals_unavailable`: Redis is "
+                           "away or not configured; `presence_disabled`: a `watch` where "
+                           "CHAT_PRESENCE_ENABLED=false), a JSON object of a `type` the daemon does not know "
+                           "(`unknown_type`), or a frame the daemon failed on (`server_error`: send it again); "
+                           "the socket stays open. Success has no answer: a `read` arrives on "
+                           "the stream, as on the user's other devices; a `watch` is answered by a presence "
+                           "snapshot.",
         },
         "Auth": {
             "type": "object",
@@ -177,14 +228,41 @@ def schemas(settings: Settings) -> dict[str, dict]:
                            "`upto`. A newer marker for the same peer replaces one still waiting; no answer but "
                            "the `read` event on the stream, or a refusal (`error`).",
         },
+        "TypingNotice": {
+            "type": "object",
+            "required": ["type", "to"],
+            "additionalProperties": False,
+            "properties": {"type": {"const": "typing"},
+                           "to": {"type": "string", "pattern": pattern(USER_ID), "description": "The peer."},
+                           "state": {"enum": list(TYPING_STATES), "default": "start"}},
+            "description": "The user is typing to `to` (`start`; send it again about every 2-3 s while typing) "
+                           "or stopped (`stop`). A second `start` to the same peer within a second of the last "
+                           "is dropped; a `stop` always passes. No answer but a refusal (`error`).",
+        },
+        "Watch": {
+            "type": "object",
+            "required": ["type", "users"],
+            "additionalProperties": False,
+            "properties": {"type": {"const": "watch"},
+                           "users": {"type": "array", "items": {"type": "string", "pattern": pattern(USER_ID)},
+                                     "maxItems": settings.presence_watch_max,
+                                     "description": "Replaces the connection's list; `[]` clears it. Over "
+                                                    "CHAT_PRESENCE_WATCH_MAX users: an `error` "
+                                                    "`watch_too_many`, and the list stays as it was."}},
+            "description": "The users whose presence this connection follows: answered by a snapshot, then a "
+                           "change frame as each of them comes or goes.",
+        },
         "PollAnswer": {
             "type": "object",
-            "required": ["messages", "cursor", "recovered", "unread"],
+            "required": ["messages", "cursor", "recovered", "unread", "signals"],
             "additionalProperties": False,
             "properties": {
                 "messages": {"type": "array", "items": {"oneOf": [message, *events.values()]},
                              "maxItems": settings.poll_max_messages,
                              "description": "Messages and events, in stream order."},
+                "signals": {"type": "array", "items": signals["Typing"],
+                            "description": "The typing events that came while the poll waited (a poll that is "
+                                           "not waiting misses them, as a closed socket does)."},
                 "cursor": _CURSOR,
                 "recovered": {"type": "boolean"},
                 "unread": _UNREAD,
@@ -203,8 +281,10 @@ def schemas(settings: Settings) -> dict[str, dict]:
 
 # The channel message of each frame a daemon sends on /v1/ws, and of each it accepts.
 _WS_SENT = {"hello": "Hello", "message": "Message", "edit": "Edit", "delete": "Delete", "read": "Read",
-            "delivered": "Delivered", "error": "ErrorFrame"}
-_WS_RECEIVED = {"auth": "Auth", "ack": "Ack", "readMarker": "ReadMarker"}
+            "delivered": "Delivered", "error": "ErrorFrame", "typing": "Typing",
+            "presenceSnapshot": "PresenceSnapshot", "presenceChange": "PresenceChange"}
+_WS_RECEIVED = {"auth": "Auth", "ack": "Ack", "readMarker": "ReadMarker", "typingNotice": "TypingNotice",
+                "watch": "Watch"}
 
 
 def document(settings: Settings) -> dict:
@@ -225,7 +305,8 @@ def document(settings: Settings) -> dict:
             "description": "Every message addressed to or sent by a user, and every event of the user's "
                            "conversations (edits, deletes, read markers, delivery receipts: rows of the same "
                            "stream), pushed to each of the user's connections once, in order, resumable with "
-                           "`since`.",
+                           "`since`; and the signals (typing, and the presence of the users a connection "
+                           "watches), live only: never stored, never resumed.",
         },
         "defaultContentType": "application/json",
         "servers": {
@@ -236,9 +317,10 @@ def document(settings: Settings) -> dict:
             "ws": {
                 "address": "/v1/ws",
                 "description": "A WebSocket. Authorization: Bearer <jwt>, or an `auth` frame first. After the "
-                               "hello the client may send `ack` and `read` frames; one of these with a field "
-                               "missing, extra or of the wrong type is closed with 1007; other data is checked "
-                               "(framing, UTF-8, rate) and dropped.",
+                               "hello the client may send `ack`, `read`, `typing` and `watch` frames; one of these "
+                               "with a field missing, extra or of the wrong type is closed with 1007; a JSON "
+                               "object of another `type` gets an `error` frame (`unknown_type`); other data is "
+                               "checked (framing, UTF-8, rate) and dropped.",
                 "messages": {key: {"$ref": f"#/components/messages/{name}"}
                              for key, name in {**_WS_SENT, **_WS_RECEIVED}.items()},
                 "bindings": {"ws": {"method": "GET", "query": {
@@ -272,8 +354,17 @@ def document(settings: Settings) -> dict:
                                      "and deduplicated as they are.",
                           "messages": ws("edit", "delete", "read", "delivered")},
             "sendError": {"action": "send", "channel": {"$ref": "#/channels/ws"},
-                          "summary": "A refused `ack` or `read`; the socket stays open.",
+                          "summary": "A refused `ack`, `read`, `typing` or `watch`, or a frame of an unknown "
+                                     "`type`; the socket stays open.",
                           "messages": ws("error")},
+            "sendTyping": {"action": "send", "channel": {"$ref": "#/channels/ws"},
+                           "summary": "Someone is typing to the user, or the user is on another connection: live "
+                                      "connections only, never in a catch-up.",
+                           "messages": ws("typing")},
+            "sendPresence": {"action": "send", "channel": {"$ref": "#/channels/ws"},
+                             "summary": "The presence of the users this connection watches: a snapshot after each "
+                                        "`watch`, then each change.",
+                             "messages": ws("presenceSnapshot", "presenceChange")},
             "receiveAuth": {"action": "receive", "channel": {"$ref": "#/channels/ws"},
                             "summary": "The token, from a client that cannot send headers.",
                             "messages": ws("auth")},
@@ -283,9 +374,15 @@ def document(settings: Settings) -> dict:
             "receiveRead": {"action": "receive", "channel": {"$ref": "#/channels/ws"},
                             "summary": "The user's read marker in one conversation.",
                             "messages": ws("readMarker")},
+            "receiveTyping": {"action": "receive", "channel": {"$ref": "#/channels/ws"},
+                              "summary": "The user is typing to a peer, or stopped.",
+                              "messages": ws("typingNotice")},
+            "receiveWatch": {"action": "receive", "channel": {"$ref": "#/channels/ws"},
+                             "summary": "The users whose presence this connection follows.",
+                             "messages": ws("watch")},
             "answerPoll": {"action": "send", "channel": {"$ref": "#/channels/poll"},
-                           "summary": "The messages and events after `since`, the next cursor, the unread "
-                                      "count, or an error.",
+                           "summary": "The messages and events after `since`, the typing signals that came "
+                                      "while it waited, the next cursor, the unread count, or an error.",
                            "messages": [{"$ref": "#/channels/poll/messages/answer"},
                                         {"$ref": "#/channels/poll/messages/error"}]},
         },

@@ -48,6 +48,16 @@ def decimal_pattern(lo: int, hi: int, digits: int) -> str:
     return f"^(?:{'|'.join(forms)})$"
 
 
+TYPING_STATES = ("start", "stop")
+
+
+def user_list_pattern(regex: re.Pattern[str], most: int) -> str:
+    """A JSON Schema pattern for 1 to ``most`` values of ``regex`` joined by commas, as
+    ``api.validation.parse_presence_users`` reads them: empty items (``a,,b``, a comma at either end)
+    are skipped. (It counts a repeated value once; the pattern counts each.)"""
+    return f"^,*(?:{regex.pattern})(?:,+(?:{regex.pattern})){{0,{most - 1}}},*$"
+
+
 def _json(schema: dict) -> dict:
     return {"application/json": {"schema": schema}}
 
@@ -121,6 +131,8 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
     devices_max = Settings.model_fields["push_devices_max"].default
     past = ("past the newest id of the caller's stream (past_newest); else valid JSON of the wrong shape, `field` "
             "naming the field")
+    redis_away = "Redis, which carries the signals, does not answer or is not configured (signals_unavailable)"
+    presence_disabled = _err("Presence is off on this server (CHAT_PRESENCE_ENABLED=false)", "presence_disabled")
     return {
         "openapi": "3.1.0",
         "info": {"title": "chat-delivery write API", "version": "1"},
@@ -308,6 +320,40 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                     "properties": {"devices": {"type": "array", "items": _DEVICE, "description":
                                                f"Oldest registration first; at most CHAT_PUSH_DEVICES_MAX "
                                                f"({devices_max} by default)"}},
+                },
+                "TypingNotice": {
+                    "type": "object", "additionalProperties": False, "required": ["to"],
+                    "properties": {
+                        "to": {**user_id, "description": "The peer the caller is typing to"},
+                        "state": {"enum": list(TYPING_STATES), "default": "start",
+                                  "description": "`start` (again about every 2-3 s while typing) or `stop`"},
+                    },
+                },
+                "TypingAnswer": {
+                    "type": "object", "required": ["sent"],
+                    "properties": {"sent": {"type": "boolean", "description": "false: a `start` within a second "
+                                                                              "of the caller's last one to this "
+                                                                              "peer, dropped"}},
+                },
+                "Presence": {
+                    "type": "object", "required": ["users"],
+                    "properties": {"users": {"type": "array", "maxItems": rules.PRESENCE_USERS_MAX, "items": {
+                        "type": "object", "required": ["user", "online", "last_seen"],
+                        "properties": {
+                            "user": user_id,
+                            "online": {"type": "boolean", "description": "At least one live WebSocket or waiting "
+                                                                         "long-poll, on any daemon of any host"},
+                            "last_seen": {"type": ["string", "null"], "format": "date-time",
+                                          "description": "When the user's last connection ended; null while "
+                                                         "online, for a user never seen, and for a hidden one"},
+                        },
+                    }}},
+                },
+                "PresenceSettings": {
+                    "type": "object", "additionalProperties": False, "required": ["hidden"],
+                    "properties": {"hidden": {"type": "boolean", "description": "true: the caller reads as "
+                                                                                "offline and never seen, to "
+                                                                                "everyone"}},
                 },
                 "Error": {
                     "type": "object", "required": ["error", "message"],
@@ -505,6 +551,83 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                         "422": _err(f"`upto` {past}", "invalid_field", "invalid_body", "past_newest"),
                         "429": rate_limited,
                         "503": write_unavailable,
+                        **_HEAD_ANSWERS,
+                    },
+                },
+            },
+            "/v1/typing": {
+                "post": {
+                    "summary": "The caller is typing to `to`, or stopped: `to`'s live connections and the caller's "
+                               "get a `typing` frame (docs/presence.md). For clients that do not hold a WebSocket "
+                               "(which send `typing` frames instead); a waiting long-poll gets it in `signals`",
+                    "security": [{"bearer": []}],
+                    "requestBody": {"required": True, "content": _json({"$ref": "#/components/schemas/TypingNotice"})},
+                    "responses": {
+                        "202": _ok("Sent, or dropped as a refresh within a second of the last (`sent: false`)",
+                                   {"$ref": "#/components/schemas/TypingAnswer"}),
+                        "400": malformed,
+                        "401": unauthorized,
+                        "413": too_large,
+                        "422": bad_shape,
+                        "503": _err(f"{redis_away}, or the process at its connection limit (overloaded)",
+                                    "signals_unavailable", "overloaded", headers=_RETRY_AFTER),
+                        **_HEAD_ANSWERS,
+                    },
+                },
+            },
+            "/v1/presence": {
+                "get": {
+                    "summary": "Whether each of `users` is online, and when those who are not were last seen "
+                               "(docs/presence.md); a hidden user reads as offline and never seen",
+                    "security": [{"bearer": []}],
+                    "parameters": [{"name": "users", "in": "query", "required": True,
+                                    "description": f"1 to {rules.PRESENCE_USERS_MAX} user ids, by commas (a repeat "
+                                                   "counts once; empty items are skipped)",
+                                    "schema": {"type": "string",
+                                               "pattern": user_list_pattern(rules.USER_ID, rules.PRESENCE_USERS_MAX)}}],
+                    "responses": {
+                        "200": _ok("Each user asked about once, in the order asked",
+                                   {"$ref": "#/components/schemas/Presence"}),
+                        "401": unauthorized,
+                        "404": presence_disabled,
+                        "422": _err(f"`users` missing, empty, over {rules.PRESENCE_USERS_MAX}, or with one that is "
+                                    "not a user id; `field` names it", "invalid_field"),
+                        "503": _err(f"{redis_away}, MySQL down or slow (mysql_unavailable), or the process at its "
+                                    "connection limit (overloaded)", "signals_unavailable", "mysql_unavailable",
+                                    "overloaded", headers=_RETRY_AFTER),
+                        **_HEAD_ANSWERS,
+                    },
+                },
+            },
+            "/v1/presence/settings": {
+                "get": {
+                    "summary": "Whether the caller hides their presence",
+                    "security": [{"bearer": []}],
+                    "responses": {
+                        "200": _ok("The caller's setting", {"$ref": "#/components/schemas/PresenceSettings"}),
+                        "401": unauthorized,
+                        "404": presence_disabled,
+                        "503": read_unavailable,
+                        **_HEAD_ANSWERS,
+                    },
+                },
+                "put": {
+                    "summary": "Hide the caller's presence (`hidden: true`: offline and never seen to everyone; "
+                               "their watchers see them go offline), or show it again",
+                    "security": [{"bearer": []}],
+                    "requestBody": {"required": True,
+                                    "content": _json({"$ref": "#/components/schemas/PresenceSettings"})},
+                    "responses": {
+                        "200": _ok("The caller's setting now", {"$ref": "#/components/schemas/PresenceSettings"}),
+                        "400": malformed,
+                        "401": unauthorized,
+                        "404": presence_disabled,
+                        "413": too_large,
+                        "422": bad_shape,
+                        "503": _err("MySQL down or slow (mysql_unavailable: nothing changed), Redis away "
+                                    "(signals_unavailable: stored, the watchers not told yet; repeating it is safe), "
+                                    "or the process at its connection limit (overloaded)",
+                                    "mysql_unavailable", "signals_unavailable", "overloaded", headers=_RETRY_AFTER),
                         **_HEAD_ANSWERS,
                     },
                 },

@@ -2,7 +2,9 @@
 
     chatctl token alice --ttl 1h
     chatctl send --as alice bob "hello"
-    chatctl listen --as bob [--since CURSOR] [--format text]
+    chatctl listen --as bob [--since CURSOR] [--format text] [--watch alice,carol]
+    chatctl typing --as alice bob [--stop]
+    chatctl presence --as bob alice carol
     chatctl read --as bob alice 12        (bob has read alice's messages up to 12)
     chatctl edit --as alice 12 "hello!"
     chatctl delete --as alice 12
@@ -194,6 +196,26 @@ def device_remove(device: str = _DEVICE, user: str = typer.Option(..., "--as", h
     call_api("device remove", user, api, "DELETE", f"/v1/devices/{path_segment(device)}")
 
 
+@app.command()
+def typing(peer: str = typer.Argument(..., help="Whom you are typing to"),
+           stop: bool = typer.Option(False, "--stop", help="Say you stopped typing"),
+           user: str = typer.Option(..., "--as", help=_AS.format("Type")), api: str = _API) -> None:
+    """Tell PEER you are typing (or, with --stop, that you stopped): their devices and your others show it
+    for the server's ttl unless it is said again (docs/presence.md). Prints the answer as JSON:
+    `{"sent": false}` for a start within a second of the last one, which is dropped."""
+    call_api("typing", user, api, "POST", "/v1/typing", json={"to": peer, "state": "stop" if stop else "start"})
+
+
+@app.command()
+def presence(users: list[str] = typer.Argument(..., metavar="USERS...",
+                                               help="The users to ask about (at most 200), by spaces or commas"),
+             viewer: str = typer.Option(..., "--as", help=_AS.format("Ask")), api: str = _API) -> None:
+    """Print whether each of USERS is online, and when those who are not were last seen, as JSON. A hidden
+    user reads as offline and never seen."""
+    names = [name for arg in users for name in arg.split(",") if name]
+    call_api("presence", viewer, api, "GET", "/v1/presence", params={"users": ",".join(names)})
+
+
 class Format(StrEnum):
     json = "json"
     text = "text"
@@ -207,11 +229,13 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
            token_ttl: str = typer.Option("1d", help="Lifetime of each token it mints: 90s, 15m, 1h, 7d"),
            output: Format = typer.Option(Format.json, "--format",
                                          help="json: each frame as it came; text: a line a person reads, and "
-                                              "the unread count on each connection")) -> None:
-    """Print incoming messages and events (edits, deletes, read markers, delivery receipts) as JSON lines,
-    or as text; reconnects and resumes with the last cursor, follows a 421 to the user's partition, and
-    mints a new token when the daemon closes with 4001 (token expired) or refuses one with 401 (it expired
-    while away), saying so on stderr."""
+                                              "the unread count on each connection"),
+           watch: str = typer.Option(None, help="Users whose presence to follow, by commas: alice,carol")) -> None:
+    """Print incoming messages and events (edits, deletes, read markers, delivery receipts), typing, and the
+    presence of the users it watches, as JSON lines, or as text; reconnects and resumes with the last
+    cursor, follows a 421 to the user's partition, and mints a new token when the daemon closes with 4001
+    (token expired) or refuses one with 401 (it expired while away), saying so on stderr. `--count`
+    counts messages and events only."""
     from chatctl import render
     from chatctl.client import Inbox, listen as run_listen
 
@@ -241,8 +265,9 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
         tok = mint()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--as") from None
+    watching = None if watch is None else [name for name in watch.split(",") if name]
     asyncio.run(run_listen(base, tok, since, show, count or None, inbox=inbox, renew=renew,
-                           on_hello=greet if output is Format.text else None))
+                           on_hello=greet if output is Format.text else None, watch=watching))
 
 
 @partitions_app.command("show")

@@ -6,7 +6,9 @@ The stream holds messages and events (edits, deletes, read markers, delivery
 receipts: docs/receipts.md), each with an id of the same sequence: the client
 resumes and drops repeats the same way for all of them. An ``error`` frame (a
 refused ``ack`` or ``read``) is no part of the stream: it has no id, moves no
-cursor, and is passed on as it comes.
+cursor, and is passed on as it comes; so are the signals (docs/presence.md:
+``typing``, and ``presence`` for the users the client watches), which are never
+resumed: a client that was away gets no old one.
 
 Partitions (docs/decisions/partitioned-delivery.md): a daemon that does not
 serve the user answers the handshake 421 with the user's partition; the
@@ -64,7 +66,7 @@ class Inbox:
                     self.seen.clear()
                 self.since = frame["cursor"]
             return False
-        if "id" not in frame:  # an `error` frame: an answer on this socket, not a position in the stream
+        if "id" not in frame:  # an `error` frame or a signal: not a position in the stream
             return True
         msg_id = int(frame["id"])
         if msg_id in self.seen:
@@ -86,6 +88,11 @@ class Inbox:
         return "&".join(parts)
 
 
+def watch_frame(users: list[str]) -> str:
+    """The ``watch`` frame for ``users``: it replaces what the connection watched (``[]``: nobody)."""
+    return orjson.dumps({"type": "watch", "users": users}).decode()
+
+
 def partition_of_refusal(refused: InvalidStatus) -> int | None:
     """The user's partition from a 421 ``wrong_partition`` handshake answer, else None."""
     response = refused.response
@@ -102,10 +109,12 @@ async def listen(base_url: str, token: str, since: str | None, on_message: Calla
                  count: int | None = None, max_backoff: float = 5.0, inbox: Inbox | None = None,
                  renew: Callable[[str], str] | None = None,
                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-                 on_hello: Callable[[dict], None] | None = None) -> Inbox:
+                 on_hello: Callable[[dict], None] | None = None, watch: list[str] | None = None) -> Inbox:
     """Receives until ``count`` frames of the stream (messages and events), or forever; ``inbox``
-    lets the caller watch progress. ``on_message`` gets each new one, and each ``error`` frame;
-    ``on_hello`` each connection's hello.
+    lets the caller watch progress. ``on_message`` gets each new one, each ``error`` frame and each
+    signal (``typing``, ``presence``: they count for nothing in ``count``); ``on_hello`` each
+    connection's hello. ``watch``: the users whose presence to follow, said after each hello (a new
+    connection watches nobody).
     ``renew(why)``: a new token, when the daemon closes with 4001 (``why`` = "closed with 4001")
     or refuses the handshake with 401 ("refused with 401"); without it, the same one is tried again.
     ``sleep``: how it waits out a backoff."""
@@ -123,8 +132,11 @@ async def listen(base_url: str, token: str, since: str | None, on_message: Calla
                         on_message(frame)
                         if count is not None and len(inbox.ids) >= count:
                             return inbox
-                    elif on_hello is not None and frame.get("type") == "hello":
-                        on_hello(frame)
+                    elif frame.get("type") == "hello":
+                        if on_hello is not None:
+                            on_hello(frame)
+                        if watch is not None:
+                            await ws.send(watch_frame(watch))
         except ConnectionClosed as closed:
             if closed.rcvd is not None and closed.rcvd.code == TOKEN_EXPIRED and renew is not None:
                 token, at_once = renew(f"closed with {TOKEN_EXPIRED}"), True

@@ -3,8 +3,10 @@
 The frames are the AsyncAPI document's (api/asyncapi.py, docs/receipts.md):
 messages, and the events that change a conversation's state, each with its id
 in the reader's stream, which the line starts with; ``ref`` and ``upto`` are
-ids of that same stream, so the line names them alike (``#7``). A frame of a
-type this version does not know is shown as its JSON, never dropped.
+ids of that same stream, so the line names them alike (``#7``). Typing and
+presence frames (docs/presence.md) are signals, not positions of the stream: no
+id, no time, the line says who and what. A frame of a type this version does
+not know is shown as its JSON, never dropped.
 """
 
 from __future__ import annotations
@@ -39,7 +41,33 @@ def line(frame: dict) -> str:
         return f"{head} {sender} received {to}'s messages up to #{frame.get('upto')}"
     if kind == "error":
         return f"refused {frame.get('frame')}: {frame.get('code')}: {frame.get('message')}"
+    if kind == "typing":
+        return _typing(frame)
+    if kind == "presence" and isinstance(frame.get("users"), list):
+        shown = "; ".join(_presence(user) for user in frame["users"] if isinstance(user, dict))
+        return f"watching: {shown}" if shown else "watching nobody"
+    if kind == "presence" and "user" in frame:
+        return _presence(frame, "is ")
     return orjson.dumps(frame).decode()
+
+
+def _typing(frame: dict) -> str:
+    sender, to, ttl = frame.get("from"), frame.get("to"), frame.get("ttl")
+    if frame.get("state") == "stop":
+        return f"{sender} stopped typing to {to}"
+    until = f" ({ttl:g} s)" if isinstance(ttl, int | float) and not isinstance(ttl, bool) else ""
+    return f"{sender} is typing to {to}{until}"
+
+
+def _presence(entry: dict, verb: str = "") -> str:
+    """``alice online``, ``alice last seen <time>``, or ``alice offline`` (never seen, or hidden); with ``verb``,
+    ``alice is online``, ``alice is offline, last seen <time>``, ``alice is offline``."""
+    user, last_seen = entry.get("user"), entry.get("last_seen")
+    if entry.get("online"):
+        return f"{user} {verb}online"
+    if last_seen is None:
+        return f"{user} {verb}offline"
+    return f"{user} {verb}offline, last seen {last_seen}" if verb else f"{user} last seen {last_seen}"
 
 
 def hello_line(frame: dict) -> str:

@@ -1,4 +1,4 @@
-"""The push side's frames held to the AsyncAPI document (api/asyncapi.py).
+"""The push side's frames held to the AsyncAPI document (api/asyncapi.py): the stream's, and the signals.
 
 `violations(frame)` says how a frame a test received differs from the
 document's schema for its type; the end-to-end tests run every WebSocket frame
@@ -13,9 +13,11 @@ from jsonschema import Draft7Validator, FormatChecker, ValidationError
 from api.asyncapi import schemas
 from chat.settings import Settings
 
-# Each frame a daemon sends, by `type`: the schema that describes it.
+# Each frame a daemon sends, by `type`: the schema that describes it. A presence frame has two
+# shapes, each its own schema: a snapshot (`users`) and a change (`user`).
 FRAME_SCHEMA = {"hello": "Hello", "message": "Message", "edit": "Edit", "delete": "Delete", "read": "Read",
-                "delivered": "Delivered", "error": "ErrorFrame"}
+                "delivered": "Delivered", "error": "ErrorFrame", "typing": "Typing", "presence": "PresenceChange"}
+PRESENCE_SNAPSHOT = "PresenceSnapshot"
 # The frames of the stream, which a poll answer's `messages` holds.
 STREAM_FRAMES = ("message", "edit", "delete", "read", "delivered")
 
@@ -29,6 +31,8 @@ def _validators() -> dict[str, Draft7Validator]:
 def _kind(frame: object, kinds: tuple[str, ...] = tuple(FRAME_SCHEMA)) -> str | None:
     """The schema of ``frame``'s ``type``, or None when it has none of ``kinds``."""
     kind = frame.get("type") if isinstance(frame, dict) else None
+    if kind == "presence" and kind in kinds and "users" in frame:
+        return PRESENCE_SNAPSHOT
     return FRAME_SCHEMA[kind] if kind in kinds else None
 
 

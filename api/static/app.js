@@ -1,8 +1,10 @@
 // The chat page: log in, list conversations with their unread counts, show one, send,
-// edit and delete. Every text goes in with textContent, never innerHTML: a body is shown
-// as the characters it is. Connection, resume, dedup, retries and receipts (acks, read
-// markers) live in chat-client.js; docs/receipts.md is the contract.
+// edit and delete, see who is typing and who is online. Every text goes in with textContent,
+// never innerHTML: a body is shown as the characters it is. Connection, resume, dedup, retries
+// and receipts (acks, read markers) live in chat-client.js; docs/receipts.md is the contract.
+// Typing and presence (docs/presence.md): their rules in signals.js, shown here.
 import { ChatClient, compareIds } from "./chat-client.js";
+import { PresenceBook, TypingIndicators, TypingSender, presenceText } from "./signals.js";
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "chat.token"; // sessionStorage: one user per tab, so two tabs can be alice and bob
@@ -30,6 +32,11 @@ let rowsById = new Map(); // message id -> <li>, in the open conversation
 let shownById = new Map(); // message id -> the message as shown, in the open conversation
 let rowsByClientId = new Map(); // client_msg_id -> <li>, my messages in the open conversation
 let olderBefore = null; // the history cursor (next_before) of the open conversation, or null at its start
+const typing = new TypingIndicators(); // who is typing to me, until when
+const typingSender = new TypingSender(); // my typing, as the composer shows it
+const presence = new PresenceBook(); // the watched users: online, or last seen when
+let typingTimer = null; // when the next "typing…" ends
+const PRESENCE_REFRESH_MS = 30000; // "last seen 5 min ago" is redrawn this often
 
 // Ids are decimal strings in stream order (compareIds: no arithmetic). The newer of two, null-safe.
 function newer(a, b) {
@@ -158,6 +165,8 @@ async function start(jwt) {
   client.addEventListener("outbox", (e) => outboxChanged(e.detail));
   client.addEventListener("refusal", (e) => console.warn("refused:", e.detail));
   client.addEventListener("reset", () => reload());
+  client.addEventListener("typing", (e) => { if (typing.apply(e.detail, me)) showTyping(); });
+  client.addEventListener("presence", (e) => { if (presence.apply(e.detail).length) showPresence(); });
   client.addEventListener("token-expired", () => { // a pasted token: only its owner can get a new one
     client.stop(); // unsent messages stay stored, and go once the next login starts
     showLogin("the token expired: log in again");
@@ -172,6 +181,7 @@ async function start(jwt) {
 }
 
 function logout() {
+  sendTyping(typingSender.stop());
   client?.discardOutbox();
   client?.stop();
   client = null;
@@ -181,6 +191,10 @@ function logout() {
   lastByPeer.clear();
   conversations.clear();
   amendments = new Map();
+  typing.clearAll();
+  presence.clear();
+  showTyping();
+  showPresence();
   sessionStorage.removeItem(TOKEN_KEY);
   showDevices([], "");
   showLogin();
@@ -306,15 +320,63 @@ function renderConversations() {
     preview.className = "preview";
     preview.classList.toggle("tombstone", Boolean(last.deleted));
     preview.textContent = (last.from === me ? "you: " : "") + (last.deleted ? "message deleted" : last.body);
-    li.append(name, preview);
+    li.append(name, presenceMark(peer), preview);
     li.addEventListener("click", () => openConversation(peer));
     return li;
   }));
   $("unread-total").textContent = `${total} unread`;
   $("unread-total").hidden = total === 0;
+  watchPeers(items.map(([peer]) => peer));
+}
+
+// ---- typing and presence (docs/presence.md) ------------------------------------------------
+
+// The peers whose presence this page shows: the open conversation's, then the list's, newest
+// first. The client sends them (at most 200) after each hello and whenever they change.
+function watchPeers(listed) {
+  client?.watch(openPeer ? [openPeer, ...listed] : listed);
+}
+
+// A conversation's mark in the list: a dot when the peer is online, else when they were last seen.
+function presenceMark(peer) {
+  const mark = document.createElement("span");
+  const state = presence.get(peer);
+  const text = presenceText(state);
+  mark.className = "presence";
+  mark.dataset.state = state?.online ? "online" : text ? "offline" : "unknown";
+  mark.textContent = state?.online ? "" : text;
+  mark.title = text;
+  if (state?.online) mark.setAttribute("aria-label", "online");
+  return mark;
+}
+
+// The open peer's presence under the title, and the marks in the list.
+function showPresence() {
+  const state = openPeer ? presence.get(openPeer) : null;
+  const text = presenceText(state);
+  $("presence").textContent = text;
+  $("presence").dataset.state = state?.online ? "online" : text ? "offline" : "unknown";
+  renderConversations();
+}
+
+// "typing…" while the open conversation's peer types to me; looked at again when it ends.
+function showTyping() {
+  $("typing").hidden = !(openPeer && typing.isTyping(openPeer));
+  clearTimeout(typingTimer);
+  const next = typing.nextChangeIn();
+  typingTimer = next === null ? null : setTimeout(showTyping, next);
+}
+
+function sendTyping(frames) {
+  for (const frame of frames) client?.typing(frame.to, frame.state);
+}
+
+function composerInput() {
+  if (openPeer) sendTyping(typingSender.input(openPeer, $("body").value));
 }
 
 async function openConversation(peer) {
+  if (peer !== openPeer) sendTyping(typingSender.stop()); // I leave that conversation
   openPeer = peer;
   rowsById = new Map();
   shownById = new Map();
@@ -322,7 +384,8 @@ async function openConversation(peer) {
   $("messages").replaceChildren();
   $("title").textContent = peer;
   $("composer").hidden = false;
-  renderConversations();
+  showTyping();
+  showPresence(); // and the list, which watches the new peer too
   for (const entry of client.outbox.values()) {
     if (entry.to === peer) outboxChanged({ ...entry, message: entry.message });
   }
@@ -415,6 +478,7 @@ function readUpTo(peer, upto) {
 
 function received(msg) {
   const peer = peerOf(msg);
+  if (msg.from === peer && typing.clear(peer)) showTyping(); // what they typed is here
   noteLast(peer, msg);
   const c = conv(peer);
   if (msg.from !== me && !msg.deleted && !reading(peer)
@@ -660,6 +724,7 @@ function send(event) {
   const text = $("body").value;
   if (!text || !openPeer) return;
   $("body").value = "";
+  sendTyping(typingSender.stop());
   client.send(openPeer, text).done.catch(() => {}); // "failed" is shown on the row
 }
 
@@ -679,6 +744,8 @@ async function main() {
   $("logout").addEventListener("click", logout);
   $("open-chat").addEventListener("submit", openFromForm);
   $("composer").addEventListener("submit", send);
+  $("body").addEventListener("input", composerInput);
+  setInterval(() => { if (client) showPresence(); }, PRESENCE_REFRESH_MS); // "last seen 5 min ago" ages
   $("older").addEventListener("click", loadOlder);
   $("devices-refresh").addEventListener("click", () => loadDevices());
   config = await (await api("/v1/client-config")).json();

@@ -10,6 +10,10 @@
 //   client.start();
 //   client.send("bob", "hello");                                     // retried with one client_msg_id
 //   client.markRead("bob", "42");                                    // I have read bob's messages up to 42
+//   client.addEventListener("typing", (e) => typing(e.detail));      // a typing frame (signals.js reads it)
+//   client.addEventListener("presence", (e) => presence(e.detail));  // a presence snapshot or change
+//   client.typing("bob", "start");                                   // I am typing to bob (or "stop")
+//   client.watch(["bob", "carol"]);                                  // tell me when they come and go
 //
 // Rules (README, "Web client"):
 // - Resume with `since`: the last message's `cursor` (its id when it has none), or
@@ -42,9 +46,18 @@
 //   Coalesced: at most one flush per `receiptIntervalMs`, each with the newest ack and
 //   the newest marker per peer (a flood becomes one frame each, never a queue).
 //   `device` (the page keeps one per browser) names what an ack counts for.
+// - Signals (docs/presence.md): typing and presence frames have no id and are no part of the
+//   stream (never resumed, never deduplicated); the page hears them as `typing` and
+//   `presence` events, from the socket or from a poll answer's `signals`. `typing()` sends a
+//   frame on the live socket, or POST /v1/typing while long-polling, and is dropped otherwise
+//   (a signal is never queued). `watch()` sends the users to watch after each hello and when
+//   the list changes (at most one `watch` frame per `watchIntervalMs`); while long-polling
+//   the client asks GET /v1/presence instead, when the list changes and every
+//   `presencePollMs`.
 
 import { SeenIds, backoffDelay, compareIds, partitionOf, partitionOfClose } from "./connection-rules.js";
 import { StoredOutbox } from "./stored-outbox.js";
+import { sameUsers, watchList } from "./signals.js";
 
 export { SeenIds, backoffDelay, compareIds, partitionOf, partitionOfClose };
 
@@ -65,14 +78,14 @@ export class ChatClient extends EventTarget {
     backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = null,
     WebSocketImpl = globalThis.WebSocket, fetchImpl = globalThis.fetch?.bind(globalThis),
     eventSource = globalThis.window, storage = globalThis.localStorage ?? null, renewToken = null,
-    device = null, receiptDelayMs = 100, receiptIntervalMs = 1000,
+    device = null, receiptDelayMs = 100, receiptIntervalMs = 1000, watchIntervalMs = 1000, presencePollMs = 30000,
   }) {
     super();
     Object.assign(this, {
       apiUrl, wsUrl, pollUrl, token, user, since, partition, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
       backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, WebSocketImpl, fetchImpl, eventSource,
       storage, renewToken, // async () => a fresh token from the app's identity provider
-      device, receiptDelayMs, receiptIntervalMs,
+      device, receiptDelayMs, receiptIntervalMs, watchIntervalMs, presencePollMs,
     });
     this.stored = new StoredOutbox(storage, user);
     this.forced = transport === "poll" ? "poll" : null;
@@ -95,6 +108,14 @@ export class ChatClient extends EventTarget {
     this.receiptTimer = null;
     this.receiptsBusy = false; // an HTTP flush under way
     this.lastReceiptsAt = -Infinity; // when the last flush went (ms)
+    this.watching = []; // the users whose presence the page wants (watchList: ids, each once, at most 200)
+    this.watchSent = null; // the list the last `watch` frame said...
+    this.watchSentOn = null; // ...and the socket it went on (a new socket watches nobody)
+    this.lastWatchAt = -Infinity;
+    this.watchTimer = null;
+    this.presenceAskedAt = -Infinity; // long-polling: when GET /v1/presence was last asked
+    this.presenceOff = false; // GET /v1/presence answered 404: presence is off on this server
+    this.presenceAsking = null;
     this.timer = null;
     this.generation = 0; // bumps on every (re)connect; stale callbacks compare and leave
     this.onOffline = () => this.goOffline();
@@ -156,6 +177,8 @@ export class ChatClient extends EventTarget {
     this.generation += 1;
     clearTimeout(this.timer);
     this.timer = null;
+    clearTimeout(this.watchTimer);
+    this.watchTimer = null;
     this.liveWs = null;
     if (this.ws) {
       const ws = this.ws;
@@ -303,10 +326,13 @@ export class ChatClient extends EventTarget {
         this.setStatus("live");
         this.acceptUnread(frame.unread);
         this.scheduleReceipts(); // what waited for a live socket
+        this.flushWatch(); // a new socket watches nobody until told
       } else if (frame.type === "error") { // a refused ack or read marker: the socket stays open
         this.dispatchEvent(new CustomEvent("refusal", { detail: frame }));
       } else if (typeof frame.id === "string") {
         this.acceptFrame(frame);
+      } else {
+        this.acceptSignal(frame);
       }
     };
     ws.onclose = (event) => {
@@ -366,6 +392,7 @@ export class ChatClient extends EventTarget {
     // (CHAT_POLL_MAX_TIMEOUT_SECONDS). Asking for 25 got a 422 from a daemon capped lower.
     const wait = this.pollTimeoutSeconds === null ? {} : { timeout: String(this.pollTimeoutSeconds) };
     const url = this.withSince(this.pollUrl, wait);
+    this.askPresence(); // no `watch` without a socket: ask the API now and then
     try {
       const reply = await this.fetchImpl(url, this.pollInit(abort));
       if (reply.status === 401) {
@@ -379,6 +406,7 @@ export class ChatClient extends EventTarget {
       this.attempt = 0;
       if (this.since !== null && !page.recovered) this.startOver();
       for (const frame of page.messages) this.acceptFrame(frame);
+      for (const signal of page.signals ?? []) this.acceptSignal(signal); // what came while it waited
       this.since = page.cursor; // covers everything in the answer, and the quiet time after it
       this.acceptUnread(page.unread);
       this.scheduleReceipts(); // also what waited for a WebSocket that never came back
@@ -483,6 +511,94 @@ export class ChatClient extends EventTarget {
       }
     } catch { /* network: retried at the next flush */ }
     return false;
+  }
+
+  // ---- signals: typing and presence (docs/presence.md) ------------------------------
+
+  // A typing or presence frame (from the socket or a poll answer's `signals`): no id, no
+  // position in the stream; passed to the page as it came.
+  acceptSignal(frame) {
+    if (frame?.type === "typing" || frame?.type === "presence") {
+      this.dispatchEvent(new CustomEvent(frame.type, { detail: frame }));
+    }
+  }
+
+  // I am typing to `peer` ("start"), or stopped ("stop"): a frame on the live socket, or
+  // POST /v1/typing while long-polling. Otherwise dropped: a signal is never queued.
+  typing(peer, state = "start") {
+    if (!this.running) return;
+    if (this.liveWs) {
+      try {
+        this.liveWs.send(JSON.stringify({ type: "typing", to: peer, state }));
+      } catch { /* closing: dropped */ }
+    } else if (this.transport === "poll" && this.fetchImpl) {
+      this.fetchImpl(`${this.apiUrl}/v1/typing`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Authorization: `Bearer ${this.token}` },
+        body: JSON.stringify({ to: peer, state }),
+      }).catch(() => { /* a signal: not retried */ });
+    }
+  }
+
+  // The users whose presence the page wants: the daemon sends a snapshot of them, then each
+  // change. Said after each hello and whenever the list changes.
+  watch(users) {
+    const list = watchList(users);
+    if (sameUsers(list, this.watching)) return;
+    this.watching = list;
+    this.scheduleWatch();
+    if (this.transport === "poll") this.askPresence(true);
+  }
+
+  // At once, unless a `watch` went less than watchIntervalMs ago: then the newest list, then.
+  scheduleWatch() {
+    if (this.watchTimer !== null || !this.liveWs) return;
+    const wait = this.lastWatchAt + this.watchIntervalMs - Date.now();
+    if (wait <= 0) {
+      this.flushWatch();
+      return;
+    }
+    this.watchTimer = setTimeout(() => {
+      this.watchTimer = null;
+      this.flushWatch();
+    }, wait);
+  }
+
+  flushWatch() {
+    const ws = this.liveWs;
+    if (!ws || !this.running) return;
+    const sent = this.watchSentOn === ws ? this.watchSent : [];
+    if (sameUsers(sent, this.watching)) return; // a new socket's list is empty already
+    this.lastWatchAt = Date.now();
+    try {
+      ws.send(JSON.stringify({ type: "watch", users: this.watching }));
+    } catch {
+      return; // closing: the next hello sends it
+    }
+    this.watchSentOn = ws;
+    this.watchSent = this.watching;
+  }
+
+  // Long-polling, no socket watches: GET /v1/presence says the same, asked when the list
+  // changes (`force`) and at most every presencePollMs otherwise. A 404 (presence off) stops it.
+  // `presenceAsking`: the last ask's promise, settled once its answer is applied.
+  askPresence(force = false) {
+    const users = this.watching;
+    if (this.presenceOff || !this.fetchImpl || users.length === 0) return;
+    if (!force && Date.now() - this.presenceAskedAt < this.presencePollMs) return;
+    this.presenceAskedAt = Date.now();
+    this.presenceAsking = this.fetchPresence(users);
+  }
+
+  async fetchPresence(users) {
+    try {
+      const reply = await this.fetchImpl(`${this.apiUrl}/v1/presence?${new URLSearchParams({ users: users.join(",") })}`,
+                                         { cache: "no-store", headers: { Authorization: `Bearer ${this.token}` } });
+      if (reply.status === 404) this.presenceOff = true;
+      if (!reply.ok) return;
+      const answer = await reply.json();
+      if (Array.isArray(answer?.users)) this.acceptSignal({ type: "presence", users: answer.users });
+    } catch { /* asked again later */ }
   }
 
   // ---- sending -------------------------------------------------------------------

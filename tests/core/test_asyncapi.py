@@ -12,6 +12,8 @@ import shutil
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import httpx
 import orjson
@@ -26,9 +28,10 @@ from chat.messages import Kind, Message, encode_doc, public
 from chat.settings import Settings
 from chat.write_errors import ClientIdConflict, EditWindowClosed, NotSender, Outcome
 from daemon import client_frames
+from daemon.signals import Signals
 from daemon.partitioning import with_cursor
 from writer.client import WriterUnreachable
-from tests.frame_contract import FRAME_SCHEMA, STREAM_FRAMES, violations
+from tests.frame_contract import FRAME_SCHEMA, PRESENCE_SNAPSHOT, STREAM_FRAMES, violations
 from tests.timing import S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +76,10 @@ def test_the_frames_the_daemon_builds_match_the_document():
     assert violations(public(8, "bob", "alice", "x", created, None)) == []
     hello = {"type": "hello", "recovered": True, "cursor": "0.1.7", "user": "bob", "unread": 3}
     assert violations(hello) == []
-    answer = b'{"messages":[' + payload + b'],"cursor":"7","recovered":true,"unread":0}'  # as daemon/routes.py joins it
+    # as daemon/routes.py joins it, with a typing event that came while it waited
+    typing = orjson.dumps({"type": "typing", "from": "alice", "to": "bob", "state": "start",
+                           "ttl": Settings().typing_ttl_seconds})
+    answer = b'{"messages":[' + payload + b'],"cursor":"7","recovered":true,"unread":0,"signals":[' + typing + b"]}"
     assert violations(orjson.loads(answer), "PollAnswer") == []
 
 
@@ -91,7 +97,7 @@ def test_the_events_and_revised_messages_the_daemon_builds_match_the_document(ki
     assert frame["type"] == FRAME_SCHEMA_TYPES[kind] and violations(frame) == []
     assert frame == row.to_public()  # as the API answers it
     assert violations(orjson.loads(with_cursor(payload, "2.1.9"))) == []
-    answer = b'{"messages":[' + payload + b'],"cursor":"9","recovered":true,"unread":null}'
+    answer = b'{"messages":[' + payload + b'],"cursor":"9","recovered":true,"unread":null,"signals":[]}'
     assert violations(orjson.loads(answer), "PollAnswer") == []
 
 
@@ -119,18 +125,46 @@ FRAMES = {
     "error": {"type": "error", "code": "not_in_conversation", "message": "7 is not between you and carol",
               "frame": "read"},
 }
+# One of each signal docs/presence.md names, as a daemon sends it.
+SIGNALS = {
+    "typing": {"type": "typing", "from": "a", "to": "b", "state": "start", "ttl": 5},
+    "typing, a ttl of a fraction": {"type": "typing", "from": "a", "to": "b", "state": "start", "ttl": 0.5},
+    "typing stopped": {"type": "typing", "from": "a", "to": "b", "state": "stop", "ttl": 5},
+    "presence snapshot": {"type": "presence", "users": [{"user": "a", "online": True, "last_seen": None},
+                                                        {"user": "b", "online": False, "last_seen": AT},
+                                                        {"user": "c", "online": False, "last_seen": None}]},
+    "presence snapshot of nobody": {"type": "presence", "users": []},
+    "online": {"type": "presence", "user": "a", "online": True, "last_seen": None},
+    "offline": {"type": "presence", "user": "a", "online": False, "last_seen": AT},
+    "offline, hidden": {"type": "presence", "user": "a", "online": False, "last_seen": None},
+    "watch refused": {"type": "error", "code": "watch_too_many", "message": "at most 200", "frame": "watch"},
+    "typing refused": {"type": "error", "code": "signals_unavailable", "message": "Redis away", "frame": "typing"},
+    "unknown type": {"type": "error", "code": "unknown_type", "message": "no such frame", "frame": "reaction"},
+}
 
 
-@pytest.mark.parametrize("frame", FRAMES.values(), ids=FRAMES.keys())
+@pytest.mark.parametrize("frame", [*FRAMES.values(), *SIGNALS.values()], ids=[*FRAMES, *SIGNALS])
 def test_each_frame_of_the_contract_matches_the_document(frame):
     assert violations(frame) == []
 
 
+def test_a_poll_answer_carries_the_typing_that_came_while_it_waited():
+    answer = {"messages": [FRAMES["message"]], "cursor": "7", "recovered": True, "unread": 0}
+    assert violations({**answer, "signals": [SIGNALS["typing"], SIGNALS["typing stopped"]]}, "PollAnswer") == []
+    assert violations({**answer, "signals": []}, "PollAnswer") == []
+    without = violations(answer, "PollAnswer")
+    assert without and "signals" in without[0]  # always there, empty when nothing came
+    found = violations({**answer, "signals": [{**SIGNALS["typing"], "id": "8"}]}, "PollAnswer")
+    assert found and all("/signals/0" in v for v in found), found  # a signal has no place in the stream
+
+
 def test_a_poll_answer_carries_every_frame_of_the_stream_and_the_unread_count():
     stream = [FRAMES[name] for name in ("message", "tombstone", "edit", "delete", "read", "delivered")]
-    assert violations({"messages": stream, "cursor": "12", "recovered": True, "unread": 2}, "PollAnswer") == []
-    assert violations({"messages": [], "cursor": "12", "recovered": True, "unread": None}, "PollAnswer") == []
-    without = violations({"messages": [], "cursor": "12", "recovered": True}, "PollAnswer")
+    assert violations({"messages": stream, "cursor": "12", "recovered": True, "unread": 2, "signals": []},
+                      "PollAnswer") == []
+    assert violations({"messages": [], "cursor": "12", "recovered": True, "unread": None, "signals": []},
+                      "PollAnswer") == []
+    without = violations({"messages": [], "cursor": "12", "recovered": True, "signals": []}, "PollAnswer")
     assert without and "unread" in without[0]
 
 
@@ -142,7 +176,8 @@ def test_a_poll_answer_carries_every_frame_of_the_stream_and_the_unread_count():
     ({"type": "typing"}, "/messages/1: not a frame of the stream"),
 ])
 def test_a_poll_answer_names_the_frame_that_differs_by_its_own_type(item, wrong):
-    found = violations({"messages": [FRAMES["message"], item], "cursor": "12", "recovered": True, "unread": 0},
+    found = violations({"messages": [FRAMES["message"], item], "cursor": "12", "recovered": True, "unread": 0,
+                        "signals": []},
                        "PollAnswer")
     assert found and all(wrong in v for v in found), found
 
@@ -152,21 +187,36 @@ def test_every_frame_the_daemon_sends_on_the_socket_is_checked_by_its_type():
     sent = [m["$ref"] for op in doc["operations"].values() if op["action"] == "send"
             and op["channel"]["$ref"] == "#/channels/ws" for m in op["messages"]]
     channel = doc["channels"]["ws"]["messages"]
-    kinds = {}
+    kinds: dict[str, set[str]] = {}
     for ref in sent:
         name = channel[ref.rsplit("/", 1)[1]]["$ref"].rsplit("/", 1)[1]
-        kinds[doc["components"]["schemas"][name]["properties"]["type"]["const"]] = name
-    assert kinds == FRAME_SCHEMA
-    assert set(STREAM_FRAMES) == set(FRAME_SCHEMA) - {"hello", "error"}
+        kinds.setdefault(doc["components"]["schemas"][name]["properties"]["type"]["const"], set()).add(name)
+    assert kinds == {kind: {name} for kind, name in FRAME_SCHEMA.items()} | {
+        "presence": {FRAME_SCHEMA["presence"], PRESENCE_SNAPSHOT}}
+    assert set(STREAM_FRAMES) == set(FRAME_SCHEMA) - {"hello", "error", "typing", "presence"}
 
 
 def test_the_client_frames_are_documented_with_their_fields():
     doc = document(Settings())
     received = {m["$ref"].rsplit("/", 1)[1] for op in doc["operations"].values() if op["action"] == "receive"
                 for m in op["messages"]}
-    assert received == {"auth", "ack", "readMarker"}
+    assert received == {"auth", "ack", "readMarker", "typingNotice", "watch"}
     frames = schemas(Settings())
     for name, frame, valid in [
+        ("TypingNotice", {"type": "typing", "to": "alice", "state": "start"}, True),
+        ("TypingNotice", {"type": "typing", "to": "alice", "state": "stop"}, True),
+        ("TypingNotice", {"type": "typing", "to": "alice"}, True),  # a start
+        ("TypingNotice", {"type": "typing", "to": "alice", "state": "paused"}, False),
+        ("TypingNotice", {"type": "typing", "to": "a b"}, False),
+        ("TypingNotice", {"type": "typing", "state": "start"}, False),
+        ("TypingNotice", {"type": "typing", "to": "alice", "ttl": 5}, False),
+        ("Watch", {"type": "watch", "users": ["alice", "bob"]}, True),
+        ("Watch", {"type": "watch", "users": []}, True),  # clears the list
+        ("Watch", {"type": "watch", "users": "alice"}, False),
+        ("Watch", {"type": "watch", "users": ["a b"]}, False),
+        ("Watch", {"type": "watch"}, False),
+        ("Watch", {"type": "watch", "users": [f"u{i}" for i in range(201)]}, False),  # an error frame, not a close
+
         ("Ack", {"type": "ack", "upto": "7"}, True),
         ("Ack", {"type": "ack", "upto": 7}, False),
         ("Ack", {"type": "ack"}, False),
@@ -177,7 +227,7 @@ def test_the_client_frames_are_documented_with_their_fields():
         assert Draft7Validator(frames[name]).is_valid(frame) == valid, (name, frame)
     # A malformed one is closed with 1007, which the document says.
     (invalid,) = [c for c in doc["channels"]["ws"]["x-close-codes"] if c["code"] == CloseCode.INVALID_DATA]
-    assert "`ack`" in invalid["meaning"] and "`read`" in invalid["meaning"]
+    assert all(f"`{kind}`" in invalid["meaning"] for kind in ("ack", "read", "typing", "watch"))
 
 
 def test_the_handshake_names_the_device_an_ack_counts_for():
@@ -195,7 +245,7 @@ def test_the_handshake_names_the_device_an_ack_counts_for():
       "client_msg_id": None}, "created_at"),
     ({"type": "message", "id": 7, "from": "a", "to": "b", "body": "x", "created_at": "2026-11-26T08:00:00.000Z",
       "client_msg_id": None}, "id"),
-    ({"type": "typing"}, "no documented type"),
+    ({"type": "reaction"}, "no documented type"),
     ({"type": "hello", "recovered": True, "cursor": "1", "user": "u"}, "unread"),
     ({"type": "hello", "recovered": True, "cursor": "1", "user": "u", "unread": -1}, "unread"),
     ({"type": "hello", "recovered": True, "cursor": "1", "user": "u", "unread": "3"}, "unread"),
@@ -208,6 +258,18 @@ def test_the_handshake_names_the_device_an_ack_counts_for():
     ({**FRAMES["delivered"], "upto": "seven"}, "upto"),
     ({**FRAMES["error"], "code": "unknown"}, "code"),
     ({**FRAMES["error"], "frame": "message"}, "frame"),
+    ({**SIGNALS["watch refused"], "frame": "reaction"}, "frame"),  # only unknown_type names other frames
+    ({**SIGNALS["typing"], "id": "8"}, "Additional properties"),  # no place in the stream
+    ({**SIGNALS["typing"], "cursor": "0.1.8"}, "Additional properties"),
+    ({**SIGNALS["typing"], "state": "paused"}, "state"),
+    ({**SIGNALS["typing"], "ttl": 0}, "ttl"),
+    ({k: v for k, v in SIGNALS["typing"].items() if k != "from"}, "from"),
+    ({**SIGNALS["online"], "last_seen": AT}, "last_seen"),  # online: no last_seen
+    ({**SIGNALS["offline"], "last_seen": "2026-11-26T13:01:02Z"}, "last_seen"),
+    ({k: v for k, v in SIGNALS["offline"].items() if k != "last_seen"}, "last_seen"),
+    ({"type": "presence", "users": [{"user": "a", "online": True}]}, "PresenceSnapshot at /users/0"),
+    ({"type": "presence", "users": [{**SIGNALS["online"]}]}, "PresenceSnapshot at /users/0"),  # no `type` inside
+    ({"type": "presence", "user": "a", "online": "yes", "last_seen": None}, "PresenceChange at /online"),
 ])
 def test_a_frame_unlike_the_document_is_named_with_what_differs(frame, wrong):
     found = violations(frame)
@@ -215,10 +277,12 @@ def test_a_frame_unlike_the_document_is_named_with_what_differs(frame, wrong):
 
 
 def test_the_document_follows_the_limits_a_process_is_given():
-    doc = document(Settings(body_max_chars=10, poll_max_messages=5))
+    doc = document(Settings(body_max_chars=10, poll_max_messages=5, presence_watch_max=7))
     schemas = doc["components"]["schemas"]
     assert schemas["Message"]["properties"]["body"]["maxLength"] == 10
     assert schemas["PollAnswer"]["properties"]["messages"]["maxItems"] == 5
+    assert schemas["Watch"]["properties"]["users"]["maxItems"] == 7
+    assert schemas["PresenceSnapshot"]["properties"]["users"]["maxItems"] == 7
 
 
 async def test_the_api_serves_the_document_beside_openapi():
@@ -253,15 +317,52 @@ UPTOS = ["7", "07", "0", "", "-1", "+1", " 7", "7 ", "7\n", "1e3", "7.0", "٣", 
     {"type": "ack"}, {"type": "read", "upto": "7"}, {"type": "ack", "upto": "7", "device": "x"},
     {"type": "read", "peer": "alice", "upto": "7", "more": 1}, {"type": "ack", "peer": "alice", "upto": "7"},
     {"type": "auth", "token": "t"}, {"type": "typing"}, {"upto": "7"}, [], "ack",
+    *({"type": "typing", "to": to} for to in ["alice", "a.b-c_d", "A" * 64, "A" * 65, "", "a b", "é", "bob\n", 7,
+                                              None]),
+    *({"type": "typing", "to": "alice", "state": state} for state in ["start", "stop", "Start", "", None, 1]),
+    {"type": "typing", "state": "start"}, {"type": "typing", "to": "alice", "ttl": 5},
+    {"type": "typing", "to": "alice", "from": "bob"},
+    *({"type": "watch", "users": users} for users in [[], ["alice"], ["alice", "bob", "alice"],
+                                                      [f"u{i}" for i in range(200)], ["a b"], ["alice", 7], [None],
+                                                      "alice", {"alice": 1}, None]),
+    {"type": "watch"}, {"type": "watch", "users": [], "more": 1}, {"type": "reaction"}, {"type": 7},
 ])
 def test_the_client_frames_documented_are_those_the_daemon_takes(frame):
-    schema = {"ack": "Ack", "read": "ReadMarker"}.get(frame.get("type")) if isinstance(frame, dict) else None
+    kinds = {"ack": "Ack", "read": "ReadMarker", "typing": "TypingNotice", "watch": "Watch"}
+    schema = kinds.get(frame.get("type")) if isinstance(frame, dict) else None
     documented = schema is not None and EcmaValidator(schemas(Settings())[schema]).is_valid(frame)
     try:
-        taken = client_frames.parse(orjson.dumps(frame)) is not None  # None: not a client frame, dropped
+        parsed = client_frames.parse(orjson.dumps(frame))  # None: dropped; Unknown: answered unknown_type
     except client_frames.BadClientFrame:
-        taken = False
+        parsed = None
+    taken = isinstance(parsed, client_frames.Ack | client_frames.Read | client_frames.Typing | client_frames.Watch)
     assert documented == taken
+
+
+@pytest.mark.parametrize("frame,code,refused", [
+    ({"type": "reaction", "ref": "7"}, "unknown_type", "reaction"),
+    ({"type": "auth", "token": "t"}, "unknown_type", "auth"),  # after the hello, no more a frame it takes
+    ({"type": "x" * 40}, "unknown_type", "x" * 32),
+    ({"type": "watch", "users": ["alice", "bob", "carol"]}, "watch_too_many", "watch"),
+], ids=["unknown type", "auth after the hello", "a long unknown type", "watch over the most"])
+def test_each_refusal_of_a_signal_or_an_unknown_frame_is_a_documented_error_frame(frame, code, refused):
+    sent: list[bytes] = []
+    signals = SimpleNamespace(settings=Settings(presence_watch_max=2))  # all a refusal of the list reads
+    frames = client_frames.ClientFrames("bob", "phone-1", None, sent.append, signals=cast(Signals, signals))
+    frames.take(orjson.dumps(frame))
+    (answer,) = [orjson.loads(data) for data in sent]
+    assert (answer["code"], answer["frame"]) == (code, refused)
+    assert violations(answer) == []
+
+
+@pytest.mark.parametrize("frame", [{"type": "typing", "to": "alice"}, {"type": "watch", "users": ["alice"]}],
+                         ids=["typing", "watch"])
+def test_signals_on_a_daemon_without_redis_are_a_documented_error_frame(frame):
+    sent: list[bytes] = []
+    client_frames.ClientFrames("bob", "phone-1", None, sent.append).take(orjson.dumps(frame))
+    (answer,) = [orjson.loads(data) for data in sent]
+    assert (answer["code"], answer["frame"]) == ("signals_unavailable", frame["type"])
+    assert violations(answer) == []
 
 
 @pytest.mark.parametrize("device", ["phone-1", "a.b_c", "x" * 64, "x" * 65, "", "a b", "é", "a/b", "a\n"])

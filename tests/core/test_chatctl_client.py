@@ -1,6 +1,9 @@
-"""The reference client's pure rules: what it resumes with, what it drops as a repeat, where a 421 sends it;
-how `chatctl listen --format text` shows each frame; and the requests `chatctl` makes of the write API
-(against a stand-in for httpx: what it sends, what it prints, its exit status)."""
+"""The reference client's pure rules: what it resumes with, what it drops as a repeat, where a 421 sends it,
+what it does with signals (typing, presence) and whom it watches; how `chatctl listen --format text` shows
+each frame; and the requests `chatctl` makes of the write API (against a stand-in for httpx: what it sends,
+what it prints, its exit status)."""
+
+import asyncio
 
 import httpx
 import orjson
@@ -8,12 +11,14 @@ import pytest
 from typer.testing import CliRunner
 from websockets.datastructures import Headers
 from websockets.exceptions import InvalidStatus
+from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Response
 
 from chat import auth
 from chatctl import render
 from chatctl.cli import app
-from chatctl.client import Inbox, partition_of_refusal
+from chatctl.client import Inbox, listen, partition_of_refusal
+from tests.timing import S
 
 AT = "2026-11-26T08:00:00.123Z"
 
@@ -61,6 +66,10 @@ EDIT = {"type": "edit", "id": "9", "from": "ann", "to": "ben", "ref": "7", "body
         "client_msg_id": None}
 READ = {"type": "read", "id": "10", "from": "ben", "to": "ann", "upto": "7", "created_at": AT, "cursor": "0.1.10"}
 ERROR = {"type": "error", "code": "past_newest", "message": "99 is past the newest id", "frame": "ack"}
+TYPING = {"type": "typing", "from": "ann", "to": "ben", "state": "start", "ttl": 5}
+SNAPSHOT = {"type": "presence", "users": [{"user": "ann", "online": True, "last_seen": None},
+                                          {"user": "cy", "online": False, "last_seen": AT},
+                                          {"user": "dee", "online": False, "last_seen": None}]}
 
 
 def test_events_are_positions_of_the_stream_as_messages_are():
@@ -77,6 +86,46 @@ def test_an_error_frame_is_passed_on_and_moves_nothing():
     assert inbox.ids == [7] and inbox.since == "7" and inbox.duplicates == 0
 
 
+def test_signals_are_passed_on_each_time_and_move_nothing():
+    inbox = Inbox()
+    inbox.accept(message("7"))
+    for frame in (TYPING, TYPING, SNAPSHOT, {"type": "presence", "user": "ann", "online": False, "last_seen": AT}):
+        assert inbox.accept(frame) is True  # no id: never a repeat, never a resume point
+    assert inbox.ids == [7] and inbox.since == "7" and inbox.duplicates == 0
+
+
+async def test_listen_watches_after_each_hello_and_passes_signals_on():
+    """Against a daemon played here: the first connection says who is online and who types, then
+    drops; the second carries a message. Each is told whom to watch after its hello."""
+    watched: list[dict] = []
+    connections = 0
+
+    async def daemon(connection: ServerConnection) -> None:
+        nonlocal connections
+        connections += 1
+        await connection.send(orjson.dumps({"type": "hello", "cursor": "0", "recovered": True}).decode())
+        watched.append(orjson.loads(await connection.recv()))
+        if connections == 1:
+            for frame in (SNAPSHOT, TYPING):
+                await connection.send(orjson.dumps(frame).decode())
+            await connection.close(1012, "restarting")
+        else:
+            await connection.send(orjson.dumps(message("1")).decode())
+            await connection.wait_closed()
+
+    async def no_backoff(seconds: float) -> None:
+        pass
+
+    printed: list[dict] = []
+    async with serve(daemon, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with asyncio.timeout(10 * S):
+            await listen(f"ws://127.0.0.1:{port}", "t", None, printed.append, 1, sleep=no_backoff,
+                         watch=["ann", "cy"])
+    assert watched == [{"type": "watch", "users": ["ann", "cy"]}] * 2
+    assert printed == [SNAPSHOT, TYPING, message("1")]  # the signals counted for nothing in `count`
+
+
 @pytest.mark.parametrize("frame,shown", [
     ({**message("7"), "created_at": AT}, f"#7 {AT} ann -> ben: x"),
     ({**message("7"), "created_at": AT, "body": "y", "edited_at": AT}, f"#7 {AT} ann -> ben: y (edited)"),
@@ -90,9 +139,18 @@ def test_an_error_frame_is_passed_on_and_moves_nothing():
     ({"type": "delivered", "id": "12", "from": "ben", "to": "ann", "upto": "7", "created_at": AT},
      f"#12 {AT} ben received ann's messages up to #7"),
     (ERROR, "refused ack: past_newest: 99 is past the newest id"),
-    ({"type": "typing", "id": "13", "from": "ann"}, '{"type":"typing","id":"13","from":"ann"}'),
+    ({"type": "reaction", "id": "13", "from": "ann"}, '{"type":"reaction","id":"13","from":"ann"}'),
+    (TYPING, "ann is typing to ben (5 s)"),
+    ({**TYPING, "ttl": 1.5}, "ann is typing to ben (1.5 s)"),
+    ({**TYPING, "state": "stop"}, "ann stopped typing to ben"),
+    ({"type": "presence", "user": "ann", "online": True, "last_seen": None}, "ann is online"),
+    ({"type": "presence", "user": "ann", "online": False, "last_seen": AT}, f"ann is offline, last seen {AT}"),
+    ({"type": "presence", "user": "ann", "online": False, "last_seen": None}, "ann is offline"),
+    (SNAPSHOT, f"watching: ann online; cy last seen {AT}; dee offline"),
+    ({"type": "presence", "users": []}, "watching nobody"),
 ], ids=["message", "edited", "deleted", "control characters", "edit", "delete", "read", "delivered", "error",
-        "unknown type"])
+        "unknown type", "typing", "typing, a fraction of a second", "typing stopped", "online", "offline",
+        "offline, never seen or hidden", "presence snapshot", "watching nobody"])
 def test_listen_as_text_shows_each_frame_on_one_line(frame, shown):
     assert render.line(frame) == shown
 
@@ -161,10 +219,15 @@ def chatctl(*args: str):
     (["device", "remove", "--as", "ben", ".."], "DELETE", "/v1/devices/%2E%2E", None),  # a device id, not the parent
     (["device", "remove", "--as", "ben", "."], "DELETE", "/v1/devices/%2E", None),
     (["device", "remove", "--as", "ben", "a..b"], "DELETE", "/v1/devices/a..b", None),
+    (["typing", "--as", "ann", "ben"], "POST", "/v1/typing", {"to": "ben", "state": "start"}),
+    (["typing", "--as", "ann", "ben", "--stop"], "POST", "/v1/typing", {"to": "ben", "state": "stop"}),
+    (["presence", "--as", "ben", "ann", "cy"], "GET", "/v1/presence?users=ann%2Ccy", None),
+    (["presence", "--as", "ben", "ann,cy", "dee"], "GET", "/v1/presence?users=ann%2Ccy%2Cdee", None),
 ], ids=["read", "edit", "edit, idempotent", "delete", "delete, idempotent", "ack", "ack of a device", "send",
         "an id that is not one", "device register", "device register with data", "device register, data a list",
         "device list", "device remove", "device remove, an id that is not one", "device remove, ..",
-        "device remove, .", "device remove, dots within"])
+        "device remove, .", "device remove, dots within", "typing", "typing stopped", "presence",
+        "presence, by commas"])
 def test_each_command_makes_its_request_as_the_user_and_prints_the_answer(answered, args, method, path, body):
     answered.reply = httpx.Response(201, json={"type": "event", "id": "13"})
     done = chatctl(*args, "--api", API)

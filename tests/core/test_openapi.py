@@ -158,12 +158,16 @@ async def test_the_served_document_is_the_one_of_the_process_settings():
      lambda obj: validation.parse_read(orjson.dumps(obj))),
     (SCHEMAS["NewDevice"], validation.DEVICE_FIELDS, ["device", "platform", "app_id", "pushkey"],
      lambda obj: validation.parse_device(orjson.dumps(obj))),
-], ids=["message", "dev login", "edit", "ack", "read", "device"])
+    (SCHEMAS["TypingNotice"], validation.TYPING_FIELDS, ["to"], lambda obj: validation.parse_typing(orjson.dumps(obj))),
+    (SCHEMAS["PresenceSettings"], validation.PRESENCE_SETTINGS_FIELDS, ["hidden"],
+     lambda obj: validation.parse_presence_settings(orjson.dumps(obj))),
+], ids=["message", "dev login", "edit", "ack", "read", "device", "typing", "presence settings"])
 def test_body_fields_are_the_apis(schema, fields, required, parse):
     assert list(schema["properties"]) == list(fields) and schema["additionalProperties"] is False
     assert schema["required"] == required
     whole = {"to": "bob", "body": "x", "client_msg_id": "c1", "user": "bob", "upto": "7", "device": "phone-1",
-             "peer": "bob", "platform": "ios", "app_id": "chat.example", "pushkey": "k1", "data": {"a": 1}}
+             "peer": "bob", "platform": "ios", "app_id": "chat.example", "pushkey": "k1", "data": {"a": 1},
+             "state": "stop", "hidden": True}
     full = {name: whole[name] for name in fields}
     assert api_accepts(parse, full)
     assert not api_accepts(parse, {**full, "other": 1})
@@ -450,3 +454,86 @@ def test_the_device_endpoints_answer_what_the_api_answers():
     # What api.devices answers for a device: the registration's fields and when it was made.
     assert SCHEMAS["Device"]["required"] == [*validation.DEVICE_FIELDS, "created_at"]
     assert SCHEMAS["Devices"]["properties"]["devices"]["items"] == {"$ref": "#/components/schemas/Device"}
+
+
+# Typing and presence (docs/presence.md): each refusal, by operation and status.
+SIGNAL_REFUSALS = {
+    ("/v1/typing", "post"): {"422": ["invalid_field", "invalid_body"], "503": ["signals_unavailable", "overloaded"]},
+    ("/v1/presence", "get"): {"404": ["presence_disabled"], "422": ["invalid_field"],
+                              "503": ["signals_unavailable", "mysql_unavailable", "overloaded"]},
+    ("/v1/presence/settings", "get"): {"404": ["presence_disabled"], "503": ["mysql_unavailable", "overloaded"]},
+    ("/v1/presence/settings", "put"): {"404": ["presence_disabled"], "422": ["invalid_field", "invalid_body"],
+                                       "503": ["mysql_unavailable", "signals_unavailable", "overloaded"]},
+}
+
+
+@pytest.mark.parametrize("path,method", SIGNAL_REFUSALS, ids=[f"{m.upper()} {p}" for p, m in SIGNAL_REFUSALS])
+def test_the_signal_endpoints_declare_each_refusal_of_the_contract(path, method):
+    op = PATHS[path][method]
+    for status, codes in SIGNAL_REFUSALS[path, method].items():
+        assert declared(op, status)[0] == codes, status
+    assert declared(op, "503")[1]["Retry-After"]["required"]
+    refusals = {s for s in op["responses"] if s.startswith(("4", "5"))}
+    assert refusals == {*SIGNAL_REFUSALS[path, method], "401", "408", "431",
+                        *(("400", "413") if "requestBody" in op else ())}
+
+
+@pytest.mark.parametrize("path,method,status,schema", [
+    ("/v1/typing", "post", "202", "TypingAnswer"),
+    ("/v1/presence", "get", "200", "Presence"),
+    ("/v1/presence/settings", "get", "200", "PresenceSettings"),
+    ("/v1/presence/settings", "put", "200", "PresenceSettings"),
+])
+def test_the_signal_endpoints_answer_what_the_contract_says(path, method, status, schema):
+    op = PATHS[path][method]
+    assert [s for s in op["responses"] if s.startswith("2")] == [status]
+    assert op["responses"][status]["content"]["application/json"]["schema"] == {
+        "$ref": f"#/components/schemas/{schema}"}
+
+
+def test_presence_answered_is_the_presence_pushed():
+    frames = asyncapi_schemas(Settings())
+    entry = SCHEMAS["Presence"]["properties"]["users"]["items"]
+    pushed = frames["PresenceSnapshot"]["properties"]["users"]["items"]
+    assert entry["required"] == pushed["required"] and set(entry["properties"]) == set(pushed["properties"])
+    assert SCHEMAS["TypingNotice"]["properties"]["state"]["enum"] == frames["TypingNotice"]["properties"]["state"][
+        "enum"] == frames["Typing"]["properties"]["state"]["enum"]
+    assert SCHEMAS["TypingNotice"]["required"] == ["to"] and "to" in frames["TypingNotice"]["required"]
+
+
+USERS_PARAM = PATHS["/v1/presence"]["get"]["parameters"][0]
+MOST = validation.PRESENCE_USERS_MAX
+
+
+@pytest.mark.parametrize("value", [
+    *USER_IDS, "alice,bob", "alice,bob,alice", ",".join(f"u{i}" for i in range(MOST)),
+    ",".join(f"u{i}" for i in range(MOST + 1)), ",", "alice,", ",alice", "alice,,bob", ",,", "alice, bob",
+    "alice;bob", "alice,a b",
+], ids=repr)
+def test_the_users_asked_about_are_what_the_api_takes(value):
+    """1 to 200 user ids by commas; the API skips empty items (and counts a repeat once, which the pattern
+    cannot: it counts each, so a list of more than 200 with repeats is the one case they differ on)."""
+    assert (USERS_PARAM["name"], USERS_PARAM["in"], USERS_PARAM["required"]) == ("users", "query", True)
+    assert schema_accepts(USERS_PARAM["schema"], value) == api_accepts(validation.parse_presence_users,
+                                                                       {"users": value}), value
+    assert not api_accepts(validation.parse_presence_users, {})
+
+
+@pytest.mark.parametrize("value", USER_IDS)
+def test_whom_one_types_to_takes_what_the_api_takes(value):
+    schema = SCHEMAS["TypingNotice"]["properties"]["to"]
+    assert schema_accepts(schema, value) == api_accepts(validation.parse_typing, orjson.dumps({"to": value})), value
+
+
+@pytest.mark.parametrize("state", ["start", "stop", "Start", "", None, 1, True])
+def test_a_typing_state_is_one_the_api_takes(state):
+    documented = state in SCHEMAS["TypingNotice"]["properties"]["state"]["enum"]
+    assert documented == api_accepts(validation.parse_typing, orjson.dumps({"to": "bob", "state": state})), state
+    assert validation.parse_typing(orjson.dumps({"to": "bob"})) == ("bob", SCHEMAS["TypingNotice"]["properties"][
+        "state"]["default"])
+
+
+@pytest.mark.parametrize("hidden", [True, False, None, 0, 1, "true"])
+def test_hiding_takes_a_boolean_as_the_api_does(hidden):
+    documented = SCHEMAS["PresenceSettings"]["properties"]["hidden"]["type"] == "boolean" and type(hidden) is bool
+    assert documented == api_accepts(validation.parse_presence_settings, orjson.dumps({"hidden": hidden}))

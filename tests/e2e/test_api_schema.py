@@ -85,6 +85,16 @@ ANSWERS = {
                                  {"headers": {"Authorization": "Bearer x.y.z"}}, 401, "unauthorized"),
     "client-config, bad token": ("system", "GET", "/v1/client-config",
                                  {"headers": {"Authorization": "Bearer x.y.z"}}, 401, "unauthorized"),
+    # Typing and presence (docs/presence.md)
+    "typing": ("system", "POST", "/v1/typing", {"json": {"to": "bob", "state": "stop"}, "auth": True}, 202, None),
+    "typing, bad state": ("system", "POST", "/v1/typing", {"json": {"to": "bob", "state": "paused"}, "auth": True},
+                          422, "invalid_field"),
+    "presence": ("system", "GET", "/v1/presence", {"params": {"users": "alice,bob,alice"}, "auth": True}, 200, None),
+    "presence of 201 users": ("system", "GET", "/v1/presence",
+                              {"params": {"users": ",".join(f"u{i}" for i in range(201))}, "auth": True}, 422,
+                              "invalid_field"),
+    "presence settings": ("system", "GET", "/v1/presence/settings", {"auth": True}, 200, None),
+    "presence shown": ("system", "PUT", "/v1/presence/settings", {"json": {"hidden": False}, "auth": True}, 200, None),
 }
 
 

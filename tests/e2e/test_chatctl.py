@@ -1,5 +1,5 @@
-"""`chatctl send` and `chatctl listen`, `edit`, `delete`, `read` and `ack`, and `device`, as a developer runs them,
-against real servers: what each prints, and what MySQL holds after.
+"""`chatctl send` and `chatctl listen`, `edit`, `delete`, `read` and `ack`, `device`, and `typing` and
+`presence`, as a developer runs them, against real servers: what each prints, and what MySQL holds after.
 (`chatctl listen` behind a front door of two partitions: test_partitioned_delivery.py.)"""
 
 import subprocess
@@ -8,6 +8,7 @@ import sys
 import httpx
 import orjson
 from sqlalchemy import create_engine, text
+from websockets.sync.client import connect
 
 from harness.servers import ROOT
 from tests.e2e.helpers import mysql_rows
@@ -254,3 +255,77 @@ def test_chatctl_device_register_list_and_remove(system, users):
         assert status == 1 and (refused["error"], refused["field"]) == ("invalid_field", "device"), dots
     assert [tuple(r) for r in sql(system, "SELECT device, pushkey FROM devices WHERE user = :u", u=bob)] == [
         ("laptop", "https://push.example/s/1")]
+
+
+# Typing and presence (docs/presence.md): signals, as a developer follows and sends them.
+
+class Listening:
+    """`chatctl listen` running in the background; what it printed so far, line by line."""
+
+    def __init__(self, system, tmp_path, name: str, *args: str):
+        self.out, self.err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        with open(self.out, "w") as stdout, open(self.err, "w") as stderr:
+            self.proc = subprocess.Popen([sys.executable, "-m", "chatctl.cli", "listen", *args], env=system.env,
+                                         cwd=ROOT, stdout=stdout, stderr=stderr, text=True)
+
+    def lines(self) -> list[str]:
+        return self.out.read_text().splitlines()
+
+    def until(self, found, what: str) -> str:
+        """The first line ``found(line)`` holds for, once printed."""
+        def look() -> str | None:
+            assert self.proc.poll() is None, self.err.read_text()
+            return next((line for line in self.lines() if found(line)), None)
+        return eventually_sync(look, f"chatctl listen printed {what}")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_chatctl_listen_shows_typing_and_the_presence_of_whom_it_watches(system, users, tmp_path):
+    alice, bob = users("alice"), users("bob")
+    api = ("--api", system.api_url)
+    following = ("--as", bob, "--url", system.ws_url, "--watch", alice)
+    shown = Listening(system, tmp_path, "text", *following, "--format", "text")
+    frames = Listening(system, tmp_path, "json", *following)
+    try:
+        shown.until(lambda line: line == f"watching: {alice} offline", "the snapshot: alice never seen")
+        frames.until(lambda line: '"presence"' in line, "the snapshot as JSON")
+        with connect(f"{system.ws_url}/v1/ws", additional_headers={"Authorization": f"Bearer {system.token(alice)}"}) \
+                as ws:
+            assert orjson.loads(ws.recv(PATIENCE))["type"] == "hello"
+            shown.until(lambda line: line == f"{alice} is online", "alice online")
+
+            assert answer(chatctl(system, "typing", "--as", alice, *api, bob)) == (0, {"sent": True})
+            shown.until(lambda line: line == f"{alice} is typing to {bob} (5 s)", "alice typing")
+            # her other connection is told too
+            assert orjson.loads(ws.recv(PATIENCE)) == {"type": "typing", "from": alice, "to": bob, "state": "start",
+                                                      "ttl": 5}
+            assert answer(chatctl(system, "typing", "--as", alice, *api, bob, "--stop")) == (0, {"sent": True})
+            shown.until(lambda line: line == f"{alice} stopped typing to {bob}", "alice stopped")
+
+            status, seen = answer(chatctl(system, "presence", "--as", bob, *api, alice, bob))
+            assert status == 0 and seen == {"users": [{"user": alice, "online": True, "last_seen": None},
+                                                      {"user": bob, "online": True, "last_seen": None}]}
+        # Her only connection closed: offline once the grace (CHAT_PRESENCE_GRACE_SECONDS) has passed.
+        gone = shown.until(lambda line: line.startswith(f"{alice} is offline, last seen "), "alice offline")
+        frames.until(lambda line: '"online":false' in line and '"last_seen":"' in line, "alice offline as JSON")
+    finally:
+        shown.stop()
+        frames.stop()
+    status, seen = answer(chatctl(system, "presence", "--as", bob, *api, f"{alice},{bob}"))
+    assert status == 0 and seen["users"][0] == {"user": alice, "online": False,
+                                                "last_seen": gone.removeprefix(f"{alice} is offline, last seen ")}
+    printed = [orjson.loads(line) for line in frames.lines()]
+    assert [v for frame in printed for v in violations(frame)] == []
+    assert [f["type"] for f in printed] == ["presence", "presence", "typing", "typing", "presence"]
+
+
+def test_chatctl_typing_and_presence_refusals_exit_non_zero(system, users):
+    alice = users("alice")
+    api = ("--api", system.api_url)
+    status, refused = answer(chatctl(system, "typing", "--as", alice, *api, "not a user"))
+    assert status == 1 and refused["error"] == "invalid_field", refused
+    status, refused = answer(chatctl(system, "presence", "--as", alice, *api, *(f"u{i}" for i in range(201))))
+    assert status == 1 and refused["error"] == "invalid_field", refused

@@ -1,6 +1,7 @@
 // The web client's rules without a browser or a server: fake WebSocket, fetch and window.
 // Run: node --test tests/js/   (tests/core/test_web_client_js.py runs it in `make test`)
 import assert from "node:assert/strict";
+import { once } from "node:events";
 import { test } from "node:test";
 
 import { ChatClient, backoffDelay } from "../../api/static/chat-client.js";
@@ -521,5 +522,140 @@ test("many read markers at once go a few per flush, under the daemon's frame rat
   assert.equal(ws.sent.length, 4); // the ack and three markers
   await tick(80);
   assert.deepEqual(sentOfType(ws, "read").map((f) => f.peer), ["peer1", "peer2", "peer3", "peer4", "peer5", "peer6"]);
+  client.stop();
+});
+
+// Typing and presence (docs/presence.md): signals beside the stream, never part of it.
+
+const TYPING = { type: "typing", from: "alice", to: "bob", state: "start", ttl: 5 };
+const SNAPSHOT = { type: "presence", users: [{ user: "alice", online: true, last_seen: null }] };
+const CHANGE = { type: "presence", user: "alice", online: false, last_seen: "2026-11-26T13:01:02.345Z" };
+const sentOf = (ws, type) => ws.sent.filter((f) => f.type === type);
+
+test("typing and presence frames reach the page as signals: no message, no resume point, no ack", () => {
+  const { client, got } = makeClient();
+  const typings = [];
+  const presences = [];
+  client.addEventListener("typing", (e) => typings.push(e.detail));
+  client.addEventListener("presence", (e) => presences.push(e.detail));
+  client.start();
+  const ws = FakeSocket.all[0];
+  ws.hello("7");
+  ws.frame(msg("8"));
+  for (const frame of [TYPING, SNAPSHOT, CHANGE]) ws.frame(frame);
+  assert.deepEqual(typings, [TYPING]);
+  assert.deepEqual(presences, [SNAPSHOT, CHANGE]);
+  assert.deepEqual(got, ["8"]);
+  assert.equal(client.since, "8");
+  assert.equal(client.ackUpto, "8");
+  client.stop();
+});
+
+test("typing goes on the live socket; before the hello it is dropped, never queued", () => {
+  const { client } = makeClient();
+  client.start();
+  const ws = FakeSocket.all[0];
+  client.typing("alice", "start"); // not live yet
+  ws.hello("7");
+  client.typing("alice", "start");
+  client.typing("alice", "stop");
+  assert.deepEqual(sentOf(ws, "typing"), [{ type: "typing", to: "alice", state: "start" },
+                                          { type: "typing", to: "alice", state: "stop" }]);
+  client.stop();
+  client.typing("alice", "start"); // stopped: nothing
+  assert.equal(sentOf(ws, "typing").length, 2);
+});
+
+test("the watch list goes after each hello and when it changes, one frame per interval at most", () => {
+  const { client, win } = makeClient({ watchIntervalMs: 60_000 });
+  client.start();
+  client.watch(["alice", "carol"]); // no socket yet: kept for its hello
+  const first = FakeSocket.all[0];
+  first.hello("7");
+  assert.deepEqual(sentOf(first, "watch"), [{ type: "watch", users: ["alice", "carol"] }]);
+  client.watch(["alice", "carol", "alice"]); // the same list: nothing
+  client.watch(["carol", "alice"]); // the same users, reordered (a conversation moved up): nothing
+  assert.equal(client.watchTimer, null);
+  client.watch(["carol", "alice", "dave"]); // changed, but a watch went just now: it waits for the interval
+  assert.notEqual(client.watchTimer, null);
+  assert.equal(sentOf(first, "watch").length, 1);
+  win.dispatchEvent(new Event("offline"));
+  win.dispatchEvent(new Event("online")); // a new socket, which watches nobody until told
+  const second = FakeSocket.all[1];
+  assert.deepEqual(sentOf(second, "watch"), []);
+  second.hello("7", true);
+  assert.deepEqual(sentOf(second, "watch"), [{ type: "watch", users: ["carol", "alice", "dave"] }]); // the newest
+  client.stop();
+});
+
+test("a change of the watch list goes at once when none went within the interval; at most 200 users", () => {
+  const { client } = makeClient({ watchIntervalMs: 0 });
+  client.start();
+  const ws = FakeSocket.all[0];
+  ws.hello("7");
+  assert.deepEqual(sentOf(ws, "watch"), []); // nobody to watch: no frame
+  client.watch(["alice"]);
+  client.watch(Array.from({ length: 250 }, (_, i) => `u${i}`));
+  client.watch([]); // cleared: said too
+  const watches = sentOf(ws, "watch").map((f) => f.users);
+  assert.deepEqual(watches[0], ["alice"]);
+  assert.equal(watches[1].length, 200);
+  assert.deepEqual(watches[2], []);
+  client.stop();
+});
+
+test("long-polling: the answer's signals reach the page, typing is a POST, presence is asked of the API", async () => {
+  const calls = [];
+  let polls = 0;
+  const fetchImpl = async (url, init) => {
+    const { pathname, searchParams } = new URL(url, "http://api");
+    calls.push({ pathname, searchParams, init });
+    if (pathname === "/v1/poll") {
+      if (++polls > 1) return new Promise(() => {}); // the next poll waits
+      return { status: 200, ok: true, json: async () => ({ messages: [msg("8")], cursor: "8", recovered: false,
+                                                           unread: 0, signals: [TYPING] }) };
+    }
+    if (pathname === "/v1/presence") {
+      const users = searchParams.get("users").split(",").map((user) => ({ user, online: true, last_seen: null }));
+      return { status: 200, ok: true, json: async () => ({ users }) };
+    }
+    return { status: 202, ok: true, json: async () => ({ sent: true }) };
+  };
+  const { client } = makeClient({ transport: "poll", fetchImpl });
+  const typed = once(client, "typing");
+  const told = once(client, "presence");
+  client.watch(["alice"]);
+  client.start();
+  assert.deepEqual((await typed)[0].detail, TYPING);
+  assert.deepEqual((await told)[0].detail, SNAPSHOT); // asked when polling began: no socket watches
+  const asked = calls.filter((c) => c.pathname === "/v1/presence");
+  assert.deepEqual(asked[0].init.headers, { Authorization: "Bearer t" });
+
+  client.typing("alice", "start");
+  const posted = calls.filter((c) => c.pathname === "/v1/typing");
+  assert.deepEqual(posted.map((c) => JSON.parse(c.init.body)), [{ to: "alice", state: "start" }]);
+  assert.equal(posted[0].init.method, "POST");
+
+  const again = once(client, "presence");
+  client.watch(["alice", "carol"]); // a new list: asked at once
+  assert.deepEqual((await again)[0].detail.users.map((u) => u.user), ["alice", "carol"]);
+  client.stop();
+});
+
+test("long-polling against a server with presence off: one 404, then no more asking", async () => {
+  let asked = 0;
+  const fetchImpl = async (url) => {
+    if (new URL(url, "http://api").pathname !== "/v1/presence") return new Promise(() => {});
+    asked += 1;
+    return { status: 404, ok: false, json: async () => ({ error: "presence_disabled", message: "off" }) };
+  };
+  const { client } = makeClient({ transport: "poll", fetchImpl });
+  client.start();
+  client.watch(["alice"]);
+  await client.presenceAsking;
+  assert.equal(client.presenceOff, true);
+  client.watch(["alice", "carol"]);
+  client.askPresence();
+  assert.equal(asked, 1);
   client.stop();
 });
