@@ -53,9 +53,8 @@ TYPING_STATES = ("start", "stop")
 
 def user_list_pattern(regex: re.Pattern[str], most: int) -> str:
     """A JSON Schema pattern for 1 to ``most`` values of ``regex`` joined by commas, as
-    ``api.validation.parse_presence_users`` reads them: empty items (``a,,b``, a comma at either end)
-    are skipped. (It counts a repeated value once; the pattern counts each.)"""
-    return f"^,*(?:{regex.pattern})(?:,+(?:{regex.pattern})){{0,{most - 1}}},*$"
+    ``api.validation.parse_presence_users`` reads them: no empty item, each counted (a repeat too)."""
+    return f"^(?:{regex.pattern})(?:,(?:{regex.pattern})){{0,{most - 1}}}$"
 
 
 def _json(schema: dict) -> dict:

@@ -28,7 +28,8 @@ REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
 def _signals(st: State) -> SignalStore:
     if st.signals is None:
-        raise ApiError(503, "signals_unavailable", "this server has no Redis (CHAT_REDIS_URL)")
+        raise ApiError(503, "signals_unavailable", "this server has no Redis (CHAT_REDIS_URL)",
+                       headers={"Retry-After": "1"})
     return st.signals
 
 

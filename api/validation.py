@@ -279,16 +279,15 @@ def parse_typing(raw: bytes) -> tuple[str, str]:
 def parse_presence_users(params: Mapping[str, str]) -> list[str]:
     """``?users=a,b,c`` (GET /v1/presence): 1 to 200 user ids, duplicates dropped, order kept."""
     raw = params.get("users", "")
-    users = list(dict.fromkeys(u for u in raw.split(",") if u)) if raw else []
-    if not users:
+    if not raw:
         raise ApiError(422, "invalid_field", "`users` is required: comma-separated user ids", field="users")
-    if len(users) > PRESENCE_USERS_MAX:
+    listed = raw.split(",")
+    if len(listed) > PRESENCE_USERS_MAX:
         raise ApiError(422, "invalid_field", f"at most {PRESENCE_USERS_MAX} users at once", field="users")
-    bad = next((u for u in users if not is_user_id(u)), None)
-    if bad is not None:
+    if not all(is_user_id(u) for u in listed):
         raise ApiError(422, "invalid_field", "`users` must be user ids: 1-64 chars of [A-Za-z0-9_.-]",
                        field="users")
-    return users
+    return list(dict.fromkeys(listed))
 
 
 def parse_presence_settings(raw: bytes) -> bool:

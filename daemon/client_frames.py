@@ -73,8 +73,9 @@ class Unknown(NamedTuple):
     type: str
 
 
-FIELDS = {"ack": {"type", "upto"}, "read": {"type", "peer", "upto"}, "typing": {"type", "to", "state"},
-          "watch": {"type", "users"}}
+# Each type's fields, in the order the close reason names them
+FIELDS = {"ack": ("type", "upto"), "read": ("type", "peer", "upto"), "typing": ("type", "to", "state"),
+          "watch": ("type", "users")}
 OPTIONAL = {"state"}  # a typing frame without it says "start"
 TYPE_MAX_CHARS = 32  # of an unknown type, as the error frame repeats it
 
@@ -93,8 +94,8 @@ def parse(data: bytes) -> Ack | Read | Typing | Watch | Unknown | None:
     fields = FIELDS.get(kind)
     if fields is None:
         return Unknown(kind[:TYPE_MAX_CHARS])
-    if not fields - OPTIONAL <= set(frame) <= fields:
-        raise BadClientFrame(f"{kind} frame fields are {', '.join(sorted(fields))}")
+    if not set(fields) - OPTIONAL <= set(frame) <= set(fields):
+        raise BadClientFrame(f"{kind} frame fields are {', '.join(fields)}")
     if kind == "typing":
         state = frame.get("state", "start")
         if not is_user_id(frame["to"]):
@@ -205,7 +206,7 @@ class ClientFrames:
             self._error("watch", "signals_unavailable", "this server has no Redis (CHAT_REDIS_URL)")
             return
         most = signals.settings.presence_watch_max
-        if len(set(users)) > most:
+        if len(users) > most:
             self._error("watch", "watch_too_many", f"a connection watches at most {most} users "
                         "(CHAT_PRESENCE_WATCH_MAX); the list is unchanged")
             return

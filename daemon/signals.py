@@ -92,6 +92,8 @@ class Signals:
         self.slot_map = slot_map
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.presence = settings.presence_enabled
+        ttl = settings.typing_ttl_seconds
+        self._ttl: float | int = int(ttl) if ttl.is_integer() else ttl  # 5, not 5.0, for typed clients
         self.tracker = PresenceTracker(settings.presence_grace_seconds)
         self.watchers: Watchers[Watcher] = Watchers()
         self._engine = engine  # None: no MySQL (development): last_seen is not stored
@@ -208,8 +210,7 @@ class Signals:
         partition = int(channel.rsplit(b":", 1)[1])
         daemon, _, sink = origin.rpartition("/")
         skip = int(sink) if daemon == self.id and sink.isdigit() else None
-        frame = orjson.dumps({"type": "typing", "from": sender, "to": to, "state": state,
-                              "ttl": self.settings.typing_ttl_seconds})
+        frame = orjson.dumps({"type": "typing", "from": sender, "to": to, "state": state, "ttl": self._ttl})
         hub = self.hubs.by_partition.get(partition)
         if hub is None:
             return

@@ -182,7 +182,7 @@ async def test_refusals_have_their_documented_answers(system, users):
 ])
 async def test_a_malformed_client_frame_closes_with_1007(system, users, frame, reason):
     ws, _ = await connect(system, users("bob"))
-    for other in ("not json", "[1]", '{"type": "typing"}'):  # not a client frame: checked and dropped
+    for other in ("not json", "[1]", '{"kind": "typing"}'):  # not a client frame: checked and dropped
         await ws.send(other)
     await ws.send(frame.decode())
     with pytest.raises(websockets.ConnectionClosed):

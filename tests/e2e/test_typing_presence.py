@@ -12,7 +12,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from harness.system import running_system
-from tests.e2e.helpers import connect, mongo_docs, mongo_docs_soon, mysql_rows, post
+from tests.e2e.helpers import connect, mongo_docs, mongo_docs_soon, mysql_rows, post, receive
 from tests.timing import PATIENCE, eventually
 
 
@@ -30,11 +30,6 @@ async def call(system, user: str, method: str, path: str, **kwargs) -> httpx.Res
     async with httpx.AsyncClient(timeout=PATIENCE) as client:
         return await client.request(method, f"{system.api_url}{path}",
                                     headers={"Authorization": f"Bearer {system.token(user)}"}, **kwargs)
-
-
-async def receive(ws, count: int) -> list[dict]:  # TEMP: until the AsyncAPI document has these frames
-    async with asyncio.timeout(PATIENCE):
-        return [orjson.loads(await ws.recv()) for _ in range(count)]
 
 
 async def send(ws, **frame) -> None:
@@ -69,14 +64,14 @@ async def test_typing_reaches_the_peer_and_the_typists_other_devices_but_not_its
     peer, _ = await connect(system, bob)
     await send(typist, type="typing", to=bob)  # `state` left out: start
     await send(typist, type="typing", to=bob, state="stop")
-    started = {"type": "typing", "from": alice, "to": bob, "state": "start", "ttl": 5.0}
+    started = {"type": "typing", "from": alice, "to": bob, "state": "start", "ttl": 5}
     stopped = started | {"state": "stop"}
     assert await receive(peer, 2) == [started, stopped]
     assert await receive(other, 2) == [started, stopped]
     # A barrier for the typist: bob types back after alice's two went through Redis, so anything
     # of alice's own that reached her socket would come first.
     await send(peer, type="typing", to=alice)
-    assert await receive(typist, 1) == [{"type": "typing", "from": bob, "to": alice, "state": "start", "ttl": 5.0}]
+    assert await receive(typist, 1) == [{"type": "typing", "from": bob, "to": alice, "state": "start", "ttl": 5}]
 
 
 async def test_a_resume_replays_no_typing_and_no_signal_is_ever_a_message(system, users):
@@ -118,7 +113,7 @@ async def test_a_waiting_poll_gets_typing_in_its_signals_and_counts_as_online(pr
         await send(typist, type="typing", to=bob)
         answer = (await polling).json()
     assert answer["messages"] == []
-    assert answer["signals"] == [{"type": "typing", "from": alice, "to": bob, "state": "start", "ttl": 2.0}]
+    assert answer["signals"] == [{"type": "typing", "from": alice, "to": bob, "state": "start", "ttl": 2}]
     offline = await next_of(typist, "presence")
     assert (offline["user"], offline["online"]) == (bob, False) and offline["last_seen"]
 
@@ -236,7 +231,7 @@ async def test_typing_over_http_reaches_the_peers_socket(system, users):
     r = await call(system, alice, "POST", "/v1/typing", json={"to": bob, "state": "start"})
     assert r.status_code == 202 and r.json()["sent"] is True
     assert await next_of(peer, "typing") == {"type": "typing", "from": alice, "to": bob, "state": "start",
-                                             "ttl": 5.0}
+                                             "ttl": 5}
 
 
 async def test_a_killed_daemons_users_turn_offline_and_delivery_goes_on(dbs, users):
