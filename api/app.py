@@ -324,7 +324,8 @@ def create_app(settings: Settings) -> ASGIApp:
         signal_store = SignalStore(connect(redis_url, settings.db_timeout_seconds)) if redis_url else None
         app.state.chat = State(settings, engine, client, writer,
                                RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst), reads,
-                               slot_map, signal_store)
+                               slot_map, signal_store,
+                               typing_limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst))
         tasks = [asyncio.create_task(run_sweeper(
                      db, engine, reads, settings.retention_seconds, settings.sweep_interval_seconds,
                      slot_map.partitions), name="sweeper")]

@@ -568,6 +568,7 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
                         "401": unauthorized,
                         "413": too_large,
                         "422": bad_shape,
+                        "429": rate_limited,
                         "503": _err(f"{redis_away}, or the process at its connection limit (overloaded)",
                                     "signals_unavailable", "overloaded", headers=_RETRY_AFTER),
                         **_HEAD_ANSWERS,

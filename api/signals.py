@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.errors import ApiError
+from api.errors import ApiError, rate_limited
 from api.events import _body, _json, _state, _user
 from api.state import State
 from api.validation import parse_presence_settings, parse_presence_users, parse_typing
@@ -50,6 +50,9 @@ async def post_typing(request: Request) -> Response:
     signals = _signals(st)
     if not st.typing_gate.passes((user, to), state, time.monotonic()):
         return _json({"sent": False}, 202)
+    wait = st.typing_limiter.allow(user) if st.typing_limiter is not None else 0.0
+    if wait:
+        raise rate_limited(wait)
     partition_of = st.slot_map.partition_of
     channels = sorted({typing_channel(partition_of(to)), typing_channel(partition_of(user))})
     try:

@@ -38,6 +38,9 @@ class State:
     signals: SignalStore | None = None  # typing and presence in Redis; None: CHAT_REDIS_URL is empty
     # POST /v1/typing's throttle: (user, peer) pairs, bounded whoever calls
     typing_gate: TypingGate = field(default_factory=lambda: TypingGate(TYPING_GATE_MAX))
+    # and its own rate limit per user (as messages have theirs): a user typing to ever new peers
+    # passes every gate, not this
+    typing_limiter: RateLimiter | None = None
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         """``fn(connection)``, one read from MySQL on the API's read threads, or a

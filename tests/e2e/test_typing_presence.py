@@ -220,7 +220,13 @@ async def test_bad_requests_get_their_documented_answers(system, users):
         assert (r.status_code, r.json().get("field")) == (status, field), (method, path, kwargs, r.text)
     async with httpx.AsyncClient() as client:
         r = await client.get(f"{system.api_url}/v1/presence", params={"users": alice})
-    assert r.status_code == 401
+        assert r.status_code == 401
+        headers = {"Authorization": f"Bearer {system.token(alice)}", "Content-Type": "application/json"}
+        r = await client.post(f"{system.api_url}/v1/typing", content=b'{"to": ', headers=headers)
+        assert (r.status_code, r.json()["error"]) == (400, "malformed_json")
+        r = await client.put(f"{system.api_url}/v1/presence/settings", content=b'{"hidden": true' + b" " * 20_000
+                             + b"}", headers=headers)
+        assert (r.status_code, r.json()["error"]) == (413, "body_too_large")
     r = await call(system, alice, "POST", "/v1/typing", json={"to": users("bob")})
     assert (r.status_code, r.json()) == (202, {"sent": True})
 
@@ -274,3 +280,11 @@ async def test_with_redis_away_messages_flow_and_signals_say_unavailable(tmp_pat
         assert (await next_of(peer, "message"))["body"] == "no Redis needed"
         r = await call(s, alice, "GET", "/v1/presence", params={"users": bob})
         assert (r.status_code, r.json()["error"]) == (503, "signals_unavailable")
+
+
+async def test_typing_over_http_to_ever_new_peers_meets_the_senders_rate_limit(dbs, users):
+    alice = users("alice")
+    with running_system(dbs, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND="0.01", CHAT_RATE_LIMIT_BURST="2") as s:
+        answers = [await call(s, alice, "POST", "/v1/typing", json={"to": users(f"peer{i}")}) for i in range(3)]
+        assert [r.status_code for r in answers] == [202, 202, 429]  # each a new peer: the gate passes them all
+        assert answers[2].json()["error"] == "rate_limited" and int(answers[2].headers["Retry-After"]) >= 1
