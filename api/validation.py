@@ -278,6 +278,9 @@ def parse_typing(raw: bytes) -> tuple[str, str]:
 
 def parse_presence_users(params: Mapping[str, str]) -> list[str]:
     """``?users=a,b,c`` (GET /v1/presence): 1 to 200 user ids, duplicates dropped, order kept."""
+    unknown = sorted(set(params.keys()) - {"users"})
+    if unknown:
+        raise ApiError(422, "invalid_field", f"unknown parameter `{unknown[0]}`", field=unknown[0])
     raw = params.get("users", "")
     if not raw:
         raise ApiError(422, "invalid_field", "`users` is required: comma-separated user ids", field="users")

@@ -458,7 +458,8 @@ def test_the_device_endpoints_answer_what_the_api_answers():
 
 # Typing and presence (docs/presence.md): each refusal, by operation and status.
 SIGNAL_REFUSALS = {
-    ("/v1/typing", "post"): {"422": ["invalid_field", "invalid_body"], "503": ["signals_unavailable", "overloaded"]},
+    ("/v1/typing", "post"): {"422": ["invalid_field", "invalid_body"], "429": ["rate_limited"],
+                             "503": ["signals_unavailable", "overloaded"]},
     ("/v1/presence", "get"): {"404": ["presence_disabled"], "422": ["invalid_field"],
                               "503": ["signals_unavailable", "mysql_unavailable", "overloaded"]},
     ("/v1/presence/settings", "get"): {"404": ["presence_disabled"], "503": ["mysql_unavailable", "overloaded"]},
