@@ -22,6 +22,10 @@ def _pair(figures: dict | None) -> str:
     return "–" if not figures or figures.get("p50") is None else f"{_v(figures['p50'])}/{_v(figures['p99'])}"
 
 
+def _pct(share: float | None) -> str:
+    return "–" if share is None else f"{100 * share:g} %"
+
+
 def _x(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}×"
 
@@ -102,14 +106,14 @@ def signals_table(r: dict) -> list[str]:
               f" list); after the phases {_v(mem['pss_kb_per_conn_after_phases'])} KB PSS.{before}"
               f" {_v(mem['snapshots'])} snapshots in {_v(mem['watch_seconds'])} s ({_v(mem.get('snapshots_per_s'))}"
               f" a second, {_v(p.get('watch_window'))} watch frames awaiting theirs at a time), with"
-              f" {_v(mem['snapshot_online_share'])} of the watched users online in them (all were)."]
+              f" {_pct(mem['snapshot_online_share'])} of the watched users online in them (all were connected)."]
     lines += ["", "Reconnect storms, one after the other: the clients' sockets dropped at once (no close frame) and all"
               " reconnected at once, each with its resume point (`since`); counted from the first drop to the grace"
               f" ({_v(p.get('grace_seconds'))} s) and a `last_seen` store period after the last one was back."
               " Rows changed = rows of MySQL's `presence` whose `last_seen` changed (of users back within the grace"
               " as the client saw it / after it); published = changes on `chat:presence`, counted by a subscriber of"
               " the benchmark's own (offline/online); offline after = users connected again whom Redis lists on no"
-              " daemon once it was over.", "",
+              " daemon once it was over; Redis commands = those it ran meanwhile, its scripts' own included.", "",
               "| clients | all back in s | drop → hello p50/p99/max ms | over the grace | rows changed (within/after)"
               " | published (offline/online) | presence frames to watchers | offline after | Redis commands |",
               "|---|---|---|---|---|---|---|---|---|"]
