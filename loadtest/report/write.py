@@ -17,6 +17,7 @@ import typer
 from loadtest.report.compare_tables import comparison_tables
 from loadtest.report.push_table import push_tables
 from loadtest.report.receipts_table import receipts_tables
+from loadtest.report.signals_table import signals_tables
 from loadtest.peers.report import peers_tables
 from loadtest.common.results import DOCS, RESULTS
 
@@ -99,7 +100,7 @@ def generated_tables(r: dict, results: Path, images: str) -> list[str]:
     """What docs/benchmarks.md holds below its GENERATED marker: the run's sections, then the
     peers run, the A/B comparisons and the other scenarios' files kept in the results folder."""
     return (sections(r, images, level="###") + peers_tables(results) + comparison_tables(results)
-            + receipts_tables(results) + push_tables(results))
+            + receipts_tables(results) + push_tables(results) + signals_tables(results))
 
 
 def rewrite_generated(docs: Path = DOCS, results: Path = RESULTS) -> None:
