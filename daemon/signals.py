@@ -142,9 +142,11 @@ class Signals:
         rows = {} if self._engine is None or not kept else await self._mysql(presence_sql.rows_of, kept)
         try:
             online = await self.store.online(kept)
-        except REDIS_ERRORS:
-            self._away()
-            raise Unavailable("signals_unavailable", "presence is unavailable: the daemon cannot reach Redis") from None
+        except REDIS_ERRORS as exc:
+            # One slow answer (a loop busy with a burst of watch frames) is not Redis gone:
+            # the heartbeat decides that, and this client sends its list again.
+            log.warning("event=presence_snapshot_failed error=%s", exc.__class__.__name__)
+            raise Unavailable("signals_unavailable", "presence is unavailable for now: send the list again") from None
         return orjson.dumps({"type": "presence", "users": presence_sql.view(kept, online, rows)})
 
     def _change(self, user: str, last_seen: int | None) -> None:
@@ -165,9 +167,10 @@ class Signals:
         await self.store.close()
         await self._listener.aclose()
 
-    def _away(self) -> None:
+    def _away(self, exc: BaseException) -> None:
         if self.healthy:
-            log.warning("event=redis_unreachable action=signals_off")
+            log.warning("event=redis_unreachable action=signals_off error=%s detail=%r", exc.__class__.__name__,
+                        str(exc)[-200:])
         self.healthy = False
         self._resync = True
 
@@ -188,8 +191,8 @@ class Signals:
                     message = await pubsub.get_message(timeout=HEARTBEAT_SECONDS)
                     if message is not None:
                         self._received(message["channel"], message["data"])
-            except REDIS_ERRORS:
-                self._away()
+            except REDIS_ERRORS as exc:
+                self._away(exc)
             finally:
                 await pubsub.aclose()
             await self._sleep(1.0)
@@ -237,8 +240,8 @@ class Signals:
                                 pipe.publish(channel, payload)
                         await pipe.execute()
                     metrics.SIGNALS.labels("typing", "published").inc(len(batch))
-                except REDIS_ERRORS:
-                    self._away()
+                except REDIS_ERRORS as exc:
+                    self._away(exc)
                     metrics.SIGNALS.labels("typing", "dropped").inc(len(batch))
 
     async def _flush(self) -> None:
@@ -257,8 +260,8 @@ class Signals:
                     batch = [queue.popleft() for _ in range(min(len(queue), CHANGES_BATCH))]
                     self._went_offline(batch, await self.store.apply(self.id, batch))
                 self._back()
-            except REDIS_ERRORS:
-                self._away()
+            except REDIS_ERRORS as exc:
+                self._away(exc)
 
     async def _reconcile(self) -> None:
         held = self.tracker.held()
@@ -314,8 +317,8 @@ class Signals:
                     log.info("event=presence_swept daemon=%s offline=%d", dead, len(gone))
             if not self._resync:
                 self._back()
-        except REDIS_ERRORS:
-            self._away()
+        except REDIS_ERRORS as exc:
+            self._away(exc)
 
     async def _mysql(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(connection, *args)`` in one transaction, on this shell's own thread."""
