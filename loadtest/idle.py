@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -206,18 +206,22 @@ def main(idle: float = typer.Option(60.0, help="seconds of quiet before the CPU 
          quick: bool = typer.Option(False, "--quick", help="20 s of quiet, 10 s sampled"),
          publish: bool = typer.Option(False, "--publish",
                                       help="write loadtest/results/idle-latest.json and the page's tables"),
-         out: Path | None = typer.Option(None, help=f"the result JSON (default {OUT_DEFAULT})")) -> None:
+         out: Path | None = typer.Option(None, help=f"the result JSON (default {OUT_DEFAULT})"),
+         setting: list[str] = typer.Option([], "--set", help="KEY=VALUE: a setting of every process "
+                                           "(e.g. CHAT_FERRETDB_TAIL_IDLE_POLL_MS=2000), for an A/B")) -> None:
     """One run on a private system of its own, deployed as `make run` deploys it."""
     from harness.system import databases, running_system
     from loadtest.bench import AS_DEPLOYED, DEPLOYED_DAEMONS
 
     if quick:
         idle, sample = 20.0, 10.0
-    params = {"idle_seconds": idle, "sample_seconds": sample, "rounds": rounds, "gap_seconds": gap,
+    env = dict(kv.split("=", 1) for kv in setting)
+    params = {"settings": env, "idle_seconds": idle, "sample_seconds": sample, "rounds": rounds, "gap_seconds": gap,
               "rate": rate, "traffic_seconds": traffic}
+    extra: dict[str, Any] = {"CHAT_RATE_LIMIT_PER_SECOND": "0", **env}
     started = time.monotonic()
     with databases(Path(tempfile.mkdtemp(prefix="idle-dbs-"))) as dbs:
-        with running_system(dbs, daemons=DEPLOYED_DAEMONS, **AS_DEPLOYED, CHAT_RATE_LIMIT_PER_SECOND="0") as system:
+        with running_system(dbs, daemons=DEPLOYED_DAEMONS, **AS_DEPLOYED, **extra) as system:
             system.start("pusher")
             measured = asyncio.run(measure(system, dbs, idle, sample, rounds, gap, rate, traffic))
     result = {"machine": machine.describe(), "parameters": params,
