@@ -153,7 +153,7 @@ class Settings(BaseSettings):
         description="FerretDB only: poll period of the oplog tail (no awaitData there). MongoDB: awaitData.",
     )
     ferretdb_tail_idle_poll_ms: float = Field(
-        1000.0, gt=0,
+        2000.0, gt=0,
         description="FerretDB only: after a second of empty polls the tail's poll period doubles up to this; the "
         "writer's wake through Redis (`chat:wake`) cuts it short when a write commits. Without Redis it bounds the "
         "delay of the first message after a quiet spell. MongoDB: awaitData, unused.",

@@ -68,7 +68,7 @@ class OplogTail:
 
     def __init__(self, client: AsyncMongoClient, *namespaces: str, await_ms: int = 500,
                  silence_seconds: float = 30.0, batch_size: int = 1000, ferretdb_poll_seconds: float = 0.02,
-                 ferretdb_idle_poll_seconds: float = 1.0):
+                 ferretdb_idle_poll_seconds: float = 2.0):
         """``namespaces``: one or more ("db.collection"); the first is ``namespace``."""
         if not namespaces:
             raise ValueError("an oplog tail needs a namespace")
