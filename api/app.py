@@ -7,7 +7,7 @@ import contextlib
 import functools
 import gc
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import orjson
@@ -43,6 +43,7 @@ from db.retention import run_sweeper
 from db.conversation_state import peer_markers, read_markers_of, unread_by_peer
 from db.sql import MAX_OVERFLOW, conversation_key, make_engine, pool_size_of, row_to_message
 from db.threads import Threads
+from oplog.wake import WakePublisher
 from writer.client import RemoteWriter
 from writer.partitioned import PartitionedWriter, build, engine_pool_size
 
@@ -295,10 +296,11 @@ def read_threads(engine: Engine) -> Threads:
     return Threads(pool_size_of(engine) + MAX_OVERFLOW, "reads")
 
 
-def _writer(settings: Settings, db: AsyncDatabase,
-            slot_map: SlotMap) -> tuple[PartitionedWriter | RemoteWriter, Engine | None]:
+def _writer(settings: Settings, db: AsyncDatabase, slot_map: SlotMap,
+            on_stored: Callable[[], None]) -> tuple[PartitionedWriter | RemoteWriter, Engine | None]:
     """The host's writer process if there is one (writer/), else writers of this process's own, one per
-    partition (writer/partitioned.py), as the writer process runs them."""
+    partition (writer/partitioned.py), as the writer process runs them; ``on_stored``: their wake of the
+    FerretDB tails (``oplog.wake``)."""
     if settings.writer_socket:
         # Its reply deadline is a last resort for a writer that hangs: the
         # writer's own MySQL and Mongo timeouts answer first.
@@ -307,7 +309,7 @@ def _writer(settings: Settings, db: AsyncDatabase,
     # The writers' own connections: the reads cannot take them all from them.
     engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
                          pool_size=engine_pool_size(slot_map))
-    return build(settings, engine, db, slot_map), engine
+    return build(settings, engine, db, slot_map, on_stored), engine
 
 
 def create_app(settings: Settings) -> ASGIApp:
@@ -318,10 +320,11 @@ def create_app(settings: Settings) -> ASGIApp:
         db = client[settings.mongo_db]
         # The map of its start: a slot move restarts the API processes (docs/operations.md).
         slot_map = load_slot_map(engine)
-        writer, writer_engine = _writer(settings, db, slot_map)
-        reads = read_threads(engine)
         redis_url = settings.redis_url.get_secret_value()
         signal_store = SignalStore(connect(redis_url, settings.db_timeout_seconds)) if redis_url else None
+        on_stored = WakePublisher.on_redis(signal_store.client).wake if signal_store is not None else lambda: None
+        writer, writer_engine = _writer(settings, db, slot_map, on_stored)
+        reads = read_threads(engine)
         app.state.chat = State(settings, engine, client, writer,
                                RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst), reads,
                                slot_map, signal_store,

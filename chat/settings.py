@@ -152,6 +152,12 @@ class Settings(BaseSettings):
         20.0, gt=0,
         description="FerretDB only: poll period of the oplog tail (no awaitData there). MongoDB: awaitData.",
     )
+    ferretdb_tail_idle_poll_ms: float = Field(
+        2000.0, gt=0,
+        description="FerretDB only: after a second of empty polls the tail's poll period doubles up to this; the "
+        "writer's wake through Redis (`chat:wake`) cuts it short when a write commits. Without Redis it bounds the "
+        "delay of the first message after a quiet spell. MongoDB: awaitData, unused.",
+    )
     drain_seconds: float = Field(5.0, ge=0, description="On SIGTERM: grace period after closing clients with 1012.")
     recent_cache_max: int = Field(
         50_000, ge=0, description="Recent messages each daemon keeps in memory to serve catch-up without a query."

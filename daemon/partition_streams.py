@@ -37,6 +37,7 @@ from oplog.events import OplogSource
 from oplog.fanout import Fanout
 from oplog.namespaces import partition_namespaces
 from oplog.tail import OplogTail
+from oplog.wake import listen_for_wakes
 from relay.client import RelayTail
 
 log = logging.getLogger("chat.daemon")
@@ -118,7 +119,10 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
             shared = RelayTail(client, tuple(namespaces), settings.oplog_relay_socket)
         else:
             shared = OplogTail(client, *namespaces, silence_seconds=settings.tail_silence_seconds,
-                               ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
+                               ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000,
+                               ferretdb_idle_poll_seconds=settings.ferretdb_tail_idle_poll_ms / 1000)
+            if redis_url := settings.redis_url.get_secret_value():  # the writer's wakes (oplog.wake)
+                loops.append(listen_for_wakes(redis_url, shared.wake, connect_seconds=settings.db_timeout_seconds))
         if len(served) == 1:
             sources = {served[0]: shared}
         else:

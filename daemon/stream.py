@@ -179,6 +179,11 @@ class Stream:
                     self.inbox.request_fill()
                     self.consumer.note_stuck()
                 self._committed_before = committed
+                if committed <= self.position:
+                    # Nothing committed past what was released (an idle stream): the fast
+                    # store, which holds committed rows only, has nothing past it either.
+                    last_position = self.position
+                    continue
             try:
                 newest = await mongo.newest_id(self._db, self.partition)
                 if newest > self.position and self.position == last_position:

@@ -101,10 +101,10 @@ WATCH_LIMIT_SECONDS = 150.0  # the longest the snapshots are waited for
 GRACE = float(Settings.model_fields["presence_grace_seconds"].default)  # the harness runs the default
 MEMORY_LIMIT_KB = 3.0  # docs/receipts.md: an idle connection (no watch list) stays at or under it
 # Part of the brief this run leaves out, and why (the page says so beside the figures).
-NOT_MEASURED = ("typing latency across hosts. The cluster (`python -m cluster up`, docs/cluster.md) starts no Redis"
-                " and gives its hosts no `CHAT_REDIS_URL`, so its daemons carry no typing or presence at all; and"
-                " bringing it up (namespaces, its databases, three hosts, nginx) beside this run would not fit the"
-                " run's few minutes on these 2 cores.")
+NOT_MEASURED = ("typing latency across hosts: bringing the cluster up (namespaces, its databases and Redis, three"
+                " hosts, nginx) beside this run would not fit the run's few minutes on these 2 cores."
+                " `tests/e2e/test_cluster_signals.py` checks typing from one host to another and a killed host's"
+                " users turning offline.")
 OUT_DEFAULT = UNPUBLISHED / "signals.json"
 T0 = time.monotonic()  # the progress lines say when, from the start
 

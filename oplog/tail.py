@@ -22,6 +22,13 @@ the query and re-decoding the whole oplog every 10 ms while it waits, and
 twice more once data arrives (the figures: docs/decisions/ferretdb-tail.md).
 MongoDB wakes an awaitData cursor when an entry commits, so there the cursor
 waits on the server.
+
+Each poll costs FerretDB a read of the oplog, so after a second of empty polls
+the period doubles at each empty poll up to ``ferretdb_idle_poll_seconds``
+(``oplog.pace``), and ``wake()`` (the writer's publish after an insert, through
+Redis: ``oplog.wake``) cuts such a wait short. Without a wake the delay of the
+first entry after a quiet spell is bounded by that cap
+(docs/decisions/idle-costs-nothing.md).
 """
 
 from __future__ import annotations
@@ -36,11 +43,16 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from db import mongo
+from prometheus_client import Counter
+
 from oplog.backoff import Backoff
 from oplog.events import Batch, OplogEvent, Restarted
+from oplog.pace import PollPace
 from chat.stopping import reraise_if_cancelling
 
 log = logging.getLogger("chat.oplog")
+
+WAKES = Counter("chat_oplog_tail_wakes_total", "Wakes (a write committed) that cut a polled tail's idle backoff short")
 
 REOPEN_PAUSE = 0.02
 
@@ -55,7 +67,8 @@ class OplogTail:
     """An ``oplog.events.OplogSource`` on the database's own oplog."""
 
     def __init__(self, client: AsyncMongoClient, *namespaces: str, await_ms: int = 500,
-                 silence_seconds: float = 30.0, batch_size: int = 1000, ferretdb_poll_seconds: float = 0.02):
+                 silence_seconds: float = 30.0, batch_size: int = 1000, ferretdb_poll_seconds: float = 0.02,
+                 ferretdb_idle_poll_seconds: float = 2.0):
         """``namespaces``: one or more ("db.collection"); the first is ``namespace``."""
         if not namespaces:
             raise ValueError("an oplog tail needs a namespace")
@@ -67,7 +80,12 @@ class OplogTail:
         self._silence = silence_seconds
         self._batch = batch_size
         self._ferretdb_poll = ferretdb_poll_seconds
+        self._ferretdb_idle_poll = ferretdb_idle_poll_seconds
         self.poll_seconds: float | None = None  # decided at the first open: 0 = awaitData
+        self.pace: PollPace | None = None  # a polled tail's (FerretDB's); None: awaitData, or not open yet
+        self._woken = asyncio.Event()
+        self._idle = False  # the polls are at their idle cap (logged once per quiet spell)
+        self._since_wake = False  # a wake cut a backoff short, and no backoff has run out since
         self.last_ts: Timestamp | None = None
         self.restarts = 0
         self.last_activity = time.monotonic()
@@ -80,7 +98,10 @@ class OplogTail:
         if self.poll_seconds is None:
             ferretdb, server = await mongo.server(self._client)
             self.poll_seconds = self._ferretdb_poll if ferretdb else 0.0
-            mode = f"poll every {self.poll_seconds * 1000:g} ms" if self.poll_seconds else "awaitData"
+            if self.poll_seconds:
+                self.pace = PollPace(self.poll_seconds, self._ferretdb_idle_poll)
+            mode = (f"poll every {self.poll_seconds * 1000:g} ms, idle up to {self._ferretdb_idle_poll * 1000:g} ms"
+                    if self.poll_seconds else "awaitData")
             log.info("event=tail_mode server=%s mode=%s", server, mode)
         return self.poll_seconds
 
@@ -128,13 +149,15 @@ class OplogTail:
                 while cursor_id:
                     reraise_if_cancelling()
                     more = {"getMore": cursor_id, "collection": "oplog.rs", "batchSize": self._batch}
-                    if self.poll_seconds:
-                        await asyncio.sleep(self.poll_seconds)
+                    if self.pace is not None:
+                        await self._pause(self.pace.delay)
                     else:
                         more["maxTimeMS"] = self._await_ms
                     reply = await self._local.command(more)
                     cursor_id = reply["cursor"]["id"]
                     batch = reply["cursor"]["nextBatch"]
+                    if self.pace is not None:
+                        self._paced(batch)
                     if batch:
                         yield self._seen(batch)
                         backoff.reset()
@@ -156,6 +179,39 @@ class OplogTail:
             finally:
                 if cursor_id:
                     await self._kill(cursor_id)
+
+    def _paced(self, batch: list[dict]) -> None:
+        """A poll's outcome told to the pace; the quiet spell's two log lines."""
+        assert self.pace is not None
+        wait = self.pace.polled(bool(batch))
+        if batch:
+            self._idle = False
+            if self._since_wake:  # found at the pace the wake gave back: the wake delivered these
+                self._since_wake = False
+                log.info("event=tail_wake_found entries=%d", len(batch))
+        elif self.pace.backing_off and wait >= self.pace.idle_max and not self._idle:
+            self._idle = True
+            log.info("event=tail_idle poll_every_ms=%g", wait * 1000)
+
+    def wake(self) -> None:
+        """A write committed (``oplog.wake``): a polled tail that is backing off polls at once."""
+        if self.pace is not None and self.pace.woken():
+            WAKES.inc()
+            log.info("event=tail_woken action=poll_now")
+            self._idle, self._since_wake = False, True
+            self._woken.set()
+
+    async def _pause(self, seconds: float) -> None:
+        """The wait before a poll: the base pace's plainly; a backoff's until it ends or a wake comes."""
+        if self.pace is None or seconds <= self.pace.base:
+            await asyncio.sleep(seconds)
+            return
+        self._woken.clear()
+        try:
+            async with asyncio.timeout(seconds):
+                await self._woken.wait()
+        except TimeoutError:
+            self._since_wake = False  # a backoff ran out: what this poll finds is the timer's
 
     async def _kill(self, cursor_id: int) -> None:
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the

@@ -39,6 +39,7 @@ from chat.partitions import MAX_PARTITIONS
 from oplog.events import OplogSource, Restarted
 from oplog.namespaces import partition_namespaces, split_by_namespace
 from oplog.tail import OplogTail
+from oplog.wake import listen_for_wakes
 from relay.protocol import HELLO_MAX, BadFrame, frame, read_frame, slim
 
 log = logging.getLogger("chat.relay")
@@ -184,11 +185,16 @@ async def run(settings: Settings) -> None:
     # that grows needs no relay restart.
     tail = OplogTail(client, *partition_namespaces(settings.mongo_db, list(range(MAX_PARTITIONS))),
                      silence_seconds=settings.tail_silence_seconds,
-                     ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000)
+                     ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000,
+                     ferretdb_idle_poll_seconds=settings.ferretdb_tail_idle_poll_ms / 1000)
     relay = Relay(tail, client.codec_options)
     stop = stop_on_signals()
     tailing = asyncio.create_task(relay.run(), name="relay-tail")
     tailing.add_done_callback(lambda _: stop.set())  # a tail that ends has failed: exit, supervisord restarts
+    waking = None
+    if redis_url := settings.redis_url.get_secret_value():  # the writer's wakes cut an idle tail's backoff short
+        wakes = listen_for_wakes(redis_url, tail.wake, connect_seconds=settings.db_timeout_seconds)
+        waking = asyncio.create_task(wakes, name="relay-wakes")
     server = await asyncio.start_unix_server(relay.serve, sock=bind_owner_only(path, "relay"))
     serve_metrics(settings.metrics_host or LOOPBACK, settings.metrics_port)
     log.info("event=relay_started socket=%s", path)
@@ -199,7 +205,9 @@ async def run(settings: Settings) -> None:
         path.unlink(missing_ok=True)
         relay.close()  # the daemons reconnect to the next relay and resume from its ring, or fill
         tailing.cancel()  # a no-op if it failed: then its error is kept, not raised here
-        await asyncio.gather(tailing, return_exceptions=True)
+        if waking is not None:
+            waking.cancel()
+        await asyncio.gather(tailing, *([waking] if waking else []), return_exceptions=True)
         await client.close()
         log.info("event=relay_stopped")
     if not tailing.cancelled():  # the process exits non-zero with it, and supervisord starts a fresh one

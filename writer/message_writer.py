@@ -109,14 +109,15 @@ class MessageWriter:
                  observe_copies: Callable[[int], None] = lambda n: None,
                  observe_strays: Callable[[int], None] = lambda n: None,
                  timing: Timing = DEFAULT_TIMING, partition: int = 0, slot_map: SlotMap = ONE_PARTITION,
-                 hand_over: Callable[[int, Copy], None] = _no_hand_over, edit_window_seconds: int = 48 * 3600):
+                 hand_over: Callable[[int, Copy], None] = _no_hand_over, edit_window_seconds: int = 48 * 3600,
+                 on_stored: Callable[[], None] = lambda: None):
         self._partition = partition
         self._queue: asyncio.Queue[Pending] = asyncio.Queue(maxsize=queue_max)
         core, outbox = WriterCore(timing), OutboxWatch()
         self._sql = self.mysql_steps(engine, partition=partition, slot_map=slot_map, timeout_seconds=timeout_seconds,
                                      edit_window_seconds=edit_window_seconds)
         self._mongo = self.mongo_steps(mongo_db, partition=partition, timeout_seconds=timeout_seconds, core=core,
-                                       outbox=outbox, observe_strays=observe_strays)
+                                       outbox=outbox, observe_strays=observe_strays, on_stored=on_stored)
         self._waits = TurnWaits(self._queue, core=core, sql=self._sql, partition=partition, batch_max=batch_max,
                                 window_ms=window_ms)
         self._turn = Turn(core, self._sql, self._mongo, self._waits, outbox, slot_map=slot_map, batch_max=batch_max,

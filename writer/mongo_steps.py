@@ -28,10 +28,12 @@ log = logging.getLogger("chat.writer")
 
 class MongoSteps:
     """The Mongo calls of one partition's writer, each waited for ``timeout_seconds`` at most.
-    ``observe_strays``: documents not the writer's found at its ids, replaced."""
+    ``observe_strays``: documents not the writer's found at its ids, replaced. ``on_stored``:
+    after each insert that stored its documents (the FerretDB tails' wake, ``oplog.wake``)."""
 
     def __init__(self, db: AsyncDatabase, *, partition: int, timeout_seconds: float, core: WriterCore,
-                 outbox: OutboxWatch, observe_strays: Callable[[int], None] = lambda n: None):
+                 outbox: OutboxWatch, observe_strays: Callable[[int], None] = lambda n: None,
+                 on_stored: Callable[[], None] = lambda: None):
         self.db = db
         self._partition = partition
         self._collection = collection_name(partition)
@@ -39,6 +41,7 @@ class MongoSteps:
         self._core = core
         self._outbox = outbox
         self._observe_strays = observe_strays
+        self._on_stored = on_stored
         self._head_task: asyncio.Task | None = None  # a meta.head write under way, in the background
 
     async def _within_timeout(self, operation):
@@ -57,6 +60,13 @@ class MongoSteps:
         return task.result()
 
     async def insert(self, docs: list[dict], ordered: bool = True) -> bool:
+        """``_insert``, and the wake of the tails once it stored the documents."""
+        stored = await self._insert(docs, ordered)
+        if stored:
+            self._on_stored()
+        return stored
+
+    async def _insert(self, docs: list[dict], ordered: bool = True) -> bool:
         """``insert_documents``, then the revisions among them applied to the
         messages they name (``mongo.revise``): the fast store holds each
         message's latest version, as MySQL does, so that no catch-up from it

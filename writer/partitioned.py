@@ -60,8 +60,10 @@ class PartitionedWriter:
             writer.close()
 
 
-def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map: SlotMap) -> PartitionedWriter:
-    """The writers of every partition of ``slot_map``, with the settings' limits and the writer's metrics."""
+def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map: SlotMap,
+          on_stored: Callable[[], None] = lambda: None) -> PartitionedWriter:
+    """The writers of every partition of ``slot_map``, with the settings' limits and the writer's metrics.
+    ``on_stored``: after each batch stored in the fast store (``oplog.wake``)."""
     # Imported here: registering the writer's metrics makes a process export
     # them, and only a process that writes has any.
     from writer import metrics
@@ -75,7 +77,7 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
                              observe_copies=metrics.copies_observer(partition),
                              observe_strays=metrics.strays_observer(partition),
                              partition=partition, slot_map=slot_map, hand_over=hand_over,
-                             edit_window_seconds=settings.edit_window_seconds)
+                             edit_window_seconds=settings.edit_window_seconds, on_stored=on_stored)
 
     return PartitionedWriter(slot_map, make)
 

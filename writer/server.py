@@ -28,12 +28,14 @@ from pathlib import Path
 from chat.messages import Message
 from chat.metrics_port import LOOPBACK, serve_metrics
 from chat.settings import Settings
+from chat.signal_store import connect
 from chat.stopping import stop_on_signals
 from chat.unix_socket import bind_owner_only
 from chat.write_errors import ClientIdConflict, Outcome, WriterOverloaded
 from db import mongo
 from db.partition_map import load_slot_map
 from db.sql import make_engine
+from oplog.wake import WakePublisher
 from writer import metrics, protocol
 from writer.partitioned import PartitionedWriter, build, engine_pool_size
 from writer.protocol import BadFrame
@@ -127,7 +129,14 @@ async def run(settings: Settings) -> None:
         probe.dispose()
     engine = make_engine(url, settings.db_timeout_seconds, pool_size=engine_pool_size(slot_map))
     client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
-    writer = build(settings, engine, client[settings.mongo_db], slot_map)
+    # After each batch in the fast store, a wake for the FerretDB tails that back off while idle (oplog.wake).
+    redis = None
+    waker = None
+    if redis_url := settings.redis_url.get_secret_value():
+        redis = connect(redis_url, settings.db_timeout_seconds)
+        waker = WakePublisher.on_redis(redis)
+    writer = build(settings, engine, client[settings.mongo_db], slot_map,
+                   on_stored=waker.wake if waker is not None else lambda: None)
     writing = asyncio.create_task(writer.run(), name="writer")
     unanswered = Unanswered()
     frame_max = protocol.request_frame_max(settings.body_max_chars)
@@ -174,5 +183,7 @@ async def run(settings: Settings) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await writing
         await client.close()
+        if redis is not None:
+            await redis.aclose()
         writer.close()
         engine.dispose()

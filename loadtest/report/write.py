@@ -15,6 +15,7 @@ import orjson
 import typer
 
 from loadtest.report.compare_tables import comparison_tables
+from loadtest.report.idle_table import idle_tables
 from loadtest.report.push_table import push_tables
 from loadtest.report.receipts_table import receipts_tables
 from loadtest.report.signals_table import signals_tables
@@ -100,7 +101,7 @@ def generated_tables(r: dict, results: Path, images: str) -> list[str]:
     """What docs/benchmarks.md holds below its GENERATED marker: the run's sections, then the
     peers run, the A/B comparisons and the other scenarios' files kept in the results folder."""
     return (sections(r, images, level="###") + peers_tables(results) + comparison_tables(results)
-            + receipts_tables(results) + push_tables(results) + signals_tables(results))
+            + receipts_tables(results) + push_tables(results) + signals_tables(results) + idle_tables(results))
 
 
 def rewrite_generated(docs: Path = DOCS, results: Path = RESULTS) -> None:

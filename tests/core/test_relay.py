@@ -383,12 +383,16 @@ class _FailingTail:
         raise InvalidBSON("an oplog entry that does not decode")
         yield  # never reached: makes this an async generator
 
+    def wake(self) -> None:
+        """The writer's wake (oplog.wake): nothing to cut short here."""
+
 
 async def test_a_relay_whose_tail_fails_exits_non_zero(tmp_path, monkeypatch):
     """Its daemons cannot be served: it exits, and supervisord starts a fresh one."""
     monkeypatch.setattr(relay_server, "OplogTail", _FailingTail)
     path = tmp_path / "failing.sock"
-    settings = Settings(mongo_url="mongodb://127.0.0.1:9", oplog_relay_socket=str(path), metrics_port=0)
+    settings = Settings(mongo_url="mongodb://127.0.0.1:9", oplog_relay_socket=str(path), metrics_port=0,
+                        redis_url="")
     with pytest.raises(RuntimeError, match="the tail failed") as failed:
         await asyncio.wait_for(relay_server.run(settings), PATIENCE)
     assert isinstance(failed.value.__cause__, InvalidBSON)

@@ -150,11 +150,13 @@ async def test_an_id_gone_from_both_stores_is_passed_over_once_not_read_for_ever
             tail.go.set()
             await until_position(stream, 4)
             assert bob.got == [1, 2, 4]
-            # Each gap check reads the newest stored id; a read of the truth that
+            # Each gap check reads MySQL's committed head; a read of the truth that
             # any of the first five asked for would have run by the sixth.
-            checks = count_calls(monkeypatch, mongo, "newest_id")
+            checks = count_calls(monkeypatch, ranges, "committed_head")
+            newest = count_calls(monkeypatch, mongo, "newest_id")
             await eventually(lambda: len(checks) >= 6, "six gap checks")
             assert len(reads) == 1
+            assert newest == []  # MySQL has nothing past the position: the fast store is not asked
             assert stream.position == 4
         ranges.close()
 
