@@ -177,7 +177,7 @@ async function start(jwt) {
   $("me").textContent = me;
   showConversations(list);
   client.start();
-  await loadDevices();
+  await Promise.all([loadDevices(), loadPresenceSetting()]);
 }
 
 function logout() {
@@ -197,6 +197,7 @@ function logout() {
   showPresence();
   sessionStorage.removeItem(TOKEN_KEY);
   showDevices([], "");
+  $("hide-presence-label").hidden = true;
   showLogin();
 }
 
@@ -204,6 +205,35 @@ function showStatus(state) {
   $("status").dataset.state = state;
   $("status").textContent = STATUS_LABELS[state] || state;
   if (state === "live" || state === "polling") markOpenRead(); // a marker lost with a socket goes again
+}
+
+// ---- my presence: shown, or hidden (PUT /v1/presence/settings) -------------------------------
+
+// The control shows only where presence is on (a 404 says it is off on this server).
+async function loadPresenceSetting() {
+  const user = me;
+  let reply = null;
+  try {
+    reply = await api("/v1/presence/settings");
+  } catch { /* no control */ }
+  if (me !== user) return;
+  $("hide-presence-label").hidden = !reply?.ok;
+  if (reply?.ok) $("hide-presence").checked = (await reply.json()).hidden;
+}
+
+async function setPresenceHidden(hidden) {
+  const box = $("hide-presence");
+  box.disabled = true;
+  try {
+    const reply = await api("/v1/presence/settings", {
+      method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ hidden }),
+    });
+    box.checked = reply.ok ? (await reply.json()).hidden : !hidden; // refused: as it was
+  } catch {
+    box.checked = !hidden;
+  } finally {
+    box.disabled = false;
+  }
 }
 
 // ---- push devices ------------------------------------------------------------------------
@@ -742,6 +772,7 @@ async function main() {
   $("dev-login").addEventListener("submit", devLogin);
   $("token-login").addEventListener("submit", tokenLogin);
   $("logout").addEventListener("click", logout);
+  $("hide-presence").addEventListener("change", (e) => setPresenceHidden(e.target.checked));
   $("open-chat").addEventListener("submit", openFromForm);
   $("composer").addEventListener("submit", send);
   $("body").addEventListener("input", composerInput);

@@ -95,3 +95,22 @@ def test_a_peer_opened_by_name_is_watched_too(signals_web, open_page, users):
     c = open_page(signals_web, carol)
     expect(c.locator("#status")).to_have_text("live")
     expect(a.locator("#presence")).to_have_text("online")
+
+
+def test_a_user_who_hides_their_presence_reads_as_never_seen_and_can_show_it_again(signals_web, open_page, users):
+    alice, bob = users("alice"), users("bob")
+    a = open_page(signals_web, alice)
+    expect(a.locator("#status")).to_have_text("live")
+    b = open_page(signals_web, bob)
+    open_chat(b, alice)
+    expect(b.locator("#presence")).to_have_text("online")
+
+    hide = a.locator("#hide-presence")
+    expect(hide).not_to_be_checked()
+    hide.check()
+    expect(b.locator("#presence"), "hidden: offline, and never seen").to_have_attribute("data-state", "unknown")
+    expect(b.locator("#presence")).to_have_text("")
+    a.reload()  # the choice is stored: the page reads it back
+    expect(a.locator("#hide-presence")).to_be_checked()
+    a.locator("#hide-presence").uncheck()
+    expect(b.locator("#presence")).to_have_text("online")
