@@ -124,7 +124,9 @@ class Daemon:
 
     @property
     def ready(self) -> bool:
-        return all(stream.ready.is_set() for stream in self.streams.values())
+        """Its streams are read, and its typing channels subscribed to (or tried once: Redis away)."""
+        return (all(stream.ready.is_set() for stream in self.streams.values())
+                and (self.signals is None or self.signals.subscribed_once.is_set()))
 
     def partition_of(self, user: str, asked: str | None) -> int:
         """The user's partition, if this daemon serves it (and ``asked``, the

@@ -105,7 +105,13 @@ class Signals:
         self._typing_ready = asyncio.Event()
         self._seen: dict[str, int] = {}  # went offline, last seen (ms): for MySQL
         self._resync = True  # Redis must be told all this daemon's users (at start, and after it was away)
-        self.healthy = False  # Redis answered the last command
+        # Set once the first subscription to the channels has been tried, done or failed: a daemon
+        # is ready only then (else a typing event sent to its first clients could pass it by), and
+        # never later for it (a Redis that is away must not keep messages from being served).
+        self.subscribed_once = asyncio.Event()
+        # Redis answered the last command. True from the start: a daemon just started serves typing
+        # and watch frames at once, and learns that Redis is away from the first command that fails.
+        self.healthy = True
 
     # --- from the connections -------------------------------------------------
     def arrive(self, user: str) -> None:
@@ -184,15 +190,24 @@ class Signals:
         if self.presence:
             channels.append(PRESENCE_CHANNEL)
         while True:
-            pubsub = self._listener.pubsub(ignore_subscribe_messages=True)
+            pubsub = self._listener.pubsub()
             try:
                 await pubsub.subscribe(*channels)
+                confirmed = 0
                 while True:
                     message = await pubsub.get_message(timeout=HEARTBEAT_SECONDS)
-                    if message is not None:
+                    if message is None:
+                        continue
+                    if message["type"] == "message":
                         self._received(message["channel"], message["data"])
+                    elif message["type"] == "subscribe":
+                        # Redis has taken each SUBSCRIBE: what is published from now on comes here.
+                        confirmed += 1
+                        if confirmed == len(channels):
+                            self.subscribed_once.set()
             except REDIS_ERRORS as exc:
                 self._away(exc)
+                self.subscribed_once.set()
             finally:
                 await pubsub.aclose()
             await self._sleep(1.0)

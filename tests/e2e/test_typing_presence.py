@@ -11,7 +11,7 @@ import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from harness.system import running_system
+from harness.system import private_system, running_system
 from tests.e2e.helpers import connect, mongo_docs, mongo_docs_soon, mysql_rows, post, receive
 from tests.timing import PATIENCE, eventually
 
@@ -253,6 +253,11 @@ async def test_a_killed_daemons_users_turn_offline_and_delivery_goes_on(dbs, use
         if snapshot["users"][0]["online"]:  # not swept yet: the change is on its way
             change = await next_of(watcher, "presence")
             assert (change["user"], change["online"]) == (alice, False) and change["last_seen"]
+
+        async def offline_and_seen() -> bool:
+            [state] = await presence_of(s, bob, alice)
+            return state["online"] is False and state["last_seen"] is not None
+        await eventually(offline_and_seen, "alice offline, her last_seen stored by the daemon that swept")
         r = await post(s, alice, bob, "still delivered")
         assert r.status_code == 201
         assert (await next_of(watcher, "message"))["body"] == "still delivered"
@@ -260,26 +265,33 @@ async def test_a_killed_daemons_users_turn_offline_and_delivery_goes_on(dbs, use
             await gone.close()
 
 
-async def test_with_redis_away_messages_flow_and_signals_say_unavailable(tmp_path, users):
-    from harness.system import private_system
-    alice, bob = users("alice"), users("bob")
+@pytest.fixture
+def redis_of_its_own(tmp_path):
+    """A system on databases and a Redis of its own, which the test kills (started outside the
+    test's event loop: laying out a new store runs one of its own)."""
     with private_system(tmp_path, daemons=1, writer=True, relay=True) as s:
-        peer, _ = await connect(s, bob)
-        typist, _ = await connect(s, alice)
-        await send(typist, type="typing", to=bob)
-        assert (await next_of(peer, "typing"))["from"] == alice  # Redis is up: it is carried
-        assert s.dbs.redis is not None
-        s.dbs.redis.stop(signal.SIGKILL)
-        log = s.logdir / "daemon_0.log"
-        await eventually(lambda: "event=redis_unreachable" in log.read_text(), "the daemon sees Redis gone")
-        await send(typist, type="typing", to=bob, state="stop")
-        error = await next_of(typist, "error")
-        assert (error["code"], error["frame"]) == ("signals_unavailable", "typing")
-        r = await post(s, alice, bob, "no Redis needed")
-        assert r.status_code == 201
-        assert (await next_of(peer, "message"))["body"] == "no Redis needed"
-        r = await call(s, alice, "GET", "/v1/presence", params={"users": bob})
-        assert (r.status_code, r.json()["error"]) == (503, "signals_unavailable")
+        yield s
+
+
+async def test_with_redis_away_messages_flow_and_signals_say_unavailable(redis_of_its_own, users):
+    alice, bob = users("alice"), users("bob")
+    s = redis_of_its_own
+    peer, _ = await connect(s, bob)
+    typist, _ = await connect(s, alice)
+    await send(typist, type="typing", to=bob)
+    assert (await next_of(peer, "typing"))["from"] == alice  # Redis is up: it is carried
+    assert s.dbs.redis is not None
+    s.dbs.redis.stop(signal.SIGKILL)
+    log = s.logdir / "daemon_0.log"
+    await eventually(lambda: "event=redis_unreachable" in log.read_text(), "the daemon sees Redis gone")
+    await send(typist, type="typing", to=bob, state="stop")
+    error = await next_of(typist, "error")
+    assert (error["code"], error["frame"]) == ("signals_unavailable", "typing")
+    r = await post(s, alice, bob, "no Redis needed")
+    assert r.status_code == 201
+    assert (await next_of(peer, "message"))["body"] == "no Redis needed"
+    r = await call(s, alice, "GET", "/v1/presence", params={"users": bob})
+    assert (r.status_code, r.json()["error"]) == (503, "signals_unavailable")
 
 
 async def test_typing_over_http_to_ever_new_peers_meets_the_senders_rate_limit(dbs, users):
