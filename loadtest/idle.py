@@ -72,14 +72,7 @@ def processes(system: System, dbs: Databases) -> dict[str, psutil.Process]:
 
 def _cpu(proc: psutil.Process) -> float:
     """CPU seconds of a process and its live children (a script that execs its server)."""
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
+    return machine.cpu_seconds([proc, *proc.children(recursive=True)])
 
 
 def sample_cpu(procs: dict[str, psutil.Process], seconds: float) -> dict[str, float]:

@@ -55,7 +55,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import multiprocessing as mp
-import resource
 import subprocess
 import sys
 import tempfile
@@ -71,13 +70,14 @@ import aiohttp
 import httpx
 import orjson
 import typer
-import uvloop
 
 from chat import auth
 from chatctl.client import Inbox
 from harness.servers import ROOT
 from loadtest import wsload
 from loadtest.clients import lean as leanclient
+from loadtest.clients import lean_processes
+from loadtest.clients.lean_processes import Job
 from loadtest.clients.websocket import masked
 from loadtest.common import machine
 from loadtest.common.results import RESULTS, UNPUBLISHED
@@ -138,16 +138,6 @@ class Gateway:
 
 
 @dataclass
-class Job:
-    users: list[str]
-    host: str
-    port: int
-    secret: str
-    source: str
-    out: str
-
-
-@dataclass
 class Shared:
     connected: Synchronized[int]
     messages: Synchronized[int]  # message frames received, every process
@@ -184,12 +174,6 @@ class Acker:
                 self.errors.append({k: doc.get(k) for k in ("code", "message", "frame")})
 
 
-def _client_proc(job: Job, shared: Shared) -> None:
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    uvloop.run(_clients(job, shared))
-
-
 async def _clients(job: Job, shared: Shared) -> None:
     side = Acker(job)
     failures = 0
@@ -197,39 +181,24 @@ async def _clients(job: Job, shared: Shared) -> None:
 
     async def one(user: str) -> None:
         nonlocal failures
-        token = auth.mint(job.secret, user, 7200)
-        for attempt in range(5):
-            try:
-                async with gate:
-                    side.clients[user] = await leanclient.connect(
-                        job.host, job.port, token, side.inboxes[user],
-                        lambda doc, now: side.on_frame(user, doc, now), source=job.source,
-                        query=f"device={WS_DEVICE}")
-                with shared.connected.get_lock():
-                    shared.connected.value += 1
-                return
-            except (OSError, ConnectionError):
-                await asyncio.sleep(0.2 * (attempt + 1))
-        failures += 1
+        client = await lean_processes.connect_retrying(
+            gate, job.host, job.port, auth.mint(job.secret, user, 7200), side.inboxes[user],
+            lambda doc, now: side.on_frame(user, doc, now), job.source, query=f"device={WS_DEVICE}")
+        if client is None:
+            failures += 1
+            return
+        side.clients[user] = client
+        lean_processes.count(shared.connected)
 
     tasks = [asyncio.create_task(one(u)) for u in job.users]
     while not shared.stop.is_set():
         await asyncio.sleep(0.05)
         if side.counted:
-            with shared.messages.get_lock():
-                shared.messages.value += side.counted
+            lean_processes.count(shared.messages, side.counted)
             side.counted = 0
-    closed = [c.closed_code for c in side.clients.values() if c.lost.done()]
-    for t in tasks:
-        t.cancel()
-    for c in side.clients.values():
-        c.transport.abort()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    Path(job.out).write_bytes(orjson.dumps({
-        "received": {u: box.ids for u, box in side.inboxes.items()},
-        "duplicates": sum(box.duplicates for box in side.inboxes.values()),
-        "latencies": side.latencies, "acks": side.acks, "errors": side.errors, "error_count": side.error_count,
-        "failures": failures, "closed": len(closed), "close_codes": sorted({c for c in closed if c is not None})}))
+    await lean_processes.close_and_write(
+        job.out, side.inboxes, side.clients, tasks, failures,
+        latencies=side.latencies, acks=side.acks, errors=side.errors, error_count=side.error_count)
 
 
 # --- pure: the expected set, the match, the summaries (tests/core/test_push_bench.py) -------
@@ -566,17 +535,11 @@ def run(system: System, gateway: Gateway, users: int, rate: float, seconds: floa
     tmp = Path(tempfile.mkdtemp(prefix="push-"))
     ctx = mp.get_context("spawn")
     shared = Shared(ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event())
-    host, port = system.ws_url.removeprefix("ws://").rsplit(":", 1)
-    jobs = [Job(online[k::nprocs], host, int(port), system.secret, f"127.0.0.{2 + k}", str(tmp / f"c{k}.json"))
-            for k in range(nprocs)]
-    procs = [ctx.Process(target=_client_proc, args=(job, shared), daemon=True) for job in jobs]
-    for p in procs:
-        p.start()
-    started = time.monotonic()
-    while shared.connected.value < len(online) and time.monotonic() - started < 60 + len(online) / 200:
-        time.sleep(0.2)
-    held = shared.connected.value
-    print(f"[push] {held}/{len(online)} online clients connected in {time.monotonic() - started:.1f} s", flush=True)
+    procs = lean_processes.ClientProcesses(
+        _clients, lean_processes.jobs(online, nprocs, system.ws_url, system.secret, tmp), shared, shared.stop)
+    procs.start()
+    held, connect_seconds, _half = lean_processes.wait_connected(shared.connected, len(online))
+    print(f"[push] {held}/{len(online)} online clients connected in {connect_seconds:.1f} s", flush=True)
     time.sleep(2.0)
 
     pusher_pid = system.procs["pusher"].pid
@@ -630,17 +593,13 @@ def run(system: System, gateway: Gateway, users: int, rate: float, seconds: floa
         cpu_seconds, cpu_window = pusher.seconds(), time.monotonic() - measured_from
         busy = host_cpu.result()
     finally:
-        shared.stop.set()
-        for p in procs:
-            p.join(120)
-            if p.is_alive():
-                p.kill()
+        procs.stop()
     state = gateway.state()
     rows, partition_of, decided, acked, read, devices = read_check_inputs(engine, start)
     engine.dispose()
     expected = expected_pushes(rows, partition_of, decided, acked, read, devices)
     matched = match(expected, devices, parse_received(state["received"]))
-    outs = [orjson.loads(Path(job.out).read_bytes()) for job in jobs]
+    outs = procs.results()
     print(f"[push] drained in {drain[0]:.1f} s; {len(state['received'])} notifications taken", flush=True)
     return summarize(phases, outs, matched, expected_online, {
         "expected": expected, "pusher_cpu_seconds": cpu_seconds, "pusher_cpu_window": cpu_window,

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
-import resource
 import tempfile
 import time
 from collections.abc import Iterable
@@ -46,13 +45,14 @@ from typing import TYPE_CHECKING
 
 import orjson
 import typer
-import uvloop
 from sqlalchemy import text
 
 from chat import auth
 from chatctl.client import Inbox
 from loadtest import wsload
 from loadtest.clients import lean as leanclient
+from loadtest.clients import lean_processes
+from loadtest.clients.lean_processes import Job
 from loadtest.clients.websocket import masked
 from loadtest.common import machine
 from loadtest.common.results import RESULTS, UNPUBLISHED
@@ -80,16 +80,6 @@ TEXT = 0x1
 MEMORY_LIMIT_KB = 3.0  # docs/receipts.md: an idle connection stays at or under it
 OUT_DEFAULT = UNPUBLISHED / "receipts.json"
 OUT_PUBLISHED = RESULTS / "receipts-latest.json"
-
-
-@dataclass
-class Job:
-    users: list[str]
-    host: str
-    port: int
-    secret: str
-    source: str
-    out: str
 
 
 @dataclass
@@ -173,12 +163,6 @@ class Side:
         del self.to_catch_up[:share]
 
 
-def _client_proc(job: Job, shared: Shared) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    uvloop.run(_clients(job, shared))
-
-
 async def _clients(job: Job, shared: Shared) -> None:
     side = Side(job)
     failures = 0
@@ -186,19 +170,14 @@ async def _clients(job: Job, shared: Shared) -> None:
 
     async def one(user: str) -> None:
         nonlocal failures
-        token = auth.mint(job.secret, user, 7200)
-        for attempt in range(5):
-            try:
-                async with gate:
-                    side.clients[user] = await leanclient.connect(
-                        job.host, job.port, token, side.inboxes[user],
-                        lambda doc, now: side.on_frame(user, doc, now), source=job.source)
-                with shared.connected.get_lock():
-                    shared.connected.value += 1
-                return
-            except (OSError, ConnectionError):
-                await asyncio.sleep(0.2 * (attempt + 1))
-        failures += 1
+        client = await lean_processes.connect_retrying(
+            gate, job.host, job.port, auth.mint(job.secret, user, 7200), side.inboxes[user],
+            lambda doc, now: side.on_frame(user, doc, now), job.source)
+        if client is None:
+            failures += 1
+            return
+        side.clients[user] = client
+        lean_processes.count(shared.connected)
 
     tasks = [asyncio.create_task(one(u)) for u in job.users]
     caught_up_for = -1
@@ -215,24 +194,14 @@ async def _clients(job: Job, shared: Shared) -> None:
             side.catching_up = False
         side.mode, side.phase = mode, phase
         if side.counted_frames:  # shared counters: one lock per tick, not per frame
-            with shared.frames.get_lock():
-                shared.frames.value += side.counted_frames
-            with shared.messages.get_lock():
-                shared.messages.value += side.counted_messages
+            lean_processes.count(shared.frames, side.counted_frames)
+            lean_processes.count(shared.messages, side.counted_messages)
             side.counted_frames = side.counted_messages = 0
-    closed = [c.closed_code for c in side.clients.values() if c.lost.done()]
-    for t in tasks:
-        t.cancel()
-    for c in side.clients.values():
-        c.transport.abort()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    Path(job.out).write_bytes(orjson.dumps({
-        "received": {u: box.ids for u, box in side.inboxes.items()},
-        "duplicates": sum(box.duplicates for box in side.inboxes.values()),
-        "latencies": {str(k): v for k, v in side.latencies.items()}, "sent": side.sent, "seen": side.seen,
-        "own_events": side.own_events, "errors": side.errors, "error_count": side.error_count,
-        "catch_up_events": side.catch_up_events, "failures": failures,
-        "closed": len(closed), "close_codes": sorted({c for c in closed if c is not None})}))
+    await lean_processes.close_and_write(
+        job.out, side.inboxes, side.clients, tasks, failures,
+        latencies={str(k): v for k, v in side.latencies.items()}, sent=side.sent, seen=side.seen,
+        own_events=side.own_events, errors=side.errors, error_count=side.error_count,
+        catch_up_events=side.catch_up_events)
 
 
 # --- pure: what the records say (tests/core/test_receipts_bench.py) -----------------------
@@ -302,10 +271,6 @@ def ratios(phases: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def kb_per_connection(before: int, after: int, held: int) -> float:
-    return round((after - before) / max(1, held) / 1024, 2)
-
-
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -318,26 +283,11 @@ def row_counts(engine: Engine) -> dict[str, int]:
     return {Kind(kind).name.lower(): int(n) for kind, n in found}
 
 
-def _wait_quiet(shared: Shared, want_messages: int, quiet: float, limit: float) -> float:
-    """Until every message frame expected has come and no frame for ``quiet`` s (events
-    follow the messages), at most ``limit`` s; the seconds waited."""
-    started = time.monotonic()
-    last, still = shared.frames.value, time.monotonic()
-    while time.monotonic() - started < limit:
-        time.sleep(0.1)
-        now = shared.frames.value
-        if now != last:
-            last, still = now, time.monotonic()
-        elif shared.messages.value >= want_messages and time.monotonic() - still >= quiet:
-            break
-    return time.monotonic() - started
-
-
 def one_phase(system: System, shared: Shared, engine: Engine, index: int, name: str, rate: float, seconds: float,
               client_pids: list[int], expected: dict[str, list[int]]) -> dict:
     if name == ACKS:  # acks of the phases before, outside the window (see the module's doc)
         shared.phase.value, shared.mode.value = index, CATCH_UP
-        _wait_quiet(shared, shared.messages.value, 3.0, 90)
+        lean_processes.wait_quiet(shared.frames, shared.messages, shared.messages.value, 3.0, 90)
     shared.phase.value, shared.mode.value = index, MODES[name]
     time.sleep(0.3)  # every client process has read it (they look every 50 ms)
     procs = {"daemons": [p.pid for n, p in system.procs.items() if n.startswith("daemon")],
@@ -351,7 +301,7 @@ def one_phase(system: System, shared: Shared, engine: Engine, index: int, name: 
     sent_expected, creation, send_errors, refused = asyncio.run(
         wsload._send(system.api_url, system.secret, list(expected), rate, seconds, False))
     want = messages_before + sum(len(v) for v in sent_expected.values())
-    settled = _wait_quiet(shared, want, 2.0, 30)
+    settled = lean_processes.wait_quiet(shared.frames, shared.messages, want, 2.0, 30)
     cpu_seconds = {k: round(w.seconds(), 3) for k, w in cpu.items()}
     host_cpu = host.result()
     rows_after = row_counts(engine)
@@ -370,7 +320,6 @@ def one_phase(system: System, shared: Shared, engine: Engine, index: int, name: 
 
 def run(system: System, clients: int, rate: float, seconds: float, rounds: int) -> dict:
     from db.sql import make_engine
-    from loadtest.million.scenario import pss
 
     daemon_pids = [p.pid for n, p in system.procs.items() if n.startswith("daemon")]
     users = [f"rc{clients}-{i}" for i in range(clients)]
@@ -379,53 +328,25 @@ def run(system: System, clients: int, rate: float, seconds: float, rounds: int) 
     ctx = mp.get_context("spawn")
     shared = Shared(ctx.Value("i", 0), ctx.Value("l", 0), ctx.Value("l", 0), ctx.Value("i", QUIET),
                     ctx.Value("i", -1), ctx.Event())
-    host, port = system.ws_url.removeprefix("ws://").rsplit(":", 1)
-    time.sleep(1.0)
-    pss_idle, rss_idle = pss(daemon_pids), wsload._rss(daemon_pids)
-    jobs = [Job(users[k::nprocs], host, int(port), system.secret, f"127.0.0.{2 + k}", str(tmp / f"c{k}.json"))
-            for k in range(nprocs)]
-    procs = [ctx.Process(target=_client_proc, args=(job, shared), daemon=True) for job in jobs]
-    for p in procs:
-        p.start()
-    started = time.monotonic()
-    half: tuple[int, int] | None = None  # (connections, PSS) once half of them are held
-    while shared.connected.value < clients and time.monotonic() - started < 60 + clients / 200:
-        time.sleep(0.2)
-        if half is None and (n := shared.connected.value) >= clients // 2:
-            half = (n, pss(daemon_pids))
-    connect_seconds = time.monotonic() - started
-    held = shared.connected.value
-    time.sleep(3.0)
-    pss_held, rss_held = pss(daemon_pids), wsload._rss(daemon_pids)
-    client_pss = pss([p.pid for p in procs if p.pid is not None])
-    print(f"[receipts] {held}/{clients} connected in {connect_seconds:.1f} s; daemons' PSS "
-          f"{kb_per_connection(pss_idle, pss_held, held)} KB per connection", flush=True)
+    procs = lean_processes.ClientProcesses(
+        _clients, lean_processes.jobs(users, nprocs, system.ws_url, system.secret, tmp), shared, shared.stop)
+    held = lean_processes.hold_connections(procs, shared.connected, clients, daemon_pids)
+    print(f"[receipts] {held.line()}", flush=True)
     engine = make_engine(system.dbs.mariadb.url(), 30)
     expected: dict[str, list[int]] = {u: [] for u in users}
-    client_pids = [p.pid for p in procs if p.pid is not None]
     done: list[dict] = []
     try:
         for _round in range(rounds):
             for name in PHASES:
-                done.append(one_phase(system, shared, engine, len(done), name, rate, seconds, client_pids, expected))
-        pss_after, rss_after = pss(daemon_pids), wsload._rss(daemon_pids)
+                done.append(one_phase(system, shared, engine, len(done), name, rate, seconds, procs.pids(), expected))
+        pss_after, rss_after = lean_processes.daemon_memory(daemon_pids)
     finally:
-        shared.stop.set()
-        for p in procs:
-            p.join(120)
-            if p.is_alive():
-                p.kill()
+        procs.stop()
         engine.dispose()
-    return summarize(done, [orjson.loads(Path(job.out).read_bytes()) for job in jobs], expected, {
-        "clients": clients, "held": held, "connect_seconds": round(connect_seconds, 1), "client_procs": nprocs,
-        "pss_kb_per_conn": kb_per_connection(pss_idle, pss_held, held),
-        "rss_kb_per_conn": kb_per_connection(rss_idle, rss_held, held),
-        "pss_kb_per_conn_second_half": kb_per_connection(half[1], pss_held, held - half[0])
-        if half and held > half[0] else None,
-        "pss_kb_per_conn_after_phases": kb_per_connection(pss_idle, pss_after, held),
-        "rss_kb_per_conn_after_phases": kb_per_connection(rss_idle, rss_after, held),
-        "daemon_pss_mb_idle": round(pss_held / 2**20, 1), "client_pss_kb_per_conn": round(client_pss / held / 1024, 2)
-        if held else None})
+    return summarize(done, procs.results(), expected, {
+        **held.figures(),
+        "pss_kb_per_conn_after_phases": lean_processes.kb_per_connection(held.idle[0], pss_after, held.held),
+        "rss_kb_per_conn_after_phases": lean_processes.kb_per_connection(held.idle[1], rss_after, held.held)})
 
 
 def summarize(done: list[dict], outs: list[dict], expected: dict[str, list[int]], held: dict) -> dict:

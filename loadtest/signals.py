@@ -41,7 +41,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import random
-import resource
 import tempfile
 import threading
 import time
@@ -54,7 +53,6 @@ import httpx
 import orjson
 import redis
 import typer
-import uvloop
 from sqlalchemy import text
 from websockets.frames import Frame, Opcode
 
@@ -65,6 +63,8 @@ from chatctl.client import Inbox
 from daemon.signals import STORE_SECONDS
 from loadtest import wsload
 from loadtest.clients import lean as leanclient
+from loadtest.clients import lean_processes
+from loadtest.clients.lean_processes import kb_per_connection
 from loadtest.clients.websocket import masked
 from loadtest.common import machine
 from loadtest.common.results import RESULTS, UNPUBLISHED
@@ -290,12 +290,6 @@ class Side:
         return dropped
 
 
-def _client_proc(job: Job, shared: Shared) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    uvloop.run(_clients(job, shared))
-
-
 async def _clients(job: Job, shared: Shared) -> None:
     side = Side(job)
     failures = {"connect": 0, "storm": 0}
@@ -305,22 +299,17 @@ async def _clients(job: Job, shared: Shared) -> None:
     gates = {"connect": asyncio.Semaphore(200), "storm": asyncio.Semaphore(max(1, job.storm))}
 
     async def one(user: str, counter: Synchronized[int], what: str) -> None:
-        token = auth.mint(job.secret, user, 7200)
-        for attempt in range(5):
-            try:
-                async with gates[what]:
-                    side.clients[user] = await leanclient.connect(
-                        job.host, job.port, token, side.inboxes[user],
-                        lambda doc, now: side.on_frame(user, doc, now), source=job.source)
-                if user in side.closed_at:
-                    dropped_at, phase = side.closed_at.pop(user)
-                    side.gaps.setdefault(phase, {})[user] = time.time() - dropped_at
-                with counter.get_lock():
-                    counter.value += 1
-                return
-            except (OSError, ConnectionError):
-                await asyncio.sleep(0.2 * (attempt + 1))
-        failures[what] += 1
+        client = await lean_processes.connect_retrying(
+            gates[what], job.host, job.port, auth.mint(job.secret, user, 7200), side.inboxes[user],
+            lambda doc, now: side.on_frame(user, doc, now), job.source)
+        if client is None:
+            failures[what] += 1
+            return
+        side.clients[user] = client
+        if user in side.closed_at:
+            dropped_at, phase = side.closed_at.pop(user)
+            side.gaps.setdefault(phase, {})[user] = time.time() - dropped_at
+        lean_processes.count(counter)
 
     tasks = [asyncio.create_task(one(u, shared.connected, "connect")) for u in side.users]
     stormed_for = typing_for = -1
@@ -345,28 +334,17 @@ async def _clients(job: Job, shared: Shared) -> None:
                                (shared.snapshots, side.counted_snapshots), (shared.typing_sent, side.counted_typing),
                                (shared.watch_failed, side.counted_watch_failed)):
                 if n:
-                    with counter.get_lock():
-                        counter.value += n
+                    lean_processes.count(counter, n)
             side.counted_frames = side.counted_messages = side.counted_snapshots = side.counted_typing = 0
             side.counted_watch_failed = 0
-    closed = [c.closed_code for c in side.clients.values() if c.lost.done()]
-    for t in tasks:
-        t.cancel()
-    for c in side.clients.values():
-        c.transport.abort()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    Path(job.out).write_bytes(orjson.dumps({
-        "received": {u: box.ids for u, box in side.inboxes.items()},
-        "duplicates": sum(box.duplicates for box in side.inboxes.values()),
-        "latencies": {str(k): v for k, v in side.latencies.items()},
-        "typing_sent": side.typing_sent, "typing_seen": side.typing_seen, "own_typing": side.own_typing,
-        "snapshots": side.snapshots, "snapshot_users": side.snapshot_users, "snapshot_online": side.snapshot_online,
-        "watch_failed": side.watch_failed, "watch_retries": sum(side.watch_tries.values()) - len(side.watch_tries),
-        "changes": side.changes, "errors": side.errors, "error_count": side.error_count,
-        "error_codes": side.error_codes,
-        "failures": failures["connect"], "storm_failures": failures["storm"],
-        "gaps": {str(k): v for k, v in side.gaps.items()},
-        "closed": len(closed), "close_codes": sorted({c for c in closed if c is not None})}))
+    await lean_processes.close_and_write(
+        job.out, side.inboxes, side.clients, tasks, failures["connect"],
+        latencies={str(k): v for k, v in side.latencies.items()},
+        typing_sent=side.typing_sent, typing_seen=side.typing_seen, own_typing=side.own_typing,
+        snapshots=side.snapshots, snapshot_users=side.snapshot_users, snapshot_online=side.snapshot_online,
+        watch_failed=side.watch_failed, watch_retries=sum(side.watch_tries.values()) - len(side.watch_tries),
+        changes=side.changes, errors=side.errors, error_count=side.error_count, error_codes=side.error_codes,
+        storm_failures=failures["storm"], gaps={str(k): v for k, v in side.gaps.items()})
 
 
 # --- pure: what the records say (tests/core/test_signals_bench.py) -----------------------
@@ -446,10 +424,6 @@ def marginal_us_per_signal(phases: dict[str, dict], proc: str = "daemons") -> fl
     return per_unit_us(extra, b["typing_sent"])
 
 
-def kb_per_connection(before: int, after: int, held: int) -> float:
-    return round((after - before) / max(1, held) / 1024, 2)
-
-
 def changed_rows(before: dict[str, object], after: dict[str, object]) -> list[str]:
     """The users whose ``last_seen`` differs (or who have a row only after). Pure."""
     return sorted(u for u, seen in after.items() if before.get(u) != seen)
@@ -523,20 +497,6 @@ def daemon_signal_counters(daemon_port: int, daemons: int, tries: int = 40) -> d
     return {**total, "daemons_read": len(by_pid)}
 
 
-def _wait_quiet(shared: Shared, want_messages: int, quiet: float, limit: float) -> float:
-    """Until every message frame expected has come and no frame for ``quiet`` s, at most ``limit`` s."""
-    started = time.monotonic()
-    last, still = shared.frames.value, time.monotonic()
-    while time.monotonic() - started < limit:
-        time.sleep(0.1)
-        now = shared.frames.value
-        if now != last:
-            last, still = now, time.monotonic()
-        elif shared.messages.value >= want_messages and time.monotonic() - still >= quiet:
-            break
-    return time.monotonic() - started
-
-
 def _wait_count(counter: Synchronized[int], want: int, limit: float) -> float:
     started = time.monotonic()
     while counter.value < want and time.monotonic() - started < limit:
@@ -580,7 +540,7 @@ def one_phase(rig: Rig, index: int, name: str, rate: float, seconds: float) -> d
     shared.mode.value = QUIET
     typing_sent = shared.typing_sent.value - typing_before
     want = messages_before + sum(len(v) for v in sent_expected.values())
-    settled = _wait_quiet(shared, want, 1.0 if name == TYPING_ALONE else 2.0, 30)
+    settled = lean_processes.wait_quiet(shared.frames, shared.messages, want, 1.0 if name == TYPING_ALONE else 2.0, 30)
     window = time.monotonic() - started
     cpu_seconds = {k: round(w.seconds(), 3) for k, w in cpu.items()}
     for user, ids in sent_expected.items():
@@ -653,7 +613,6 @@ def storm(rig: Rig, engine: Engine, feed: PresenceFeed, count: int, phase: int) 
 def run(system: System, clients: int, watch: int, typing_rate: float, rate: float, seconds: float, rounds: int,
         storms: list[int], watch_window: int = WATCH_WINDOW) -> dict:
     from db.sql import make_engine
-    from loadtest.million.scenario import pss
 
     assert system.dbs.redis is not None and system.dbs.redis.proc is not None
     daemon_pids = [p.pid for n, p in system.procs.items() if n.startswith("daemon")]
@@ -665,34 +624,18 @@ def run(system: System, clients: int, watch: int, typing_rate: float, rate: floa
     shared = Shared(ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("l", 0),
                     ctx.Value("l", 0), ctx.Value("l", 0), ctx.Value("i", 0), ctx.Value("i", QUIET), ctx.Value("i", -1),
                     ctx.Event())
-    host, port = system.ws_url.removeprefix("ws://").rsplit(":", 1)
+    host, port = lean_processes.ws_host_port(system.ws_url)
     feed = PresenceFeed(system.dbs.redis.url)
-    time.sleep(1.0)
-    pss_idle, rss_idle = pss(daemon_pids), wsload._rss(daemon_pids)
     jobs = [Job(prefix, list(range(k, clients, nprocs)), clients, watch, max(storms), typing_rate / nprocs,
-                max(1, watch_window // nprocs), host, int(port), system.secret, f"127.0.0.{2 + k}",
+                max(1, watch_window // nprocs), host, port, system.secret, lean_processes.source_address(k),
                 str(tmp / f"c{k}.json"))
             for k in range(nprocs)]
-    procs = [ctx.Process(target=_client_proc, args=(job, shared), daemon=True) for job in jobs]
+    procs = lean_processes.ClientProcesses(_clients, jobs, shared, shared.stop)
     connect_wall = time.time()
-    for p in procs:
-        p.start()
-    started = time.monotonic()
-    half: tuple[int, int] | None = None  # (connections, PSS) once half of them are held
-    while shared.connected.value < clients and time.monotonic() - started < 60 + clients / 200:
-        time.sleep(0.2)
-        if half is None and (n := shared.connected.value) >= clients // 2:
-            half = (n, pss(daemon_pids))
-    connect_seconds = time.monotonic() - started
-    held = shared.connected.value
-    time.sleep(3.0)
+    connected = lean_processes.hold_connections(procs, shared.connected, clients, daemon_pids)
+    held = connected.held
     online_published = len(feed.between(connect_wall, time.time()))
-    pss_held, rss_held = pss(daemon_pids), wsload._rss(daemon_pids)
-    client_pids = [p.pid for p in procs if p.pid is not None]
-    client_pss = pss(client_pids)
-    say(f"{held}/{clients} connected in {connect_seconds:.1f} s; daemons' PSS "
-          f"{kb_per_connection(pss_idle, pss_held, held)} KB per connection; {online_published} online changes "
-          "published")
+    say(f"{connected.line()}; {online_published} online changes published")
     shared.mode.value = WATCHING
     watch_started = time.monotonic()
     while (shared.snapshots.value + shared.watch_failed.value < held
@@ -701,17 +644,18 @@ def run(system: System, clients: int, watch: int, typing_rate: float, rate: floa
     watch_seconds = time.monotonic() - watch_started
     snapshots = shared.snapshots.value
     shared.mode.value = QUIET
-    time.sleep(3.0)
-    pss_watched, rss_watched = pss(daemon_pids), wsload._rss(daemon_pids)
+    time.sleep(lean_processes.HELD_SETTLE_SECONDS)
+    pss_watched, rss_watched = lean_processes.daemon_memory(daemon_pids)
+    pss_idle, rss_idle = connected.idle
     say(f"{snapshots}/{held} snapshots in {watch_seconds:.1f} s; daemons' PSS "
-          f"{kb_per_connection(pss_idle, pss_watched, held)} KB per connection with {watch} watched")
+        f"{kb_per_connection(pss_idle, pss_watched, held)} KB per connection with {watch} watched")
     idle = machine.ProcessCpu(daemon_pids)
     time.sleep(3.0)
     idle_cores = idle.cores()
     rig = Rig(system, shared, {
         "daemons": daemon_pids, "redis": [system.dbs.redis.proc.pid], "writer": [system.procs["writer"].pid],
         "relay": [system.procs["relay"].pid], "apis": [p.pid for n, p in system.procs.items() if n.startswith("api")],
-        "clients": client_pids, "sender": [os.getpid()]}, {u: [] for u in users}, prefix)
+        "clients": procs.pids(), "sender": [os.getpid()]}, {u: [] for u in users}, prefix)
     engine = make_engine(system.dbs.mariadb.url(), 30)
     done: list[dict] = []
     stormed: list[dict] = []
@@ -719,33 +663,23 @@ def run(system: System, clients: int, watch: int, typing_rate: float, rate: floa
         for _round in range(rounds):
             for name in PHASES:
                 done.append(one_phase(rig, len(done), name, rate, seconds))
-        pss_after = pss(daemon_pids)
+        pss_after = lean_processes.daemon_memory(daemon_pids)[0]
         counters = daemon_signal_counters(system.daemon_port, len(daemon_pids))
         for k, size in enumerate(storms):
             stormed.append(storm(rig, engine, feed, min(size, held), STORM_PHASE + k))
     finally:
-        shared.stop.set()
-        for p in procs:
-            p.join(120)
-            if p.is_alive():
-                p.kill()
+        procs.stop()
         engine.dispose()
         feed.close()
-    return summarize(done, [orjson.loads(Path(job.out).read_bytes()) for job in jobs], rig.expected, stormed, {
-        "clients": clients, "held": held, "connect_seconds": round(connect_seconds, 1), "client_procs": nprocs,
+    return summarize(done, procs.results(), rig.expected, stormed, {
+        **connected.figures(),
         "watch": watch, "snapshots": snapshots, "watch_seconds": round(watch_seconds, 1),
         "snapshots_per_s": round(snapshots / watch_seconds, 1) if watch_seconds else None,
         "watch_failed": shared.watch_failed.value,
-        "pss_kb_per_conn": kb_per_connection(pss_idle, pss_held, held),
-        "rss_kb_per_conn": kb_per_connection(rss_idle, rss_held, held),
-        "pss_kb_per_conn_second_half": kb_per_connection(half[1], pss_held, held - half[0])
-        if half and held > half[0] else None,
         "pss_kb_per_conn_watching": kb_per_connection(pss_idle, pss_watched, held),
         "rss_kb_per_conn_watching": kb_per_connection(rss_idle, rss_watched, held),
-        "pss_kb_per_watch_list": kb_per_connection(pss_held, pss_watched, held),
-        "pss_kb_per_conn_after_phases": kb_per_connection(pss_idle, pss_after, held),
-        "daemon_pss_mb_idle": round(pss_held / 2**20, 1),
-        "client_pss_kb_per_conn": round(client_pss / held / 1024, 2) if held else None}, {
+        "pss_kb_per_watch_list": kb_per_connection(connected.settled[0], pss_watched, held),
+        "pss_kb_per_conn_after_phases": kb_per_connection(pss_idle, pss_after, held)}, {
         "online_published_at_connect": online_published, "idle_daemon_cores": idle_cores,
         "daemon_counters": counters})
 

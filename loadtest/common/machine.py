@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Iterable
 
 import psutil
 
@@ -53,6 +54,19 @@ def pid_of(proc: subprocess.Popen | None) -> int:
     if proc is None:
         raise RuntimeError("the server has not been started")
     return proc.pid
+
+
+def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
+    """User and system CPU seconds the processes used so far; one that is gone counts nothing
+    (a sampler outlives some of what it watches)."""
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 class ProcessCpu:

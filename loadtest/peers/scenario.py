@@ -82,19 +82,9 @@ class CpuSampler(threading.Thread):
         self.samples: list[tuple[float, dict[str, float]]] = []
         self.stopping = threading.Event()
 
-    def _used(self, procs: list[psutil.Process]) -> float:
-        total = 0.0
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
-        return total
-
     def run(self) -> None:
         while not self.stopping.wait(0.2):
-            self.samples.append((time.time(), {k: self._used(v) for k, v in self.procs.items()}))
+            self.samples.append((time.time(), {k: machine.cpu_seconds(v) for k, v in self.procs.items()}))
 
 
 def _clients(kind: str, users: list[str], host: str, port: int, secret: str, tmp: Path

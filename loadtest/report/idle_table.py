@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from loadtest.report.provenance import scenario_provenance
+
 RESULT_FILE = "idle-latest.json"
 
 
@@ -24,15 +26,10 @@ def _pair(figures: dict) -> str:
 
 def idle_table(r: dict) -> list[str]:
     """The section: provenance, one row per process, the latencies and the goal."""
-    m, p, goal = r["machine"], r["parameters"], r["goal"]
-    shape = r.get("deployed", {})
+    p, goal = r["parameters"], r["goal"]
     lines = [
         "## An idle stack (`python -m loadtest.idle`)", "",
-        f"_Measured {m['date']} at commit {m['commit']}, on {m['cores']} cores that every process shares with the"
-        f" load generators, {m['ram_gib']} GiB RAM; {m['mongo']}, MariaDB {m['mysql']}. As `make run` deploys it:"
-        f" {shape.get('apis', '?')} API processes writing through the writer process,"
-        f" {shape.get('daemons', '?')} daemons tailing the oplog through the relay process, and the pusher"
-        " (idle: no gateway)._", "",
+        scenario_provenance(r, also="the pusher (idle: no gateway)"), "",
         f"One WebSocket client connected, nothing sent for {p['idle_seconds']:g} s, then {p['sample_seconds']:g} s"
         " of each process's CPU time (/proc, with its children) sampled: the cores it keeps busy doing nothing."
         " Then one message posted (delivery = POST sent → frame on the socket), the first after that quiet,"

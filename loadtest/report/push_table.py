@@ -7,25 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from loadtest.report.cells import figure, p50_p99, times
+from loadtest.report.provenance import scenario_provenance
+
 HEADING = "## Offline push (`python -m loadtest.push`)"
 RESULT_FILE = "push-latest.json"
 GATEWAY_MODE = {"ok": "200", "fail": "500", "stall": "holds requests"}
-
-
-def _v(value: object) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _pair(figures: dict | None) -> str:
-    return "–" if not figures or figures.get("p50") is None else f"{_v(figures['p50'])}/{_v(figures['p99'])}"
-
-
-def _x(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}×"
 
 
 def _per_message(row: dict) -> float | None:
@@ -36,16 +23,13 @@ def _per_message(row: dict) -> float | None:
 
 def push_table(r: dict) -> list[str]:
     """The section: provenance, what was run and checked, one row per phase, the totals."""
-    m, p, push, online, cpu = r["machine"], r["parameters"], r["push"], r["online"], r["pusher_cpu"]
-    shape = r.get("deployed", {})
+    p, push, online, cpu = r["parameters"], r["push"], r["online"], r["pusher_cpu"]
     lines = [
         HEADING, "",
-        f"_Measured {m['date']} at commit {m['commit']}, on {m['cores']} cores that every process shares with the"
-        f" load generators and the gateway, {m['ram_gib']} GiB RAM; {m['mongo']}, MariaDB {m['mysql']}. As"
-        f" `make run` deploys it: {shape.get('apis', '?')} API processes writing through the writer process,"
-        f" {shape.get('daemons', '?')} daemons tailing the oplog through the relay process, and the pusher; the"
-        " push gateway is the benchmark's own (loadtest/common/push_gateway.py), a process that records each"
-        " notification's arrival._", "",
+        scenario_provenance(r, beside="the load generators and the gateway",
+                            also="the pusher; the push gateway is the benchmark's own"
+                            " (loadtest/common/push_gateway.py), a process that records each notification's arrival"),
+        "",
         f"{p['users']:,} users: {p['online']:,} online on WebSockets, each acking every message frame it receives"
         f" (`{{\"type\": \"ack\", \"upto\": id}}`), and {p['offline']:,} offline with one registered device each."
         f" {p['rate']:g} msg/s posted through the API between random pairs for {p['seconds_per_phase']:g} s a"
@@ -70,31 +54,31 @@ def push_table(r: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|"]
     for name, row in r["phases"].items():
         lines.append(
-            f"| {name} | {GATEWAY_MODE.get(row['gateway_mode'], row['gateway_mode'])} | {_v(row['sent'])} | "
-            f"{_pair(row['online_delivery_ms'])} | {_pair(row['push_delay_ms'])} | "
-            f"{_pair(row['push_delay_newest_ms'])} | {_v(row['gateway_taken'])} | {_v(row['gateway_refused'])} | "
-            f"{_v(_per_message(row))} |")
+            f"| {name} | {GATEWAY_MODE.get(row['gateway_mode'], row['gateway_mode'])} | {figure(row['sent'])} | "
+            f"{p50_p99(row['online_delivery_ms'])} | {p50_p99(row['push_delay_ms'])} | "
+            f"{p50_p99(row['push_delay_newest_ms'])} | {figure(row['gateway_taken'])}"
+            f" | {figure(row['gateway_refused'])} | {figure(_per_message(row))} |")
     effect = r["outage_effect"]
     per = push["messages_per_notification"]
     lines += [
-        "", f"**{_v(push['notifications'])} notifications for {_v(push['expected_messages'])} missed messages**"
-        f" ({_v(push['expected_users'])} users; {_v(per['mean'])} messages per notification, at most"
-        f" {_v(per['max'])}): **{_v(push['missing'])} missing, {_v(push['duplicates'])}"
-        f" duplicated, {_v(push['unexpected'])} unexpected**; push delay over the whole run"
-        f" {_pair(push['delay_all_ms'])} ms (p50/p99); the gateway refused {_v(push['gateway_refused'])} requests;"
-        f" drained {_v(push['drain_seconds'])} s after the last phase.",
-        "", f"The pusher's CPU (/proc of its pid, {cpu['window']}, {_v(cpu.get('window_seconds'))} s):"
-        f" {_v(cpu['us_per_notification'])} µs per notification taken, the outage's refused attempts included"
-        f" ({_v(cpu.get('us_per_notification_net'))} µs net of what it costs idle, {_v(cpu.get('idle_cores'))}"
+        "", f"**{figure(push['notifications'])} notifications for {figure(push['expected_messages'])} missed messages**"
+        f" ({figure(push['expected_users'])} users; {figure(per['mean'])} messages per notification, at most"
+        f" {figure(per['max'])}): **{figure(push['missing'])} missing, {figure(push['duplicates'])}"
+        f" duplicated, {figure(push['unexpected'])} unexpected**; push delay over the whole run"
+        f" {p50_p99(push['delay_all_ms'])} ms (p50/p99); the gateway refused {figure(push['gateway_refused'])}"
+        f" requests; drained {figure(push['drain_seconds'])} s after the last phase.",
+        "", f"The pusher's CPU (/proc of its pid, {cpu['window']}, {figure(cpu.get('window_seconds'))} s):"
+        f" {figure(cpu['us_per_notification'])} µs per notification taken, the outage's refused attempts included"
+        f" ({figure(cpu.get('us_per_notification_net'))} µs net of what it costs idle, {figure(cpu.get('idle_cores'))}"
         " cores measured before the phases: its steps poll MySQL every 0.1 s);"
-        f" {_v(cpu.get('normal_us_per_notification'))} µs per notification in the normal phase alone (its send"
-        f" window and settling, no refusal); {_v(cpu['us_per_message'])} µs per message posted (every row is"
+        f" {figure(cpu.get('normal_us_per_notification'))} µs per notification in the normal phase alone (its send"
+        f" window and settling, no refusal); {figure(cpu['us_per_message'])} µs per message posted (every row is"
         " decided, pushed or not).",
-        "", f"Online delivery in the outage against the normal phase: p50 {_x(effect['online_p50'])}, p99"
-        f" {_x(effect['online_p99'])}. {_v(online['held'])} of {_v(online['clients'])} online clients held,"
-        f" {_v(r['sent'])} of {_v(r['asked'])} messages stored; {_v(online['lost'])} lost, {_v(online['duplicates'])}"
-        f" duplicated on the sockets, {_v(online['acks_sent'])} acks sent, {_v(online['error_frame_count'])} error"
-        f" frames, {_v(online['closed'])} connections closed."
+        "", f"Online delivery in the outage against the normal phase: p50 {times(effect['online_p50'])}, p99"
+        f" {times(effect['online_p99'])}. {figure(online['held'])} of {figure(online['clients'])} online clients held,"
+        f" {figure(r['sent'])} of {figure(r['asked'])} messages stored; {figure(online['lost'])} lost,"
+        f" {figure(online['duplicates'])} duplicated on the sockets, {figure(online['acks_sent'])} acks sent,"
+        f" {figure(online['error_frame_count'])} error frames, {figure(online['closed'])} connections closed."
         + (f" **FAILED: {r['failed']}**" if r.get("failed") else ""), ""]
     return lines
 

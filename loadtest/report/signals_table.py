@@ -7,51 +7,34 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from loadtest.report.cells import figure, p50_p99, times
+from loadtest.report.provenance import scenario_provenance
+
 PROCESSES = (("daemons", "daemons"), ("redis", "Redis"), ("writer", "writer"), ("relay", "relay"), ("apis", "API"))
-
-
-def _v(value: object) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _pair(figures: dict | None) -> str:
-    return "–" if not figures or figures.get("p50") is None else f"{_v(figures['p50'])}/{_v(figures['p99'])}"
 
 
 def _pct(share: float | None) -> str:
     return "–" if share is None else f"{100 * share:g} %"
 
 
-def _x(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}×"
-
-
 def _counter(counters: dict, kind: str, outcome: str) -> str:
-    return _v(int(counters.get(f'chat_daemon_signals_total{{kind="{kind}",outcome="{outcome}"}}', 0)))
+    return figure(int(counters.get(f'chat_daemon_signals_total{{kind="{kind}",outcome="{outcome}"}}', 0)))
 
 
 def signals_table(r: dict) -> list[str]:
     """The section: provenance, one row per phase, the ratios, CPU per signal, memory, the storm."""
     m, p, mem, t = r["machine"], r["parameters"], r["memory"], r["typing"]
-    shape = r.get("deployed", {})
     phases = r["phases"]
     lines = [
         "## Typing and presence (`python -m loadtest.signals`)", "",
-        f"_Measured {m['date']} at commit {m['commit']}, on {m['cores']} cores that every process shares with the"
-        f" load generators, {m['ram_gib']} GiB RAM; {m['mongo']}, MariaDB {m['mysql']}, {m.get('redis', 'Redis')}"
-        " (the signals' carrier, docs/presence.md). As `make run` deploys it:"
-        f" {shape.get('apis', '?')} API processes writing through the writer process and {shape.get('daemons', '?')}"
-        " daemons tailing the oplog through the relay process._", "",
+        scenario_provenance(r, servers_also=f", {m.get('redis', 'Redis')} (the signals' carrier, docs/presence.md)"),
+        "",
         f"{p['clients']:,} WebSocket clients (one user each), each watching {p['watch']} others (a `watch` frame"
         " after its hello; every snapshot awaited), on one system and the same connections. Phases alternated"
         f" {p['rounds']} time(s), {p['seconds_per_phase']:g} s each, their rounds pooled: **typing**:"
         f" {p['typing_rate']:g} typing refreshes a second (`{{\"type\": \"typing\", \"to\": peer, \"state\":"
         " \"start\"}`) from random clients to a random one of the users they watch, no client to one peer more"
-        f" often than every {_v(p.get('pair_gap_seconds'))} s (the daemons' throttle, a second, passes every one);"
+        f" often than every {figure(p.get('pair_gap_seconds'))} s (the daemons' throttle, a second, passes every one);"
         " **messages**:"
         f" {p['rate']:g} msg/s posted through the API between random pairs; **messages+typing**: both at once."
         " Typing latency = the frame sent → the `typing` frame on the peer's socket (matched by from and to, a"
@@ -64,52 +47,56 @@ def signals_table(r: dict) -> list[str]:
     for name, row in phases.items():
         per_signal, per_message = row["cpu_us_per_signal"], row["cpu_us_per_message"]
         lines.append(
-            f"| {name} | {_v(row['typing_sent'])} | {_pair(row['typing_ms'])} | {_v(row['messages'])}"
-            + (f" ({_v(row.get('posted_per_s'))})" if row["messages"] else "") + " |"
-            f" {_pair(row['message_ms'])} | {_v(per_signal.get('daemons'))} | {_v(per_signal.get('redis'))} |"
-            f" {_v(per_message.get('daemons'))} | {'/'.join(_v(b) for b in row['busy_pct'])} % |"
-            f" {'/'.join(_v(x) for x in row['steal_pct'])} % |")
+            f"| {name} | {figure(row['typing_sent'])} | {p50_p99(row['typing_ms'])} | {figure(row['messages'])}"
+            + (f" ({figure(row.get('posted_per_s'))})" if row["messages"] else "") + " |"
+            f" {p50_p99(row['message_ms'])} | {figure(per_signal.get('daemons'))} | {figure(per_signal.get('redis'))} |"
+            f" {figure(per_message.get('daemons'))} | {'/'.join(figure(b) for b in row['busy_pct'])} % |"
+            f" {'/'.join(figure(x) for x in row['steal_pct'])} % |")
     q = r["ratios"]
     lines += ["", "messages+typing against the same run's messages alone (message delivery, and each process's CPU"
               " per second of window), and its typing against typing alone:", "",
               "| message p50 | message p99 | typing p50 | typing p99 | "
               + " | ".join(f"{label} CPU" for _, label in PROCESSES) + " |",
               "|---|---|---|---|" + "---|" * len(PROCESSES),
-              f"| {_x(q['message_p50'])} | {_x(q['message_p99'])} | {_x(q['typing_p50'])} | {_x(q['typing_p99'])} | "
-              + " | ".join(_x(q.get(f"cpu_{key}")) for key, _ in PROCESSES) + " |"]
+              f"| {times(q['message_p50'])} | {times(q['message_p99'])} | {times(q['typing_p50'])}"
+              f" | {times(q['typing_p99'])} | "
+              + " | ".join(times(q.get(f"cpu_{key}")) for key, _ in PROCESSES) + " |"]
     alone = phases["typing"]
     marginal = r["marginal_us_per_signal"]
     counters = r["daemon_counters"]
-    lines += ["", f"The daemons' CPU per signal, typing alone: {_v(alone['cpu_us_per_signal'].get('daemons'))} µs"
-              f" ({_v(alone['daemons_net_us_per_signal'])} µs net of what the {p['clients']:,} idle connections cost"
-              f" them, {_v(r['idle_daemon_cores'])} cores measured before the phases); beside the messages, what"
-              f" typing added: {_v(marginal.get('daemons'))} µs per signal (Redis {_v(marginal.get('redis'))})."
+    lines += ["", f"The daemons' CPU per signal, typing alone: {figure(alone['cpu_us_per_signal'].get('daemons'))} µs"
+              f" ({figure(alone['daemons_net_us_per_signal'])} µs net of what the {p['clients']:,} idle"
+              f" connections cost them, {figure(r['idle_daemon_cores'])} cores measured before the phases); beside"
+              f" the messages, what typing added: {figure(marginal.get('daemons'))} µs per signal (Redis"
+              f" {figure(marginal.get('redis'))})."
               " Each signal is read by both daemons (each subscribes to its partitions' typing channel) and"
-              f" written by the one that holds the peer. Typing over the run: {_v(t['sent'])} frames sent,"
-              f" {_v(t['matched'])} arrived on the peer's socket ({_v(t['missing'])} never did, {_v(t['unmatched'])}"
-              f" matched no send), p50/p99 {_pair(t['all_ms'])} ms. The daemons counted"
+              f" written by the one that holds the peer. Typing over the run: {figure(t['sent'])} frames sent,"
+              f" {figure(t['matched'])} arrived on the peer's socket ({figure(t['missing'])} never did,"
+              f" {figure(t['unmatched'])} matched no send), p50/p99 {p50_p99(t['all_ms'])} ms. The daemons counted"
               f" {_counter(counters, 'typing', 'published')} published, {_counter(counters, 'typing', 'received')}"
               f" received, {_counter(counters, 'typing', 'throttled')} throttled,"
               f" {_counter(counters, 'typing', 'dropped')} dropped."]
     verdict = "within" if mem["within_limit"] else "**over**"
     receipts = mem.get("receipts_published")
-    before = (f" The published receipts run measured {_v(receipts['pss_kb_per_conn'])} KB PSS the same way"
-              f" ({_v(receipts['held'])} held, commit {receipts['commit']}, before presence existed)."
+    before = (f" The published receipts run measured {figure(receipts['pss_kb_per_conn'])} KB PSS the same way"
+              f" ({figure(receipts['held'])} held, commit {receipts['commit']}, before presence existed)."
               if receipts else "")
-    lines += ["", f"Daemons' memory per idle WebSocket connection ({_v(mem['held'])} held, before any traffic;"
+    lines += ["", f"Daemons' memory per idle WebSocket connection ({figure(mem['held'])} held, before any traffic;"
               " loadtest.receipts' method: PSS and RSS growth of the daemon processes over the connections held):"
-              f" **without a watch list** {_v(mem['pss_kb_per_conn'])} KB PSS, {_v(mem['rss_kb_per_conn'])} KB RSS,"
-              f" {verdict} the {_v(mem['limit_kb'])} KB target ({_v(mem.get('pss_kb_per_conn_second_half'))} KB PSS"
-              " per connection of the second half alone); **with a"
-              f" {p['watch']}-user watch list** {_v(mem['pss_kb_per_conn_watching'])} KB PSS,"
-              f" {_v(mem['rss_kb_per_conn_watching'])} KB RSS ({_v(mem['pss_kb_per_watch_list'])} KB per watch"
-              f" list); after the phases {_v(mem['pss_kb_per_conn_after_phases'])} KB PSS.{before}"
-              f" {_v(mem['snapshots'])} snapshots in {_v(mem['watch_seconds'])} s ({_v(mem.get('snapshots_per_s'))}"
-              f" a second, {_v(p.get('watch_window'))} watch frames awaiting theirs at a time), with"
+              f" **without a watch list** {figure(mem['pss_kb_per_conn'])} KB PSS,"
+              f" {figure(mem['rss_kb_per_conn'])} KB RSS, {verdict} the {figure(mem['limit_kb'])} KB target"
+              f" ({figure(mem.get('pss_kb_per_conn_second_half'))} KB PSS per connection of the second half alone);"
+              " **with a"
+              f" {p['watch']}-user watch list** {figure(mem['pss_kb_per_conn_watching'])} KB PSS,"
+              f" {figure(mem['rss_kb_per_conn_watching'])} KB RSS ({figure(mem['pss_kb_per_watch_list'])} KB per watch"
+              f" list); after the phases {figure(mem['pss_kb_per_conn_after_phases'])} KB PSS.{before}"
+              f" {figure(mem['snapshots'])} snapshots in {figure(mem['watch_seconds'])} s"
+              f" ({figure(mem.get('snapshots_per_s'))} a second, {figure(p.get('watch_window'))} watch frames"
+              " awaiting theirs at a time), with"
               f" {_pct(mem['snapshot_online_share'])} of the watched users online in them (all were connected)."]
     lines += ["", "Reconnect storms, one after the other: the clients' sockets dropped at once (no close frame) and all"
               " reconnected at once, each with its resume point (`since`); counted from the first drop to the grace"
-              f" ({_v(p.get('grace_seconds'))} s) and a `last_seen` store period after the last one was back."
+              f" ({figure(p.get('grace_seconds'))} s) and a `last_seen` store period after the last one was back."
               " Rows changed = rows of MySQL's `presence` whose `last_seen` changed (of users back within the grace"
               " as the client saw it / after it); published = changes on `chat:presence`, counted by a subscriber of"
               " the benchmark's own (offline/online); offline after = users connected again whom Redis lists on no"
@@ -119,22 +106,24 @@ def signals_table(r: dict) -> list[str]:
               "|---|---|---|---|---|---|---|---|---|"]
     for s in r["storms"]:
         gaps, commands = s["gap_ms"], s["redis_commands"]
-        by_name = ", ".join(f"{k} {_v(v)}" for k, v in commands.items() if k != "all")
+        by_name = ", ".join(f"{k} {figure(v)}" for k, v in commands.items() if k != "all")
         lines.append(
-            f"| {_v(s['clients'])} | {_v(s['back_seconds'])} | {_v(gaps['p50'])}/{_v(gaps['p99'])}/{_v(gaps['max'])}"
-            f" | {_v(s['gaps_over_grace'])} | **{_v(s['last_seen_changed'])}** ({_v(s['changed_back_within_grace'])}/"
-            f"{_v(s['changed_back_after_grace'])}) | **{_v(s['published'])}** ({_v(s['published_offline'])}/"
-            f"{_v(s['published_online'])}) | {_v(s['presence_frames_to_watchers'])} |"
-            f" {_v(s['offline_while_connected'])} | {_v(commands.get('all'))} ({by_name}) |")
+            f"| {figure(s['clients'])} | {figure(s['back_seconds'])} |"
+            f" {figure(gaps['p50'])}/{figure(gaps['p99'])}/{figure(gaps['max'])}"
+            f" | {figure(s['gaps_over_grace'])} | **{figure(s['last_seen_changed'])}**"
+            f" ({figure(s['changed_back_within_grace'])}/{figure(s['changed_back_after_grace'])})"
+            f" | **{figure(s['published'])}** ({figure(s['published_offline'])}/{figure(s['published_online'])})"
+            f" | {figure(s['presence_frames_to_watchers'])} |"
+            f" {figure(s['offline_while_connected'])} | {figure(commands.get('all'))} ({by_name}) |")
     lines += ["", "A user back on the daemon it left, within the grace, costs Redis nothing; one back on the other"
               " daemon is announced there (a script, no publication) and withdrawn from the first after the grace"
-              f" (another). At the first connections, {_v(r['online_published_at_connect'])} online changes were"
+              f" (another). At the first connections, {figure(r['online_published_at_connect'])} online changes were"
               " published.",
-              "", f"{_v(r['sent'])} of {_v(r['asked'])} messages stored; {_v(r['lost'])} lost,"
-              f" {_v(r['duplicates'])} duplicated, {_v(r['error_frame_count'])} error frames"
-              f" ({', '.join(f'{k} {_v(n)}' for k, n in r.get('error_codes', {}).items()) or 'none'}; a watch"
-              f" answered by one is sent again a second later: {_v(mem.get('watch_failed'))} given up),"
-              f" {_v(r['closed'])} connections closed by the server."
+              "", f"{figure(r['sent'])} of {figure(r['asked'])} messages stored; {figure(r['lost'])} lost,"
+              f" {figure(r['duplicates'])} duplicated, {figure(r['error_frame_count'])} error frames"
+              f" ({', '.join(f'{k} {figure(n)}' for k, n in r.get('error_codes', {}).items()) or 'none'}; a watch"
+              f" answered by one is sent again a second later: {figure(mem.get('watch_failed'))} given up),"
+              f" {figure(r['closed'])} connections closed by the server."
               + (f" **FAILED: {r['failed']}**" if r.get("failed") else "")]
     if r.get("not_measured"):
         lines += ["", f"Not measured here: {r['not_measured']}"]

@@ -16,6 +16,7 @@ import typer
 
 from loadtest.report.compare_tables import comparison_tables
 from loadtest.report.idle_table import idle_tables
+from loadtest.report.provenance import measured_on
 from loadtest.report.push_table import push_tables
 from loadtest.report.receipts_table import receipts_tables
 from loadtest.report.signals_table import signals_tables
@@ -50,12 +51,6 @@ def _lag(run: dict) -> str:
     """The writer's created_at -> in Mongo (runs recorded without it: –)."""
     s = run.get("mongo_lag_ms")
     return "–" if s is None else f"{_fmt(s['p50'])}/{_fmt(s['p99'])}"
-
-
-def measured_on(m: dict) -> str:
-    """One line that says when, at which commit, on what a figure was measured."""
-    return (f"Measured {m['date']} at commit {m['commit']}, on {m['cores']} cores that every process shares with the"
-            f" load generators, {m['ram_gib']} GiB RAM; {m['mongo']}, MariaDB {m['mysql']}.")
 
 
 def _provenance(r: dict, section: str) -> list[str]:

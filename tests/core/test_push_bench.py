@@ -5,7 +5,8 @@ published section. No server runs."""
 from __future__ import annotations
 
 from loadtest import push
-from loadtest.push import Acker, Job, Push, StreamRow, expected_pushes, in_windows, match, parse_received
+from loadtest.clients.lean_processes import Job
+from loadtest.push import Acker, Push, StreamRow, expected_pushes, in_windows, match, parse_received
 from loadtest.report.push_table import HEADING, push_table, push_tables
 
 DELIVERED = 4

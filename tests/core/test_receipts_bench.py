@@ -5,7 +5,8 @@ No server runs."""
 from __future__ import annotations
 
 from loadtest import receipts
-from loadtest.receipts import ACKING, BASELINE, QUIET, READING, Job, Side
+from loadtest.clients.lean_processes import Job, kb_per_connection
+from loadtest.receipts import ACKING, BASELINE, QUIET, READING, Side
 from loadtest.report.receipts_table import receipts_table
 
 
@@ -116,7 +117,7 @@ def test_rounds_of_a_phase_pool_and_ratios_are_to_the_baseline():
 
 
 def test_memory_per_connection_and_what_fails_a_run():
-    assert receipts.kb_per_connection(1_000_000, 1_000_000 + 2048 * 1000, 1000) == 2.0
+    assert kb_per_connection(1_000_000, 1_000_000 + 2048 * 1000, 1000) == 2.0
     result = {"lost": 0, "duplicates": 0, "memory": {"held": 10, "clients": 10}, "sent": 5, "asked": 5,
               "refused": [], "error_frame_count": 0, "closed": 0, "close_codes": []}
     assert receipts.failure(result) is None
