@@ -70,6 +70,11 @@ class WakePublisher:
             return
         self._task = asyncio.get_running_loop().create_task(self._send(), name="wake-publish")
 
+    async def settled(self) -> None:
+        """Until the publish in flight, if any, has ended (a stopping writer closes its client after it)."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
     async def _send(self) -> None:
         try:
             await self._publish()

@@ -29,7 +29,7 @@ from chat.messages import Message
 from chat.metrics_port import LOOPBACK, serve_metrics
 from chat.settings import Settings
 from chat.signal_store import connect
-from chat.stopping import stop_on_signals
+from chat.stopping import bounded, stop_on_signals
 from chat.unix_socket import bind_owner_only
 from chat.write_errors import ClientIdConflict, Outcome, WriterOverloaded
 from db import mongo
@@ -184,6 +184,8 @@ async def run(settings: Settings) -> None:
             await writing
         await client.close()
         if redis is not None:
+            assert waker is not None
+            await bounded("wake_publish", waker.settled(), settings.db_timeout_seconds, log)
             await redis.aclose()
         writer.close()
         engine.dispose()

@@ -99,25 +99,24 @@ class Clock:
 
 
 async def test_the_publisher_never_waits_and_folds_wakes_while_one_is_in_flight():
-    clock, released, calls = Clock(), asyncio.Event(), []
+    clock, started, released, calls = Clock(), asyncio.Event(), asyncio.Event(), []
 
     async def publish() -> None:
         calls.append(clock.now)
+        started.set()
         await released.wait()
 
     publisher = WakePublisher(publish, clock=clock, every=0.2)
     publisher.wake()  # returns at once: the publish runs in the background
-    await asyncio.sleep(0)
+    await started.wait()
     clock.now = 5.0
     publisher.wake()  # one in flight: this one is not queued behind it
     released.set()
-    while publisher.published < 1:
-        await asyncio.sleep(0)
-    assert calls == [0.0]
+    await publisher.settled()
+    assert (calls, publisher.published) == ([0.0], 1)
     publisher.wake()  # due (5 s since the last), and none in flight
-    while publisher.published < 2:
-        await asyncio.sleep(0)
-    assert calls == [0.0, 5.0]
+    await publisher.settled()
+    assert (calls, publisher.published) == ([0.0, 5.0], 2)
 
 
 async def test_a_failed_publish_is_passed_over_and_logged_once_per_outage(caplog):
@@ -132,8 +131,8 @@ async def test_a_failed_publish_is_passed_over_and_logged_once_per_outage(caplog
     publisher = WakePublisher(publish, clock=clock, every=0.2)
     for done in (1, 2, 3):
         publisher.wake()
-        while publisher.published + publisher.failed < done:
-            await asyncio.sleep(0)
+        await publisher.settled()
+        assert publisher.published + publisher.failed == done
         clock.now += 1.0
     assert (publisher.failed, publisher.published) == (2, 1)
     assert caplog.text.count("event=wake_publish_failed") == 1
