@@ -212,3 +212,34 @@ def test_a_hidden_user_reads_as_offline_and_never_seen():
         {"user": "off", "online": False, "last_seen": "2026-11-26T13:00:00.000Z"},
         {"user": "hidden", "online": False, "last_seen": None},
         {"user": "unknown", "online": False, "last_seen": None}]
+
+
+def test_typing_waiting_for_redis_is_bounded_and_what_is_past_the_bound_is_dropped_and_counted():
+    from chat.partitions import SlotMap
+    from prometheus_client import REGISTRY
+
+    from chat.settings import Settings
+    from daemon.hub import Hubs
+    from daemon.signals import TYPING_QUEUE_MAX, Signals
+
+    # No Redis behind it: the publishing task never runs, as when Redis answers too slowly.
+    signals = Signals(Settings(redis_url=""), None, None, Hubs({0: Hub(1 << 20)}), SlotMap.even(1), None)
+    def dropped() -> float:
+        return REGISTRY.get_sample_value("chat_daemon_signals_total", {"kind": "typing", "outcome": "dropped"}) or 0
+
+    before = dropped()
+    for i in range(TYPING_QUEUE_MAX + 25):
+        signals.typing(1, "alice", f"peer{i}", "start")
+    assert len(signals._typing) == TYPING_QUEUE_MAX
+    assert dropped() - before == 25
+    assert signals._typing[-1][1].endswith(f"peer{TYPING_QUEUE_MAX - 1} start")  # the first ones wait, in order
+
+
+def test_a_poll_answer_carries_a_bounded_number_of_typing_events():
+    from daemon.server import POLL_SIGNALS_MAX, PollWaiter
+
+    waiter = PollWaiter("bob", 0)
+    for i in range(POLL_SIGNALS_MAX + 10):
+        waiter.signal(f"t{i}".encode())
+    assert len(waiter.signals) == POLL_SIGNALS_MAX
+    assert waiter.signals[-1] == f"t{POLL_SIGNALS_MAX - 1}".encode() and waiter.wake.is_set()
