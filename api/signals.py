@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import orjson
-from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,10 +19,9 @@ from api.errors import ApiError, rate_limited
 from api.events import _body, _json, _state, _user
 from api.state import State
 from api.validation import parse_presence_settings, parse_presence_users, parse_typing
-from chat.signal_store import SignalStore, typing_channel
+from chat.signal_store import REDIS_ERRORS, SignalStore, typing_channel
 from db import presence as presence_sql
 
-REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
 
 def _signals(st: State) -> SignalStore:

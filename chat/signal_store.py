@@ -19,9 +19,11 @@ seen hidden); ``chat:typing:{p}`` carries ``origin from to state``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
@@ -29,6 +31,7 @@ PRESENCE_CHANNEL = "chat:presence"
 DAEMONS = "chat:daemons"
 HIDDEN = "chat:hidden"
 HIDDEN_LOADED = "chat:hidden:loaded"
+REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 SWEEP_BATCH = 500  # users one sweep script withdraws: a dead daemon's thousands never hold Redis long
 
 
@@ -136,6 +139,37 @@ for _, user in ipairs(ARGV) do redis.call('SADD', KEYS[1], user) end
 redis.call('SET', KEYS[2], 1)
 return 1
 """
+
+
+async def subscribe_forever(client: aioredis.Redis, channels: list[str], on_message: Callable[[bytes, bytes], None],
+                           *, on_subscribed: Callable[[], None], on_away: Callable[[BaseException], None],
+                           read_seconds: float, retry_seconds: float = 1.0,
+                           sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+    """For the life of the process: ``on_message(channel, data)`` for each message published on
+    ``channels``. ``on_subscribed()`` once Redis has confirmed every SUBSCRIBE (what is published
+    from then on comes here), after each (re)connection; ``on_away(error)`` when the connection
+    fails, then it subscribes again after ``retry_seconds``. ``client``: one of its own, since a
+    subscribed connection can do nothing else."""
+    while True:
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe(*channels)
+            confirmed = 0
+            while True:
+                message = await pubsub.get_message(timeout=read_seconds)
+                if message is None:
+                    continue
+                if message["type"] == "message":
+                    on_message(message["channel"], message["data"])
+                elif message["type"] == "subscribe":
+                    confirmed += 1
+                    if confirmed == len(channels):
+                        on_subscribed()
+        except REDIS_ERRORS as exc:
+            on_away(exc)
+        finally:
+            await pubsub.aclose()
+        await sleep(retry_seconds)
 
 
 def connect(url: str, timeout_seconds: float) -> aioredis.Redis:

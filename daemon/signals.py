@@ -27,14 +27,13 @@ from typing import Protocol, TypeVar
 
 import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from chat.messages import rfc3339
 from chat.partitions import SlotMap
 from chat.settings import Settings
-from chat.signal_store import PRESENCE_CHANNEL, SignalStore, typing_channel
+from chat.signal_store import REDIS_ERRORS, PRESENCE_CHANNEL, SignalStore, subscribe_forever, typing_channel
 from daemon import metrics
 from daemon.hub import Hubs
 from daemon.presence import PresenceTracker, Watchers
@@ -49,7 +48,6 @@ STORE_SECONDS = 1.0  # last_seen goes to MySQL in one statement at most this oft
 CHANGES_BATCH = 500  # announcements and withdrawals in one pipeline
 TYPING_QUEUE_MAX = 10_000  # typing events waiting for Redis; past it (Redis slow) new ones are dropped
 SWEEPS_PER_TICK = 20  # batches of dead daemons' users withdrawn per heartbeat
-REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 T = TypeVar("T")
 
 
@@ -189,28 +187,13 @@ class Signals:
         channels = [typing_channel(p) for p in sorted(self.hubs.by_partition)]
         if self.presence:
             channels.append(PRESENCE_CHANNEL)
-        while True:
-            pubsub = self._listener.pubsub()
-            try:
-                await pubsub.subscribe(*channels)
-                confirmed = 0
-                while True:
-                    message = await pubsub.get_message(timeout=HEARTBEAT_SECONDS)
-                    if message is None:
-                        continue
-                    if message["type"] == "message":
-                        self._received(message["channel"], message["data"])
-                    elif message["type"] == "subscribe":
-                        # Redis has taken each SUBSCRIBE: what is published from now on comes here.
-                        confirmed += 1
-                        if confirmed == len(channels):
-                            self.subscribed_once.set()
-            except REDIS_ERRORS as exc:
-                self._away(exc)
-                self.subscribed_once.set()
-            finally:
-                await pubsub.aclose()
-            await self._sleep(1.0)
+
+        def away(exc: BaseException) -> None:
+            self._away(exc)
+            self.subscribed_once.set()  # tried once: a Redis that is away keeps no daemon from serving
+
+        await subscribe_forever(self._listener, channels, self._received, on_subscribed=self.subscribed_once.set,
+                                on_away=away, read_seconds=HEARTBEAT_SECONDS, sleep=self._sleep)
 
     def _received(self, channel: bytes, data: bytes) -> None:
         words = data.decode().split()

@@ -23,7 +23,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+
+from chat.signal_store import REDIS_ERRORS, subscribe_forever
 
 log = logging.getLogger("chat.oplog")
 
@@ -31,7 +32,6 @@ WAKE_CHANNEL = "chat:wake"
 WAKE_EVERY = 0.2  # seconds between two publishes, at most one each; below oplog.pace.IDLE_AFTER_SECONDS
 LISTEN_SECONDS = 30.0  # an idle listener's read returns this often (and Redis's health is checked)
 RETRY_SECONDS = 1.0  # a listener whose Redis is away subscribes again after this
-REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 
 class WakeThrottle:
@@ -96,23 +96,21 @@ async def listen_for_wakes(url: str, wake: Callable[[], None], *, connect_second
     no time-out of their own: an idle one waits ``LISTEN_SECONDS`` per read."""
     client = aioredis.from_url(url, socket_connect_timeout=connect_seconds, health_check_interval=LISTEN_SECONDS)
     away = False
+
+    def subscribed() -> None:
+        nonlocal away
+        away = False
+        log.info("event=wake_listening channel=%s", WAKE_CHANNEL)
+
+    def lost(exc: BaseException) -> None:
+        nonlocal away
+        if not away:
+            away = True
+            log.warning("event=wake_unreachable error=%s action=tail_backs_off_alone retry_in_s=%g",
+                        exc.__class__.__name__, RETRY_SECONDS)
+
     try:
-        while True:
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(WAKE_CHANNEL)
-                log.info("event=wake_listening channel=%s", WAKE_CHANNEL)
-                away = False
-                while True:
-                    if await pubsub.get_message(timeout=LISTEN_SECONDS) is not None:
-                        wake()
-            except REDIS_ERRORS as exc:
-                if not away:
-                    away = True
-                    log.warning("event=wake_unreachable error=%s action=tail_backs_off_alone retry_in_s=%g",
-                                exc.__class__.__name__, RETRY_SECONDS)
-            finally:
-                await pubsub.aclose()
-            await sleep(RETRY_SECONDS)
+        await subscribe_forever(client, [WAKE_CHANNEL], lambda _channel, _data: wake(), on_subscribed=subscribed,
+                                on_away=lost, read_seconds=LISTEN_SECONDS, retry_seconds=RETRY_SECONDS, sleep=sleep)
     finally:
         await client.aclose()
