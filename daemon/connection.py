@@ -256,13 +256,16 @@ class Connection(asyncio.Protocol):
     # --- WebSocket: frames out ------------------------------------------------
     def send_text(self, payload: bytes) -> None:
         """One text frame, written now (the hello before a catch-up)."""
-        self.transport.write(text_frame(payload))
+        if not self.transport.is_closing():
+            self.transport.write(text_frame(payload))
 
     # send and overflow: what its subscriber calls, as its ``daemon.hub.Sink``
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
-        if self.closing:  # nothing after the close frame (a catch-up can outlast its connection)
-            return
         transport = self.transport
+        # Nothing after the close frame (a catch-up can outlast its connection), nor on a transport
+        # the peer closed whose connection_lost is still to come: uvloop raises on that write.
+        if self.closing or transport.is_closing():
+            return
         transport.write(frame if frame is not None else text_frame(payload))
         if transport.get_write_buffer_size() > self.state.settings.send_buffer_max_bytes:
             self.subscriber.overflowed = True
@@ -334,7 +337,7 @@ class Connection(asyncio.Protocol):
                 self.close(CloseCode.POLICY, "too many frames")
                 return
             if type(event) is Control:
-                if event.opcode is Opcode.PING:
+                if event.opcode is Opcode.PING and not self.transport.is_closing():
                     self.transport.write(pong_frame(event.data))
             elif type(event) is Message and event is not FRAGMENT:
                 self.on_message(event)
@@ -361,6 +364,11 @@ class Connection(asyncio.Protocol):
 
     def heartbeat(self, now: float) -> None:
         """Called by the daemon once ``next_due`` has come (or up to a tick before)."""
+        if self.transport.is_closing():
+            # Closed under it (the peer reset it, or an abort): its connection_lost, which the
+            # transport has scheduled, forgets it. A ping written now would raise (uvloop), and
+            # end every socket's heartbeat with it.
+            return
         if now >= self.expires:  # the handshake checked the token; the heartbeat holds it to its `exp`
             metrics.CLOSES.labels("token_expired").inc()
             self.close(CloseCode.TOKEN_EXPIRED, "token expired: reconnect with a new token and since")

@@ -261,3 +261,37 @@ async def test_an_http_connection_idle_past_its_limit_is_closed_and_one_with_a_r
     assert transports[busy].log == [] and daemon.state.http_conns == {busy}
     busy.http.task.cancel()  # type: ignore[union-attr]
     await stop(beating)
+
+
+class ResetTransport(Transport):
+    """As uvloop's after the peer reset the connection: closed at once, its connection_lost still
+    to come, and any write raises."""
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+        super().write(data)
+
+
+async def test_a_socket_the_peer_reset_before_its_ping_ends_no_heartbeat_and_takes_no_frame():
+    daemon, ticks, beating = serving(ping_interval_seconds=20, ping_timeout_seconds=5)
+    conn = Connection(daemon.state, Router(daemon))
+    transport = ResetTransport(ticks, conn)
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.http = None
+    daemon.state.http_conns.discard(conn)
+    conn.subscriber = Subscriber(conn, "bob")
+    conn.next_ping, conn.expires = ticks.now + 20, math.inf
+    daemon.join(conn)
+    other, other_transport = websocket(daemon, ticks)
+    await ticks.until(START + 19)
+    transport.closed = True  # reset by the peer; connection_lost is still to come
+    conn.send(1, b'{"id": "1"}', None)  # a message for it meanwhile: not written, not raised
+    conn.signal(b'{"type": "typing"}')
+    conn.send_text(b'{"type": "hello"}')
+    await ticks.tick()  # its ping is due now
+    assert not beating.done(), "the heartbeat loop lives on"
+    assert transport.log == [] and other_transport.log == [(START + 20, "ping")]
+    conn.connection_lost(None)
+    assert conn not in daemon.sockets and other in daemon.sockets
+    await stop(beating)
