@@ -51,6 +51,9 @@ class CountingTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.frames += 1
 
+    def is_closing(self) -> bool:
+        return False
+
     def get_write_buffer_size(self) -> int:
         return 0
 
