@@ -193,3 +193,20 @@ def resume_position(cursor: Cursor | None, user: str, slot_map: SlotMap) -> int 
     if cursor.partition != slot_map.owner[slot] or slot_map.moved[slot] > cursor.epoch:
         return None
     return cursor.position
+
+
+class LiveMap:
+    """The slot map a process routes and reads by now. A move's cutover writes a map of the
+    next epoch (``chatctl partitions move``); each process adopts it when it reads it: the
+    writers under their partition's lock at each turn, the API and daemons by a watch. A map
+    is replaced, never changed, so a reader that took ``current`` keeps one consistent map."""
+
+    def __init__(self, current: SlotMap):
+        self.current = current
+
+    def adopt(self, found: SlotMap) -> bool:
+        """Takes ``found`` if it is newer; whether it was."""
+        if found.epoch <= self.current.epoch:
+            return False
+        self.current = found
+        return True

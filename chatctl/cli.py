@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 import re
 import sys
 from enum import StrEnum
@@ -285,14 +286,37 @@ def partitions_show() -> None:
 
 @partitions_app.command("grow")
 def partitions_grow(count: int = typer.Argument(..., help="The number of partitions to grow to")) -> None:
-    """Grow to COUNT partitions: new tables and collections, then the map (only the slots that change
-    partition move; their users' cursors give recovered: false). Stop the writers first; restart every
-    process after."""
+    """Grow to COUNT partitions, online: the users of the slots that change partition move with their
+    history; every process adopts the new map by itself. Rerun it, or `resume`, after a failure."""
+    from chatctl import partitions
+
+    _run_move(lambda settings: partitions.grow(settings, count))
+
+
+@partitions_app.command("move")
+def partitions_move(slots: str = typer.Argument(..., help="Slots to move: e.g. 0-99,512"),
+                    to: int = typer.Option(..., "--to", help="The partition they move to (the next new one "
+                                           "is made)")) -> None:
+    """Move SLOTS to partition TO, online, their users' history with them."""
+    from chatctl import partitions
+
+    _run_move(lambda settings: partitions.move(settings, partitions.parse_slots(slots), to))
+
+
+@partitions_app.command("resume")
+def partitions_resume() -> None:
+    """Finish the move in progress (after a mover that died or was stopped)."""
+    from chatctl import partitions
+
+    _run_move(partitions.resume)
+
+
+def _run_move(run: Callable[[Settings], str]) -> None:
     from chatctl import partitions
     from db.partition_map import NoSlotMap
 
     try:
-        typer.echo(partitions.grow(Settings(), count))
+        typer.echo(run(Settings()))
     except (partitions.Refused, NoSlotMap) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None

@@ -1,23 +1,27 @@
-"""``chatctl partitions show`` and ``chatctl partitions grow N``: the slot map in MySQL.
+"""``chatctl partitions show``, ``grow N``, ``move SLOTS --to K`` and ``resume``: the slot map in MySQL.
 
-Growing is an offline operation (docs/operations.md): every process reads the
-map when it starts, so the writers must be stopped, and every process
-restarted after. ``grow`` refuses while any partition's writer lock is held,
-and holds them all itself while it creates the new partitions' tables and
-collections and then writes the map, so that no writer starts a turn meanwhile.
+Growing and moving are online (docs/operations.md, "Partitions"): the
+moving users' history is copied into their new partition while everything
+serves, then a cutover of a fraction of a second (the writer locks of the
+partitions involved) writes the map of the next epoch. Every process adopts
+it by itself. The move is kept in MySQL step by step: a mover that dies is
+rerun (``resume``, or the same command) and goes on from where it stood.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
-from chat.partitions import MAX_PARTITIONS, SlotMap, lock_name
+from chat.moves import MovePlan
+from chat.partitions import MAX_PARTITIONS, SLOTS, BadPartitions, SlotMap
 from chat.settings import Settings
 from db import mongo
-from db.partition_map import NoSlotMap, ensure_tables, read_slot_map, write_slot_map
+from db.mover import Mover, MoveRefused, begin, read_progress
+from db.partition_map import NoSlotMap, ensure_tables, read_slot_map
 
 
 class Refused(Exception):
@@ -54,30 +58,99 @@ def show(settings: Settings) -> str:
     engine = create_engine(settings.mysql_url.get_secret_value())
     try:
         with engine.connect() as conn:
-            return describe(_current(conn))
+            shown = describe(_current(conn))
+            progress = read_progress(conn)
+        if progress is not None:
+            plan = progress.plan
+            shown += (f"\nmove in progress to epoch {plan.after.epoch}: {len(plan.moving)} slots from partitions "
+                      f"{_list(plan.sources)} to {_list(plan.targets)}, copied up to ids "
+                      + ", ".join(f"{k}: {v}" for k, v in sorted(progress.copied.items()))
+                      + " (`chatctl partitions resume` finishes it)")
+        return shown
     finally:
         engine.dispose()
 
 
-def grow(settings: Settings, partitions: int) -> str:
-    """Grows the map to ``partitions``; returns the new map described."""
+def grow(settings: Settings, partitions: int, report: Callable[[str], None] = print) -> str:
+    """Grows the map to ``partitions`` online; returns the new map described."""
+    def plan(current: SlotMap) -> MovePlan:
+        check_growth(current, partitions)
+        return MovePlan(current, current.grown(partitions))
+    return _move(settings, plan, report)
+
+
+def move(settings: Settings, slots: list[int], to: int, report: Callable[[str], None] = print) -> str:
+    """Moves ``slots`` to partition ``to`` (a new partition, if it is the next one) online."""
+    def plan(current: SlotMap) -> MovePlan:
+        if not 0 <= to <= min(current.partitions, MAX_PARTITIONS - 1):
+            raise Refused(f"partition {to} is not one of 0..{current.partitions} (the next one is made)")
+        try:
+            after = current.move(slots, to)
+        except BadPartitions as exc:
+            raise Refused(str(exc)) from None
+        if after.owner == current.owner:
+            raise Refused(f"slots {_ranges(sorted(set(slots)))} are in partition {to} already")
+        return MovePlan(current, after)
+    return _move(settings, plan, report)
+
+
+def resume(settings: Settings, report: Callable[[str], None] = print) -> str:
+    """Finishes the move in progress (a mover that died)."""
+    return _move(settings, None, report)
+
+
+def parse_slots(text: str) -> list[int]:
+    """``0-99,512`` as a list of slots."""
+    slots: list[int] = []
+    for item in text.split(","):
+        low, _, high = item.strip().partition("-")
+        if not low.isdecimal() or (high and not high.isdecimal()):
+            raise Refused(f"slots are numbers or ranges like 0-99,512, not {item!r}")
+        first, last = int(low), int(high or low)
+        if not 0 <= first <= last < SLOTS:
+            raise Refused(f"slots are 0..{SLOTS - 1}: {item!r}")
+        slots.extend(range(first, last + 1))
+    return slots
+
+
+def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, report: Callable[[str], None]) -> str:
     engine = create_engine(settings.mysql_url.get_secret_value())
+    mover = None
     try:
         with engine.connect() as conn:
             current = _current(conn)
-            check_growth(current, partitions)
-            _hold_every_writer_lock(conn, partitions)
-            try:
-                grown = current.grown(partitions)
-                ensure_tables(engine, partitions)
-                asyncio.run(_ensure_collections(settings, partitions))
-                write_slot_map(conn, grown)
-                conn.commit()
-            finally:
-                conn.execute(text("SELECT RELEASE_ALL_LOCKS()"))
-        return describe(grown)
+            in_progress = read_progress(conn)
+        if planned is None:
+            if in_progress is None:
+                raise Refused("no move is in progress")
+            plan = in_progress.plan
+        elif in_progress is not None:
+            plan = in_progress.plan
+            if plan != planned(plan.before):
+                raise Refused(f"another move (to epoch {plan.after.epoch}) is in progress: "
+                              "run `chatctl partitions resume` first")
+        else:
+            plan = planned(current)
+        ensure_tables(engine, plan.after.partitions)
+        asyncio.run(_ensure_collections(settings, plan.after.partitions))
+        progress = begin(engine, plan)
+        moving = plan.moving
+        report(f"moving {len(moving)} slots from partitions {_list(plan.sources)} to {_list(plan.targets)} "
+               f"(epoch {plan.before.epoch} -> {plan.after.epoch})"
+               + (f"; resuming after ids {progress.copied}" if any(progress.copied.values()) else ""))
+        mover = Mover(engine, settings.mongo_url.get_secret_value(), settings.mongo_db, settings.retention_seconds,
+                      settings.db_timeout_seconds, report)
+        return describe(mover.run(progress))
+    except MoveRefused as exc:
+        raise Refused(str(exc)) from None
     finally:
+        if mover is not None:
+            mover.close()
         engine.dispose()
+
+
+def _list(parts: list[int]) -> str:
+    return ",".join(map(str, parts))
 
 
 def _current(conn: Connection) -> SlotMap:
@@ -85,19 +158,6 @@ def _current(conn: Connection) -> SlotMap:
     if slot_map is None:
         raise NoSlotMap("MySQL holds no slot map: run `python -m db.init` first")
     return slot_map
-
-
-def _hold_every_writer_lock(conn: Connection, partitions: int) -> None:
-    """Refuses if a writer holds (or waits for) any partition's lock; else takes them all."""
-    names = [lock_name(k) for k in range(partitions)] + [lock_name(k) + ".next" for k in range(partitions)]
-    held = [n for n in names if conn.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": n}).scalar() is not None]
-    if held:
-        raise Refused(f"stop the writers first: {', '.join(held)} held")
-    for name in names:
-        if conn.execute(text("SELECT GET_LOCK(:n, 0)"), {"n": name}).scalar() != 1:
-            conn.execute(text("SELECT RELEASE_ALL_LOCKS()"))
-            raise Refused(f"stop the writers first: {name} was just taken")
-    conn.commit()
 
 
 async def _ensure_collections(settings: Settings, partitions: int) -> None:
