@@ -34,11 +34,11 @@ from api.validation import parse_bearer, parse_dev_login, parse_history_query
 from chat import auth
 from chat.messages import Kind
 from chat.metrics_port import serve_metrics
-from chat.partitions import SlotMap, suffix
+from chat.partitions import LiveMap, SlotMap, suffix
 from chat.settings import Settings
 from chat.signal_store import SignalStore, connect
 from db import mongo
-from db.partition_map import load_slot_map, tables_of
+from db.partition_map import load_slot_map, tables_of, watch_slot_map
 from db.retention import run_sweeper
 from db.conversation_state import peer_markers, read_markers_of, unread_by_peer
 from db.sql import MAX_OVERFLOW, conversation_key, make_engine, pool_size_of, row_to_message
@@ -318,20 +318,25 @@ def create_app(settings: Settings) -> ASGIApp:
         engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
         client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
         db = client[settings.mongo_db]
-        # The map of its start: a slot move restarts the API processes (docs/operations.md).
         slot_map = load_slot_map(engine)
         redis_url = settings.redis_url.get_secret_value()
         signal_store = SignalStore(connect(redis_url, settings.db_timeout_seconds)) if redis_url else None
         on_stored = WakePublisher.on_redis(signal_store.client).wake if signal_store is not None else lambda: None
         writer, writer_engine = _writer(settings, db, slot_map, on_stored)
         reads = read_threads(engine)
+        # A move's cutover writes the map of the next epoch: this process reads by it
+        # within a gap-check period (its own writers, at their next turn).
+        maps = writer.live if isinstance(writer, PartitionedWriter) else LiveMap(slot_map)
+        adopt = writer.adopt if isinstance(writer, PartitionedWriter) else maps.adopt
         app.state.chat = State(settings, engine, client, writer,
                                RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst), reads,
-                               slot_map, signal_store,
+                               maps, signal_store,
                                typing_limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst))
         tasks = [asyncio.create_task(run_sweeper(
                      db, engine, reads, settings.retention_seconds, settings.sweep_interval_seconds,
-                     slot_map.partitions), name="sweeper")]
+                     lambda: maps.current.partitions), name="sweeper"),
+                 asyncio.create_task(watch_slot_map(engine, lambda: maps.current, adopt, settings.gap_check_seconds),
+                                     name="slot_map")]
         if isinstance(writer, PartitionedWriter):
             tasks.append(asyncio.create_task(writer.run(), name="writer"))
         # What start-up made (modules, the app, the pools) lives as long as the

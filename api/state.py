@@ -14,7 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from api.errors import ApiError
 from api.ratelimit import RateLimiter
-from chat.partitions import SlotMap
+from chat.partitions import LiveMap, SlotMap
 from chat.settings import Settings
 from chat.signal_store import SignalStore
 from chat.typing_gate import TypingGate
@@ -34,13 +34,17 @@ class State:
     writer: PartitionedWriter | RemoteWriter
     limiter: RateLimiter
     reads: Threads  # the blocking MySQL reads; never asyncio's default executor (db.threads)
-    slot_map: SlotMap  # read at start: which partition's table holds a user's history
+    maps: LiveMap  # which partition's table holds a user's history: renewed when a move cuts over
     signals: SignalStore | None = None  # typing and presence in Redis; None: CHAT_REDIS_URL is empty
     # POST /v1/typing's throttle: (user, peer) pairs, bounded whoever calls
     typing_gate: TypingGate = field(default_factory=lambda: TypingGate(TYPING_GATE_MAX))
     # and its own rate limit per user (as messages have theirs): a user typing to ever new peers
     # passes every gate, not this
     typing_limiter: RateLimiter | None = None
+
+    @property
+    def slot_map(self) -> SlotMap:
+        return self.maps.current
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         """``fn(connection)``, one read from MySQL on the API's read threads, or a

@@ -284,31 +284,36 @@ def partitions_show() -> None:
         raise typer.Exit(1) from None
 
 
+PAGE_HELP = "Rows copied per step; a target partition's writes pause for one step at a time"
+
+
 @partitions_app.command("grow")
-def partitions_grow(count: int = typer.Argument(..., help="The number of partitions to grow to")) -> None:
+def partitions_grow(count: int = typer.Argument(..., help="The number of partitions to grow to"),
+                    page: int = typer.Option(500, min=1, max=10_000, help=PAGE_HELP)) -> None:
     """Grow to COUNT partitions, online: the users of the slots that change partition move with their
     history; every process adopts the new map by itself. Rerun it, or `resume`, after a failure."""
     from chatctl import partitions
 
-    _run_move(lambda settings: partitions.grow(settings, count))
+    _run_move(lambda settings: partitions.grow(settings, count, page=page))
 
 
 @partitions_app.command("move")
 def partitions_move(slots: str = typer.Argument(..., help="Slots to move: e.g. 0-99,512"),
                     to: int = typer.Option(..., "--to", help="The partition they move to (the next new one "
-                                           "is made)")) -> None:
+                                           "is made)"),
+                    page: int = typer.Option(500, min=1, max=10_000, help=PAGE_HELP)) -> None:
     """Move SLOTS to partition TO, online, their users' history with them."""
     from chatctl import partitions
 
-    _run_move(lambda settings: partitions.move(settings, partitions.parse_slots(slots), to))
+    _run_move(lambda settings: partitions.move(settings, partitions.parse_slots(slots), to, page=page))
 
 
 @partitions_app.command("resume")
-def partitions_resume() -> None:
+def partitions_resume(page: int = typer.Option(500, min=1, max=10_000, help=PAGE_HELP)) -> None:
     """Finish the move in progress (after a mover that died or was stopped)."""
     from chatctl import partitions
 
-    _run_move(partitions.resume)
+    _run_move(lambda settings: partitions.resume(settings, page=page))
 
 
 def _run_move(run: Callable[[Settings], str]) -> None:

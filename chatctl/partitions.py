@@ -20,8 +20,12 @@ from chat.moves import MovePlan
 from chat.partitions import MAX_PARTITIONS, SLOTS, BadPartitions, SlotMap
 from chat.settings import Settings
 from db import mongo
-from db.mover import Mover, MoveRefused, begin, read_progress
+from db.mover import PAGE, Mover, MoveRefused, begin, read_progress
 from db.partition_map import NoSlotMap, ensure_tables, read_slot_map
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # a step at a time, as it happens: the operator watches a long copy
 
 
 class Refused(Exception):
@@ -71,15 +75,16 @@ def show(settings: Settings) -> str:
         engine.dispose()
 
 
-def grow(settings: Settings, partitions: int, report: Callable[[str], None] = print) -> str:
+def grow(settings: Settings, partitions: int, report: Callable[[str], None] = _say, page: int = PAGE) -> str:
     """Grows the map to ``partitions`` online; returns the new map described."""
     def plan(current: SlotMap) -> MovePlan:
         check_growth(current, partitions)
         return MovePlan(current, current.grown(partitions))
-    return _move(settings, plan, report)
+    return _move(settings, plan, report, page)
 
 
-def move(settings: Settings, slots: list[int], to: int, report: Callable[[str], None] = print) -> str:
+def move(settings: Settings, slots: list[int], to: int, report: Callable[[str], None] = _say,
+         page: int = PAGE) -> str:
     """Moves ``slots`` to partition ``to`` (a new partition, if it is the next one) online."""
     def plan(current: SlotMap) -> MovePlan:
         if not 0 <= to <= min(current.partitions, MAX_PARTITIONS - 1):
@@ -91,12 +96,12 @@ def move(settings: Settings, slots: list[int], to: int, report: Callable[[str], 
         if after.owner == current.owner:
             raise Refused(f"slots {_ranges(sorted(set(slots)))} are in partition {to} already")
         return MovePlan(current, after)
-    return _move(settings, plan, report)
+    return _move(settings, plan, report, page)
 
 
-def resume(settings: Settings, report: Callable[[str], None] = print) -> str:
+def resume(settings: Settings, report: Callable[[str], None] = _say, page: int = PAGE) -> str:
     """Finishes the move in progress (a mover that died)."""
-    return _move(settings, None, report)
+    return _move(settings, None, report, page)
 
 
 def parse_slots(text: str) -> list[int]:
@@ -113,7 +118,8 @@ def parse_slots(text: str) -> list[int]:
     return slots
 
 
-def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, report: Callable[[str], None]) -> str:
+def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, report: Callable[[str], None],
+          page: int) -> str:
     engine = create_engine(settings.mysql_url.get_secret_value())
     mover = None
     try:
@@ -139,7 +145,7 @@ def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, rep
                f"(epoch {plan.before.epoch} -> {plan.after.epoch})"
                + (f"; resuming after ids {progress.copied}" if any(progress.copied.values()) else ""))
         mover = Mover(engine, settings.mongo_url.get_secret_value(), settings.mongo_db, settings.retention_seconds,
-                      settings.db_timeout_seconds, report)
+                      settings.db_timeout_seconds, report, page)
         return describe(mover.run(progress))
     except MoveRefused as exc:
         raise Refused(str(exc)) from None

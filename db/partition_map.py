@@ -8,14 +8,21 @@ partitions the slot map has (``ensure_tables``): their number is data, not schem
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from sqlalchemy import MetaData, Table, select
+from sqlalchemy import MetaData, Table, func, select
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from chat.partitions import SlotMap, suffix
+from db.threads import Threads
 from db.sql import messages, partition_map, stream_state
+
+log = logging.getLogger("chat.partitions")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +86,38 @@ def write_slot_map(conn: Connection, slot_map: SlotMap) -> None:
     """Replaces the slot map (the caller commits)."""
     conn.execute(partition_map.delete().where(partition_map.c.id == 1))
     conn.execute(partition_map.insert().values(id=1, slot_map=slot_map.encode()))
+
+
+def newer_slot_map(conn: Connection, epoch: int) -> SlotMap | None:
+    """The map MySQL holds if its epoch is past ``epoch``, else None: when nothing moved, one short read."""
+    found = conn.execute(select(func.json_value(partition_map.c.slot_map, "$.epoch"))
+                         .where(partition_map.c.id == 1)).scalar()
+    conn.commit()
+    if found is None or int(found) <= epoch:
+        return None
+    return read_slot_map(conn)
+
+
+async def watch_slot_map(engine: Engine, current: Callable[[], SlotMap], adopt: Callable[[SlotMap], object],
+                         period: float, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    """Until cancelled: each ``period``, hands a newer map than ``current()`` to ``adopt``
+    (a move's cutover). A read that fails is passed over: the next one decides."""
+    threads = Threads(1, "slot-map-watch")
+
+    def read(epoch: int) -> SlotMap | None:
+        with engine.connect() as conn:
+            return newer_slot_map(conn, epoch)
+
+    try:
+        while True:
+            await sleep(period)
+            try:
+                found = await threads.run(read, current().epoch)
+            except SQLAlchemyError as exc:
+                log.warning("event=slot_map_check_failed error=%s", exc.__class__.__name__)
+                continue
+            if found is not None:
+                log.info("event=slot_map_adopted epoch=%d partitions=%d", found.epoch, found.partitions)
+                adopt(found)
+    finally:
+        threads.close()

@@ -99,12 +99,13 @@ def delete_steps(floor: int, newest: int, piece: int) -> list[int]:
 
 
 async def run_sweeper(db: AsyncDatabase, engine: Engine, threads: Threads, retention_seconds: int,
-                      interval: float, partitions: int = 1,
+                      interval: float, partitions: Callable[[], int] = lambda: 1,
                       sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-    """Sweeps every partition each ``interval`` seconds (``sleep``: the tests' fake), until cancelled;
+    """Sweeps every partition (``partitions()``: as many as the map has now) each ``interval`` seconds
+    (``sleep``: the tests' fake), until cancelled;
     a sweep that fails is logged and tried again in the next period."""
     while True:
-        for partition in range(partitions):
+        for partition in range(partitions()):
             try:
                 await sweep_once(db, engine, threads, retention_seconds, partition=partition)
             except (PyMongoError, SQLAlchemyError) as exc:

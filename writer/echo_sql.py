@@ -13,6 +13,7 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Connection
 
 from chat.messages import Message
+from chat.partitions import SlotMap
 from db.partition_map import tables_of
 from db.sql import echoes, row_to_message
 from writer.copies import Copy, echo_rows
@@ -32,10 +33,12 @@ def settle_echoes(conn: Connection, partition: int, owed: list[tuple[int, Copy]]
                                            tuple_(echoes.c.from_part, echoes.c.from_id).in_(paid)))
 
 
-def leftover_copies(conn: Connection, partition: int, limit: int) -> list[Copy]:
+def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: SlotMap) -> list[Copy]:
     """Up to ``limit`` copies owed to ``partition`` (oldest originals first), each
     read from its original's table. An echo whose original is gone (a table
-    emptied by hand) is dropped, loudly: nothing is left to copy."""
+    emptied by hand) is dropped, loudly: nothing is left to copy. One whose
+    recipient lives elsewhere now (a move cut over after the original's writer
+    chose this partition) is sent on to the recipient's partition of ``slot_map``."""
     owed = conn.execute(select(echoes.c.from_part, echoes.c.from_id).where(echoes.c.to_part == partition)
                         .order_by(echoes.c.from_part, echoes.c.from_id).limit(limit)).all()
     if not owed:
@@ -48,7 +51,12 @@ def leftover_copies(conn: Connection, partition: int, limit: int) -> list[Copy]:
     for from_part, ids in by_part.items():
         table = tables_of(from_part).messages
         rows = conn.execute(select(table).where(table.c.id.in_(ids)).order_by(table.c.id)).all()
-        copies.extend(Copy(row_to_message(r), from_part) for r in rows)
+        for r in rows:
+            now_in = slot_map.partition_of(r.recipient) if slot_map.partitions > 1 else 0
+            if now_in == partition:
+                copies.append(Copy(row_to_message(r), from_part))
+            else:
+                _send_on(conn, partition, now_in, from_part, r.id)
         missing = set(ids) - {r.id for r in rows}
         if missing:
             log.error("event=echo_without_original to_part=%d from_part=%d ids=%s", partition, from_part,
@@ -59,3 +67,13 @@ def leftover_copies(conn: Connection, partition: int, limit: int) -> list[Copy]:
     if copies:
         log.info("event=leftover_copies to_part=%d copies=%d", partition, len(copies))
     return copies
+
+
+def _send_on(conn: Connection, partition: int, now_in: int, from_part: int, from_id: int) -> None:
+    log.info("event=echo_sent_on from_part=%d from_id=%d to_part=%d now_to_part=%d", from_part, from_id, partition,
+             now_in)
+    conn.execute(echoes.delete().where(echoes.c.to_part == partition, echoes.c.from_part == from_part,
+                                       echoes.c.from_id == from_id))
+    if now_in != from_part:  # the original's own partition holds it: nothing is owed
+        conn.execute(echoes.insert().prefix_with("IGNORE").values(to_part=now_in, from_part=from_part,
+                                                                 from_id=from_id))

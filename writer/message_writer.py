@@ -70,9 +70,9 @@ from sqlalchemy.engine import Engine
 
 from chat.drafts import Draft
 from chat.messages import Message
-from chat.partitions import SlotMap
+from chat.partitions import LiveMap, SlotMap
 from chat.stopping import reraise_if_cancelling
-from chat.write_errors import WriterOverloaded, WriteUnavailable
+from chat.write_errors import PartitionBusy, WriterOverloaded, WriteUnavailable
 from writer.batch import Pending, fail, owed_copy
 from writer.copies import Copy
 from writer.core import DEFAULT_TIMING, Timing, WriterCore
@@ -90,8 +90,14 @@ def _no_hand_over(partition: int, copy: Copy) -> None:
     """Without a peer in this process, a copy is made by the drain of its partition's writer."""
 
 
+def _no_reroute(pending: Pending) -> None:
+    """Without a writer of the sender's new partition in this process: a fast 503, retried there."""
+    fail([pending], PartitionBusy("the sender's slot moved to another partition; retry"))
+
+
 class MessageWriter:
-    """The writer of one partition (``partition``, of ``slot_map``): its lock, tables and collection.
+    """The writer of one partition (``partition``, of ``slot_map``, or of the map a ``LiveMap`` holds now,
+    which a turn renews when a move has cut over): its lock, tables and collection.
     It queues the requests and takes turns under the lock; each part does one job: the SQL
     (``MySQLSteps``), the Mongo calls (``MongoSteps``), the waits (``TurnWaits``) and one
     lock hold's I/O (``Turn``), all on one ``WriterCore``'s decisions.
@@ -108,20 +114,23 @@ class MessageWriter:
                  observe_outbox: Callable[[int, float], None] = lambda n, s: None,
                  observe_copies: Callable[[int], None] = lambda n: None,
                  observe_strays: Callable[[int], None] = lambda n: None,
-                 timing: Timing = DEFAULT_TIMING, partition: int = 0, slot_map: SlotMap = ONE_PARTITION,
+                 timing: Timing = DEFAULT_TIMING, partition: int = 0, slot_map: SlotMap | LiveMap = ONE_PARTITION,
                  hand_over: Callable[[int, Copy], None] = _no_hand_over, edit_window_seconds: int = 48 * 3600,
-                 on_stored: Callable[[], None] = lambda: None):
+                 on_stored: Callable[[], None] = lambda: None, reroute: Callable[[Pending], None] = _no_reroute,
+                 adopted: Callable[[SlotMap], None] = lambda slot_map: None):
+        live = slot_map if isinstance(slot_map, LiveMap) else LiveMap(slot_map)
         self._partition = partition
         self._queue: asyncio.Queue[Pending] = asyncio.Queue(maxsize=queue_max)
         core, outbox = WriterCore(timing), OutboxWatch()
-        self._sql = self.mysql_steps(engine, partition=partition, slot_map=slot_map, timeout_seconds=timeout_seconds,
+        self._sql = self.mysql_steps(engine, partition=partition, live=live, timeout_seconds=timeout_seconds,
                                      edit_window_seconds=edit_window_seconds)
         self._mongo = self.mongo_steps(mongo_db, partition=partition, timeout_seconds=timeout_seconds, core=core,
                                        outbox=outbox, observe_strays=observe_strays, on_stored=on_stored)
         self._waits = TurnWaits(self._queue, core=core, sql=self._sql, partition=partition, batch_max=batch_max,
                                 window_ms=window_ms)
-        self._turn = Turn(core, self._sql, self._mongo, self._waits, outbox, slot_map=slot_map, batch_max=batch_max,
-                          retention_seconds=retention_seconds, hand_over=hand_over, observe_batch=observe_batch,
+        self._turn = Turn(core, self._sql, self._mongo, self._waits, outbox, partition=partition, live=live,
+                          batch_max=batch_max, retention_seconds=retention_seconds, hand_over=hand_over,
+                          reroute=reroute, adopted=adopted, observe_batch=observe_batch,
                           observe_mongo_lag=observe_mongo_lag, observe_outbox=observe_outbox,
                           observe_copies=observe_copies)
 
@@ -139,6 +148,13 @@ class MessageWriter:
         except asyncio.QueueFull:
             raise WriterOverloaded from None
         return future
+
+    def take_over(self, pending: Pending) -> None:
+        """Queues a request another partition's writer received before a move sent its sender here."""
+        try:
+            self._queue.put_nowait(pending)
+        except asyncio.QueueFull:
+            fail([pending], WriterOverloaded())
 
     def offer_copy(self, copy: Copy) -> None:
         """Queues a copy owed to this partition. Nobody waits for it: its echo row

@@ -21,10 +21,10 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from chat.drafts import Draft
 from chat.messages import Kind, Message, now_ms
-from chat.partitions import SlotMap, lock_name
+from chat.partitions import LiveMap, SlotMap, lock_name
 from chat.write_errors import CopyDeferred, EventRefused, PartitionBusy, WriteUnavailable
-from db.partition_map import tables_of
-from db.sql import conversation_key, row_to_message
+from db.partition_map import read_slot_map, tables_of
+from db.sql import conversation_key, partition_map, row_to_message
 from db.threads import Threads
 from writer import echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
@@ -56,15 +56,15 @@ NEXT_LOCK_NAME = next_lock_name(0)
 
 
 class MySQLSteps:
-    """The SQL of one partition's writer (``partition``, of ``slot_map``): each
+    """The SQL of one partition's writer (``partition``, of the map ``live`` holds): each
     step is a coroutine that runs its statements on the writer's one MySQL thread."""
 
-    def __init__(self, engine: Engine, *, partition: int, slot_map: SlotMap, timeout_seconds: float,
+    def __init__(self, engine: Engine, *, partition: int, live: LiveMap, timeout_seconds: float,
                  edit_window_seconds: int = 48 * 3600):
         self.engine = engine
         self._edit_window = edit_window_seconds
         self._partition = partition
-        self._slot_map = slot_map
+        self._live = live
         self._timeout = timeout_seconds
         tables = tables_of(partition)
         self._messages, self._stream_state = tables.messages, tables.stream_state
@@ -85,7 +85,8 @@ class MySQLSteps:
         """The connection of one turn; a MySQL error is ``WriteUnavailable``."""
         return await self._run(self.engine.connect)
 
-    async def lock_and_read_state(self, conn: Connection) -> tuple[int, int]:
+    async def lock_and_read_state(self, conn: Connection) -> tuple[int, int, SlotMap | None]:
+        """(last_id, mirrored_upto, the slot map if MySQL holds a newer one than ``live``'s), under the lock."""
         return await self._run(self._lock_and_read_state, conn)
 
     async def commit_batch(self, conn: Connection, batch: list[Pending], last_id: int,
@@ -120,7 +121,7 @@ class MySQLSteps:
 
     async def leftover_copies(self, conn: Connection, limit: int) -> list[Copy]:
         """Copies owed to this partition that no hand-over brought (echo_sql.leftover_copies)."""
-        return await self._run(echo_sql.leftover_copies, conn, self._partition, limit)
+        return await self._run(echo_sql.leftover_copies, conn, self._partition, limit, self._live.current)
 
     async def _run(self, fn, *args):
         """``fn(*args)`` on the writer's one MySQL thread; a MySQL error is ``WriteUnavailable``."""
@@ -130,7 +131,7 @@ class MySQLSteps:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
 
     # --- the statements, run in the thread ---------------------------------------
-    def _lock_and_read_state(self, conn: Connection) -> tuple[int, int]:
+    def _lock_and_read_state(self, conn: Connection) -> tuple[int, int, SlotMap | None]:
         """Takes the writer lock (queued behind the next-lock); returns (last_id, mirrored_upto).
         GET_LOCK answers 0 when the wait ran out with the lock still held by
         another session (another writer, of another host): ``PartitionBusy``,
@@ -152,12 +153,19 @@ class MySQLSteps:
         # The batches do not move stream_state.last_id (one round trip fewer
         # each): the highest id in `messages` is the truth, and a look-up of
         # the primary key's last entry. last_id is recorded with mirrored_upto.
+        # The map's epoch in the same statement: a move's cutover writes the map
+        # under this lock, so a turn that holds it routes by the map of now.
         messages, stream_state = self._messages, self._stream_state
         newest = select(func.max(messages.c.id)).scalar_subquery()
+        epoch = (select(func.json_value(partition_map.c.slot_map, "$.epoch")).where(partition_map.c.id == 1)
+                 .scalar_subquery())
         state = conn.execute(select(func.greatest(stream_state.c.last_id, func.coalesce(newest, 0)),
-                                    stream_state.c.mirrored_upto).where(stream_state.c.id == 1)).one()
+                                    stream_state.c.mirrored_upto, epoch).where(stream_state.c.id == 1)).one()
+        found = None
+        if state[2] is not None and int(state[2]) > self._live.current.epoch:
+            found = read_slot_map(conn)
         conn.commit()
-        return state[0], state[1]
+        return state[0], state[1], found
 
     def _commit_batch(self, conn: Connection, batch: list[Pending], last_id: int,
                       ask_others: bool) -> tuple[Committed, int]:
@@ -232,7 +240,7 @@ class MySQLSteps:
                 for peer, upto in delivered_rows(user, facts, before, after):
                     last_id += 1
                     new.append(Message(last_id, user, peer, "", created_at, None, kind=Kind.DELIVERED, ref_id=upto))
-        owed = owed_copies(new, self._partition, self._slot_map)
+        owed = owed_copies(new, self._partition, self._live.current)
         try:
             if new:
                 conn.execute(self._messages.insert(), [

@@ -3,9 +3,15 @@
 Each partition is a cell (chat.partitions): its own lock, sequence, tables and
 collection, so its writer takes turns only against the writers of the same
 partition on other hosts, never against another partition's. A draft goes to
-its sender's partition (``writer.copies.home_of``, on the slot map read when
-the process started); the copies its commit owes are handed at once to the
-writers of the recipients' partitions, in this process.
+its sender's partition (``writer.copies.home_of``); the copies its commit
+owes are handed at once to the writers of the recipients' partitions, in
+this process.
+
+The map is the one a ``LiveMap`` holds now: any of the writers' turns that
+reads a newer one in MySQL (a move's cutover, written under the locks of
+the partitions it changes) adopts it for all of them. A request routed by
+the map before goes on to the writer of its sender's new partition, and a
+partition the new map adds gets its writer here at once.
 """
 
 from __future__ import annotations
@@ -18,22 +24,48 @@ from sqlalchemy.engine import Engine
 
 from chat.drafts import Draft
 from chat.messages import Message
-from chat.partitions import SlotMap
+from chat.partitions import MAX_PARTITIONS, LiveMap, SlotMap
 from chat.settings import Settings
+from writer.batch import Pending
 from writer.copies import Copy, home_of
 from writer.message_writer import MessageWriter
 
-# Makes the writer of one partition: (partition, hand_over) -> MessageWriter.
-WriterFactory = Callable[[int, Callable[[int, Copy], None]], MessageWriter]
+# Makes the writer of one partition: (partition, live map, hand_over, reroute, adopted) -> MessageWriter.
+WriterFactory = Callable[[int, LiveMap, Callable[[int, Copy], None], Callable[[Pending], None],
+                          Callable[[SlotMap], None]], MessageWriter]
 
 
 class PartitionedWriter:
     def __init__(self, slot_map: SlotMap, make: WriterFactory):
-        self.slot_map = slot_map
-        self.writers = [make(k, self._hand_over) for k in range(slot_map.partitions)]
+        self.live = LiveMap(slot_map)
+        self._make = make
+        self.writers: list[MessageWriter] = []
+        self._running: asyncio.TaskGroup | None = None
+        self._repair_every = 1.0
+        self._adopted(slot_map)
+
+    @property
+    def slot_map(self) -> SlotMap:
+        return self.live.current
 
     def writer_of(self, draft: Draft) -> MessageWriter:
-        return self.writers[home_of(draft.sender, self.slot_map)]
+        return self.writers[home_of(draft.sender, self.live.current)]
+
+    def adopt(self, slot_map: SlotMap) -> None:
+        """A newer map read elsewhere in the process (the API's watch)."""
+        if self.live.adopt(slot_map):
+            self._adopted(slot_map)
+
+    def _adopted(self, slot_map: SlotMap) -> None:
+        """A writer for each partition the map has and this process lacks, running at once if the others are."""
+        for k in range(len(self.writers), slot_map.partitions):
+            writer = self._make(k, self.live, self._hand_over, self._reroute, self._adopted)
+            self.writers.append(writer)
+            if self._running is not None:
+                self._running.create_task(writer.run(self._repair_every), name=f"writer_p{k}")
+
+    def _reroute(self, pending: Pending) -> None:
+        self.writer_of(pending.draft).take_over(pending)  # type: ignore[arg-type]  # a Draft: copies never reroute
 
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
         """Stores one message in its sender's partition; returns (message, created) as ``MessageWriter.submit``."""
@@ -43,17 +75,22 @@ class PartitionedWriter:
         return self.writer_of(draft).enqueue(draft)
 
     def _hand_over(self, partition: int, copy: Copy) -> None:
-        self.writers[partition].offer_copy(copy)
+        if partition < len(self.writers):
+            self.writers[partition].offer_copy(copy)  # else its echo row waits for that writer's drain
 
     async def run(self, repair_every: float = 1.0) -> None:
         """Every partition's writer, until cancelled. One that fails ends them all,
         and its error (the first, if several) is this one's, as a writer's own would be."""
+        self._repair_every = repair_every
         try:
             async with asyncio.TaskGroup() as writers:
+                self._running = writers
                 for k, w in enumerate(self.writers):
                     writers.create_task(w.run(repair_every), name=f"writer_p{k}")
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0] from None
+        finally:
+            self._running = None
 
     def close(self) -> None:
         for writer in self.writers:
@@ -68,7 +105,8 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
     # them, and only a process that writes has any.
     from writer import metrics
 
-    def make(partition: int, hand_over: Callable[[int, Copy], None]) -> MessageWriter:
+    def make(partition: int, live: LiveMap, hand_over: Callable[[int, Copy], None],
+             reroute: Callable[[Pending], None], adopted: Callable[[SlotMap], None]) -> MessageWriter:
         return MessageWriter(engine, mongo_db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
                              queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
                              retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch,
@@ -76,13 +114,15 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
                              observe_outbox=metrics.outbox_observer(partition),
                              observe_copies=metrics.copies_observer(partition),
                              observe_strays=metrics.strays_observer(partition),
-                             partition=partition, slot_map=slot_map, hand_over=hand_over,
-                             edit_window_seconds=settings.edit_window_seconds, on_stored=on_stored)
+                             partition=partition, slot_map=live, hand_over=hand_over, reroute=reroute,
+                             adopted=adopted, edit_window_seconds=settings.edit_window_seconds, on_stored=on_stored)
 
     return PartitionedWriter(slot_map, make)
 
 
 def engine_pool_size(slot_map: SlotMap) -> int:
-    """Connections the writers' engine keeps: one per partition's turn, and one to
-    check a failed COMMIT on (``Turn._settle``); bursts use the overflow."""
-    return slot_map.partitions + 1
+    """Connections the writers' engine may keep: one per partition's turn, and one to
+    check a failed COMMIT on (``Turn._settle``), for as many partitions as a map can
+    have: a move may add partitions while the process runs. A pool opens a connection
+    only when a turn needs one, so the unused ones cost nothing."""
+    return MAX_PARTITIONS + 1

@@ -21,12 +21,12 @@ from functools import partial
 from sqlalchemy.engine import Connection
 
 from chat.messages import Message
-from chat.partitions import SlotMap
+from chat.partitions import LiveMap, SlotMap
 from chat.write_errors import WriteOutcomeUnknown, WriteUnavailable
 from db import mongo
 from db.sql import row_to_message
 from writer.batch import CommitFailed, Pending, answer_all, fail, owed_copy
-from writer.copies import Copy
+from writer.copies import Copy, home_of
 from writer.core import NextStep, OutboxPlan, WriterCore, unsent_max
 from writer.mirror import Mirror
 from writer.mongo_steps import MongoSteps
@@ -42,8 +42,9 @@ class Turn:
     offers a copy its originals owe to that partition's writer at once."""
 
     def __init__(self, core: WriterCore, sql: MySQLSteps, mongo_steps: MongoSteps, waits: TurnWaits,
-                 outbox: OutboxWatch, *, slot_map: SlotMap, batch_max: int, retention_seconds: int,
-                 hand_over: Callable[[int, Copy], None],
+                 outbox: OutboxWatch, *, partition: int, live: LiveMap, batch_max: int, retention_seconds: int,
+                 hand_over: Callable[[int, Copy], None], reroute: Callable[[Pending], None],
+                 adopted: Callable[[SlotMap], None] = lambda slot_map: None,
                  observe_batch: Callable[[int, float], None] = lambda n, s: None,
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
                  observe_outbox: Callable[[int, float], None] = lambda n, s: None,
@@ -53,7 +54,10 @@ class Turn:
         self._mongo = mongo_steps
         self._waits = waits
         self._outbox = outbox
-        self._slot_map = slot_map
+        self._partition = partition
+        self._live = live
+        self._reroute = reroute  # a request whose sender lives in another partition now, to that one's writer
+        self._adopted = adopted  # told of a newer map, once this turn has adopted it
         self._batch_max = batch_max
         self._retention = retention_seconds
         self._hand_over = hand_over
@@ -70,18 +74,23 @@ class Turn:
         conn = await sql.connect()
         mirrored, last_id = None, 0
         try:
-            last_id, mirrored = await sql.lock_and_read_state(conn)
+            last_id, mirrored, newer = await sql.lock_and_read_state(conn)
+            if newer is not None and self._live.adopt(newer):
+                log.info("event=slot_map_adopted partition=%d epoch=%d partitions=%d", self._partition, newer.epoch,
+                         newer.partitions)
+                self._adopted(newer)
             if mirrored < last_id:
                 self._outbox.seen(last_id - mirrored)
             if core.locked(mirrored, last_id, time.monotonic()) is OutboxPlan.REPAIR:
                 mirrored, in_step = await self._repair(conn, mirrored, last_id)
                 core.repaired(in_step, time.monotonic())
-            if self._slot_map.partitions > 1:
+            if self._live.current.partitions > 1:
                 batch = self.in_hand = await self._leftovers(conn) + batch
             mirror = Mirror(self._mongo.inserter(core.turn), core.mirroring, mirrored, last_id,
                             unsent_max(self._batch_max), self._observe_mongo_lag)
             try:
-                while batch:
+                while batch := self._own(batch):
+                    self.in_hand = batch
                     try:
                         committed, last_id = await sql.commit_batch(conn, batch, last_id,
                                                                     core.handover_check_due(time.monotonic()))
@@ -147,6 +156,28 @@ class Turn:
                 if not pending.future.done():
                     pending.future.set_exception(refusal)
 
+    def _own(self, batch: list[Pending]) -> list[Pending]:
+        """The requests of ``batch`` that are this partition's under the map of now. A move can
+        cut over while a request waits (routed by the map before it): a message goes to its
+        sender's new partition's writer, and a copy is left to the recipient's partition,
+        where its echo row is sent on (``echo_sql.leftover_copies``)."""
+        slot_map = self._live.current
+        if slot_map.partitions == 1:
+            return batch
+        partition, mine = self._partition, []
+        for pending in batch:
+            d = pending.draft
+            if isinstance(d, Copy):
+                if slot_map.partition_of(d.recipient) == partition:
+                    mine.append(pending)
+                else:
+                    pending.future.cancel()
+            elif home_of(d.sender, slot_map) == partition:
+                mine.append(pending)
+            else:
+                self._reroute(pending)
+        return mine
+
     async def _leftovers(self, conn: Connection) -> list[Pending]:
         """Copies owed to this partition that no hand-over made (a writer killed
         between the two commits, a full queue, another host's original)."""
@@ -156,7 +187,7 @@ class Turn:
         """After a commit: the copies its originals owe, to their partitions' writers at once."""
         for partition, copy in owed:
             self._hand_over(partition, copy)
-        if self._slot_map.partitions > 1:
+        if self._live.current.partitions > 1:
             self._observe_copies(sum(1 for m in new if m.origin_part is not None))
 
     async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:

@@ -111,6 +111,6 @@ async def test_the_sweeper_sweeps_every_partition_each_period_and_a_failure_wait
     monkeypatch.setattr(retention, "sweep_once", sweep_once)
     with pytest.raises(Stop):
         async with asyncio.timeout(PATIENCE):
-            await retention.run_sweeper(None, None, None, 86_400, interval=30.0, partitions=3, sleep=sleep)
+            await retention.run_sweeper(None, None, None, 86_400, interval=30.0, partitions=lambda: 3, sleep=sleep)
     assert swept == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]  # partition 2 swept after 1 failed
     assert periods == [30.0, 30.0]
