@@ -75,14 +75,17 @@ def pause(next_due: datetime | None, now: datetime, tick: float, longest: float)
 
 
 def missed(rows: list[Row], lives_here: Callable[[str], bool], acked: dict[str, int],
-           read: dict[tuple[str, str], int]) -> dict[str, list[Row]]:
+           read: dict[tuple[str, str], int], sent_after: datetime | None = None) -> dict[str, list[Row]]:
     """Per recipient: the messages no device of theirs acknowledged and they did not
     read. A message whose recipient lives in another partition is that one's to push
-    (its copy is there); the sender's own devices are never pushed."""
+    (its copy is there); the sender's own devices are never pushed. One sent before
+    ``sent_after`` (the give-up time ago) is not news any more: nor is the history a
+    move of slots copies into a partition."""
     found: dict[str, list[Row]] = {}
     for row in rows:
         user = row.recipient
         if (row.kind != Kind.MESSAGE or row.deleted or user == row.sender or not lives_here(user)
+                or (sent_after is not None and row.created_at < sent_after)
                 or row.id <= acked.get(user, 0) or row.id <= read.get((user, row.sender), 0)):
             continue
         found.setdefault(user, []).append(row)

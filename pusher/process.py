@@ -37,10 +37,10 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import SQLAlchemyError
 
 from chat.metrics_port import serve_metrics
-from chat.partitions import SlotMap
+from chat.partitions import LiveMap, SlotMap
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
-from db.partition_map import load_slot_map
+from db.partition_map import load_slot_map, watch_slot_map
 from db.sql import make_engine
 from db.threads import Threads
 from pusher import core, metrics, store
@@ -62,13 +62,13 @@ OUTBOX_MAX = 10_000  # past it, deciding waits: the queue is bounded even while 
 class PartitionPusher:
     """The pusher of one partition: its lease, its steps."""
 
-    def __init__(self, partition: int, engine: Engine, gateway: Gateway, settings: Settings, slot_map: SlotMap,
+    def __init__(self, partition: int, engine: Engine, gateway: Gateway, settings: Settings, slot_map: LiveMap,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC), rng: random.Random | None = None):
         self.partition = partition
         self._engine = engine
         self._gateway = gateway
         self._settings = settings
-        self._lives_here = lambda user: slot_map.partition_of(user) == partition
+        self._lives_here = lambda user: slot_map.current.partition_of(user) == partition
         self._clock = clock
         self._rng = rng or random.Random()
         self._threads = Threads(1, f"pusher_p{partition}")
@@ -128,7 +128,8 @@ class PartitionPusher:
         if candidates:
             pairs = {(r.recipient, r.sender) for r in taken}
             acked, read, registered = await self._sql(store.what_they_have, conn, candidates, pairs)
-            missed = core.missed(taken, self._lives_here, acked, read)
+            missed = core.missed(taken, self._lives_here, acked, read,
+                                 now - timedelta(seconds=self._settings.push_give_up_seconds))
             missed = {user: rows for user, rows in missed.items() if registered.get(user)}
             if missed:
                 unread = await self._sql(store.unread_totals, conn, self.partition, set(missed))
@@ -221,18 +222,32 @@ async def run(settings: Settings) -> None:
         await stop.wait()
         return
     engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
-    slot_map = load_slot_map(engine)
+    live = LiveMap(load_slot_map(engine))
     gateway = Gateway(settings.push_gateway_url)
-    pushers = [PartitionPusher(k, engine, gateway, settings, slot_map) for k in range(slot_map.partitions)]
-    log.info("event=pusher_started partitions=%d gateway=%s delay_s=%g content=%s", slot_map.partitions,
+    pushers: list[PartitionPusher] = []
+    log.info("event=pusher_started partitions=%d gateway=%s delay_s=%g content=%s", live.current.partitions,
              settings.push_gateway_url, settings.push_delay_seconds, settings.push_content)
     try:
         async with asyncio.TaskGroup() as group:
-            for p in pushers:
-                group.create_task(p.run(stop), name=f"pusher_p{p.partition}")
+            def adopt(found: SlotMap) -> None:
+                # a move's cutover: the new map's partitions get their pushers (the task below ends with ``stop``)
+                live.adopt(found)
+                for k in range(len(pushers), live.current.partitions):
+                    pushers.append(PartitionPusher(k, engine, gateway, settings, live))
+                    group.create_task(pushers[-1].run(stop), name=f"pusher_p{k}")
+
+            adopt(live.current)
+            watching = group.create_task(watch_slot_map(engine, lambda: live.current, adopt,
+                                                        settings.gap_check_seconds), name="slot_map")
+            group.create_task(_cancel_on(stop, watching), name="stop_watch")
     finally:
         await gateway.close()
         for p in pushers:
             p.close()
         engine.dispose()
         log.info("event=pusher_stopped")
+
+
+async def _cancel_on(stop: asyncio.Event, task: asyncio.Task) -> None:
+    await stop.wait()
+    task.cancel()

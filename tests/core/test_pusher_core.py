@@ -38,6 +38,12 @@ def test_what_no_device_received_nor_its_user_read_is_missed():
     assert {u: [r.id for r in rs] for u, rs in got.items()} == {"ben": [3, 7], "ann": [6]}
 
 
+def test_a_message_sent_before_the_give_up_time_is_not_news_any_more():
+    rows = [row(1, seconds=0), row(2, seconds=10), row(3, seconds=11)]  # 1: history a move copied in, say
+    got = missed(rows, lives_here=lambda u: True, acked={}, read={}, sent_after=T0 + timedelta(seconds=10))
+    assert [r.id for r in got["ben"]] == [2, 3]
+
+
 @pytest.mark.parametrize("content, extra", [
     ("none", {}),
     ("sender", {"sender": "cy"}),
