@@ -308,6 +308,15 @@ def partitions_move(slots: str = typer.Argument(..., help="Slots to move: e.g. 0
     _run_move(lambda settings: partitions.move(settings, partitions.parse_slots(slots), to, page=page))
 
 
+@partitions_app.command("prepare")
+def partitions_prepare(count: int = typer.Argument(..., help="The number of partitions to make room for")) -> None:
+    """Create the tables and collections of COUNT partitions, nothing else: then grant them
+    (deploy/mysql/grants.sql) before `grow COUNT`, so the writers can write them at the cutover."""
+    from chatctl import partitions
+
+    _run_move(lambda settings: partitions.prepare(settings, count))
+
+
 @partitions_app.command("resume")
 def partitions_resume(page: int = typer.Option(500, min=1, max=10_000, help=PAGE_HELP)) -> None:
     """Finish the move in progress (after a mover that died or was stopped)."""

@@ -99,6 +99,20 @@ def move(settings: Settings, slots: list[int], to: int, report: Callable[[str], 
     return _move(settings, plan, report, page)
 
 
+def prepare(settings: Settings, partitions: int) -> str:
+    """Creates the tables and collections of ``partitions`` partitions (those that exist stay)."""
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise Refused(f"partitions are 1..{MAX_PARTITIONS}")
+    engine = create_engine(settings.mysql_url.get_secret_value())
+    try:
+        ensure_tables(engine, partitions)
+        asyncio.run(_ensure_collections(settings, partitions))
+    finally:
+        engine.dispose()
+    return (f"tables and collections of partitions 0..{partitions - 1} exist: run deploy/mysql/grants.sql, "
+            f"then `chatctl partitions grow {partitions}`")
+
+
 def resume(settings: Settings, report: Callable[[str], None] = _say, page: int = PAGE) -> str:
     """Finishes the move in progress (a mover that died)."""
     return _move(settings, None, report, page)
