@@ -19,9 +19,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 import re
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from urllib.parse import quote
 
