@@ -141,11 +141,22 @@ def _unrun(runs: list[list[int]]) -> tuple[int, ...]:
 
 
 def parse_served(raw: str, partitions: int) -> frozenset[int]:
-    """A daemon's ``CHAT_DAEMON_PARTITIONS`` ("" = all, else e.g. "0,2") as a set of partitions."""
-    if not raw.strip():
+    """A daemon's ``CHAT_DAEMON_PARTITIONS`` as the set of partitions it serves under a map of
+    ``partitions``: "" = all; "0,2" = those; "%2=0" = every k with k mod 2 = 0, so that the
+    partitions a grow adds are served too, by a rule every host and the proxy share."""
+    text = raw.strip()
+    if not text:
         return frozenset(range(partitions))
+    if text.startswith("%"):
+        modulus, _, rest = text[1:].partition("=")
+        if not (modulus.strip().isdecimal() and rest.strip().isdecimal()) or not 0 <= int(rest) < int(modulus):
+            raise BadPartitions(f"served partitions {raw!r}: a rule reads %N=R, with 0 <= R < N")
+        n, r = int(modulus), int(rest)
+        if r >= partitions:
+            raise BadPartitions(f"served partitions {raw!r}: none of the map's {partitions}")
+        return frozenset(k for k in range(partitions) if k % n == r)
     served: set[int] = set()
-    for item in raw.split(","):
+    for item in text.split(","):
         item = item.strip()
         if not item.isdecimal() or not 0 <= int(item) < partitions:
             raise BadPartitions(f"served partition {item!r} is not one of 0..{partitions - 1}")

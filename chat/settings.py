@@ -137,7 +137,8 @@ class Settings(BaseSettings):
         1.0, gt=0, description="Period of the query that finds messages the oplog never showed."
     )
     daemon_partitions: str = Field(
-        "", description="Partitions this daemon serves, e.g. `0,2` (empty: all). A client of another gets 421.",
+        "", description="Partitions this daemon serves: `0,2`, or `%2=0` (every k with k mod 2 = 0, also those a "
+        "grow adds); empty: all. A client of another gets 421.",
     )
     oplog_relay_socket: str = Field(
         "", description="Unix socket of the host's oplog relay (`python -m relay`). Empty: each daemon tails the "

@@ -73,7 +73,9 @@ def test_map_encodes_and_decodes():
 def test_served_partitions():
     assert parse_served("", 3) == {0, 1, 2}
     assert parse_served(" 0, 2 ", 3) == {0, 2}
-    for bad in ("3", "x", "-1", "1,,2"):
+    assert parse_served("%2=1", 4) == {1, 3} and parse_served("%2=1", 8) == {1, 3, 5, 7}  # grows with the map
+    assert parse_served("%3=0", 2) == {0}
+    for bad in ("3", "x", "-1", "1,,2", "%0=0", "%2=2", "%2", "%x=1", "%4=3"):  # %4=3: none of 3
         with pytest.raises(BadPartitions):
             parse_served(bad, 3)
 
