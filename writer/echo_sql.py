@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Connection
@@ -21,13 +22,15 @@ from writer.copies import Copy, echo_rows
 log = logging.getLogger("chat.writer")
 
 
-def settle_echoes(conn: Connection, partition: int, owed: list[tuple[int, Copy]], new: list[Message]) -> None:
+def settle_echoes(conn: Connection, partition: int, owed: list[tuple[int, Copy]], new: list[Message],
+                  copied_before: Sequence[tuple[int, int]] = ()) -> None:
     """In a batch's transaction: records the copies its originals owe, and clears
-    the debts its copies pay (each copy's echo row, by its whole primary key)."""
+    the debts its copies pay (each copy's echo row, by its whole primary key), and
+    those of copies found made already (``copied_before``: their origins)."""
     if owed:
         conn.execute(echoes.insert(), [{"to_part": e.to_part, "from_part": e.from_part, "from_id": e.from_id}
                                        for e in echo_rows(owed)])
-    paid = [(m.origin_part, m.origin_id) for m in new if m.origin_part is not None]
+    paid = [(m.origin_part, m.origin_id) for m in new if m.origin_part is not None] + list(copied_before)
     if paid:
         conn.execute(echoes.delete().where(echoes.c.to_part == partition,
                                            tuple_(echoes.c.from_part, echoes.c.from_id).in_(paid)))

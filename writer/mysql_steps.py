@@ -193,12 +193,14 @@ class MySQLSteps:
         except SQLAlchemyError:
             conn.rollback()
             raise
+        copied_before: list[tuple[int, int]] = []  # their echo rows are paid too
         for p in batch:
             d = p.draft
             if isinstance(d, Copy):
                 write, keep_key = copy_plan(d, known)
-                if not write:  # copied already: by another offer of it, or earlier in this batch
+                if not write:  # copied already: by another offer of it, earlier in this batch, or a move
                     answers.append((p, known.copies[d.origin], False))
+                    copied_before.append(d.origin)
                     continue
                 ref_id = None
                 if d.original.kind:
@@ -251,7 +253,8 @@ class MySQLSteps:
                      "ref_id": m.ref_id, "edited_at": None if m.edited_at is None else m.edited_at.replace(tzinfo=None),
                      "deleted": m.deleted}
                     for m in new])
-                echo_sql.settle_echoes(conn, self._partition, owed, new)
+            if new or copied_before:
+                echo_sql.settle_echoes(conn, self._partition, owed, new, copied_before)
             if events:
                 event_sql.write_effects(conn, self._messages, new, devices)
         except SQLAlchemyError:
