@@ -28,6 +28,7 @@ class Daemon:
     index: int  # on its host: listens on 8100 + index
     port: int
     partitions: tuple[int, ...]  # served; every partition when the data path is not partitioned
+    rule: str = ""  # its CHAT_DAEMON_PARTITIONS (%N=R): the partitions a grow adds are served by the same rule
 
     @property
     def name(self) -> str:
@@ -35,7 +36,8 @@ class Daemon:
 
 
 def daemon_partitions(index: int, daemons_per_host: int, partitions: int) -> tuple[int, ...]:
-    """Daemon ``index`` of every host serves the partitions k with k = index (mod min(P, daemons per host)).
+    """Daemon ``index`` of every host serves the partitions k with k = index (mod min(P, daemons per host)),
+    today's and those a grow adds (its rule, ``Daemon.rule``).
 
     Every host holds every partition (each on at least one of its daemons), so
     a host killed leaves each partition served by the others; each daemon
@@ -50,7 +52,9 @@ def daemon_partitions(index: int, daemons_per_host: int, partitions: int) -> tup
 
 def assign(hosts: list[tuple[str, str]], daemons_per_host: int, partitions: int, port_base: int) -> list[Daemon]:
     """``hosts``: (namespace, address) each. Fails if a partition would be served on fewer than two hosts."""
-    daemons = [Daemon(ns, addr, d, port_base + d, daemon_partitions(d, daemons_per_host, partitions))
+    groups = min(partitions, daemons_per_host)
+    daemons = [Daemon(ns, addr, d, port_base + d, daemon_partitions(d, daemons_per_host, partitions),
+                      f"%{groups}={d % groups}")
                for ns, addr in hosts for d in range(daemons_per_host)]
     for k in range(partitions):
         serving_hosts = {d.host for d in daemons if k in d.partitions}

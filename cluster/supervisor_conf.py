@@ -91,6 +91,6 @@ minfds = 20000
                "CHAT_DAEMON_PORT": str(d.port),
                "CHAT_METRICS_PORT": str(DAEMON_METRICS_BASE + d.index)}
         if spec.partitions is not None:
-            env["CHAT_DAEMON_PARTITIONS"] = ",".join(map(str, d.partitions))
+            env["CHAT_DAEMON_PARTITIONS"] = d.rule or ",".join(map(str, d.partitions))
         parts.append(_program(f"daemon_{d.index}", "daemon", spec, env, 40, 20))
     return "".join(parts)

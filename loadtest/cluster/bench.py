@@ -24,13 +24,15 @@ import orjson
 import typer
 from sqlalchemy import Connection, create_engine, text
 
+from chat.partitions import SlotMap
 from cluster import netns, procs
 from cluster.partitions import partition_of, writer_lock_names
 from cluster.plan import DAEMON_METRICS_BASE, RELAY_METRICS_PORT, make_plan
 from cluster.up import Cluster
 from loadtest.cluster import figures as fig
-from loadtest.common import machine
+from loadtest.cluster.grow import GrowFault, grow_figures, history_check
 from loadtest.cluster.traffic import ClientJob, Device, Sent, client_process, send
+from loadtest.common import machine
 from loadtest.common.log_scan import tokens_in_logs
 from loadtest.common.results import RESULTS
 
@@ -141,7 +143,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         "lost": delivery.lost, "duplicated": delivery.duplicated, "expected_deliveries": delivery.expected,
         "devices": len(devices), "reconnects": data["reconnects"], "connect_failures": data["failures"],
     }
-    result["_sent"], result["_started"] = sent, started
+    result["_sent"], result["_started"], result["_client"] = sent, started, data
     return result
 
 
@@ -221,7 +223,12 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
          fault_seconds: float = typer.Option(
              30.0, min=9.0, help="each fault run: a third before, two fifths under the fault (9 s at least: the "
              "rate before a fault is read from 2 s in, and during it from 1 s in)"),
-         budget: float = typer.Option(570.0, help="seconds before the watchdog ends the bench"),
+         grow_to: int = typer.Option(8, help="the grow scenario: from the largest of --partitions to this many, "
+                                     "online, under traffic (0: skip it)"),
+         grow_users: int = typer.Option(200), grow_rate: float = typer.Option(50.0),
+         grow_seconds: float = typer.Option(40.0, min=20.0, help="the grow scenario's traffic; the mover starts "
+                                            "at a quarter of it"),
+         budget: float = typer.Option(720.0, help="seconds before the watchdog ends the bench"),
          out: Path = typer.Option(RESULTS / "cluster-latest.json")) -> None:
     netns.require_root()
 
@@ -254,6 +261,9 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
                 cluster.stop_hosts()
             if faults:
                 result["faults"] = run_faults(cluster, max(plist), traffic, fault_seconds)
+            if grow_to:
+                result["grow"] = run_grow(cluster, max(plist), grow_to,
+                                          Traffic(grow_users, devices, grow_rate, grow_seconds))
             state = cluster.state
         # After the cluster stopped: every process has flushed its logs.
         result["tokens_in_logs"] = tokens_in_logs(state)
@@ -266,7 +276,8 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
         if result["runs"]:
             from loadtest.cluster.plot import plot
             print(f"wrote {plot(result, out.with_suffix('.png'))}")
-    bad = [r for r in result["runs"] + result["faults"] if r["lost"] or r["duplicated"]]
+    bad = [r for r in result["runs"] + result["faults"] + ([result["grow"]] if "grow" in result else [])
+           if r["lost"] or r["duplicated"] or r.get("unmoved_refused_posts")]
     if bad:
         raise SystemExit(f"FAILED: messages lost or duplicated in {len(bad)} run(s)")
     if result.get("tokens_in_logs"):
@@ -307,6 +318,27 @@ def run_faults(cluster: Cluster, partitions: int, traffic: Traffic, seconds: flo
         print(f"    {figures}", flush=True)
     cluster.stop_hosts()
     return results
+
+
+def run_grow(cluster: Cluster, partitions: int, to: int, traffic: Traffic) -> dict:
+    """From ``partitions`` to ``to`` with `chatctl partitions grow`, online, a quarter into the traffic."""
+    before = SlotMap.even(partitions)
+    mover = GrowFault(cluster, to, [])
+    fault = Fault(f"grow {partitions} -> {to}", mover.start, None, lambda s, a: True)
+    cluster.start_hosts(partitions)
+    print(f"grow {partitions} -> {to}, online", flush=True)
+    run = run_traffic(cluster, "g", partitions, True, traffic, fault, traffic.seconds / 4, 0.0)
+    mover.wait(120)
+    after = before.grown(to)
+    devices = [Device(f"g-u{i}", j, partition_of(f"g-u{i}", partitions))
+               for i in range(traffic.users) for j in range(traffic.devices)]
+    figures = {**grow_figures(run, devices, before, after, mover,
+                              history_check(cluster.admin_mysql_url, run["_sent"], after)),
+               "offered_per_s": traffic.rate, "msgs_per_s": run["msgs_per_s"], "seconds": traffic.seconds,
+               "delivery_p50_ms": run["delivery_p50_ms"], "delivery_p99_ms": run["delivery_p99_ms"]}
+    cluster.stop_hosts()
+    print(f"    {figures}", flush=True)
+    return figures
 
 
 def _print_run(r: dict) -> None:

@@ -12,6 +12,7 @@ and hosts after the fact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import resource
 import secrets
@@ -63,9 +64,10 @@ def client_process(job: ClientJob, connected: Synchronized[int], frames: Synchro
 async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     inboxes = [Inbox() for _ in job.devices]
     arrivals: list[list[float]] = []  # [arrival time, latency s] of first arrivals
-    reconnects = failures = counted = 0
+    reconnects = failures = counted = relearned = 0
     gate = asyncio.Semaphore(100)  # handshakes in flight
     clients: list[leanclient.LeanClient | None] = [None] * len(job.devices)
+    back_at: list[float | None] = [None] * len(job.devices)  # each device's latest reconnect (time.time())
 
     # A message's key is its client_msg_id: the recipient of a message between
     # partitions receives a copy, whose id is a position in its own partition.
@@ -78,7 +80,7 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
         counted += 1
 
     async def device(i: int, d: Device) -> None:
-        nonlocal reconnects, failures
+        nonlocal reconnects, failures, relearned
         token = auth.mint(job.secret, d.user, 7200)
         query = "" if d.partition is None else f"partition={d.partition}"
         first, gave_up_at = True, None
@@ -88,6 +90,18 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
                     client = await leanclient.connect(job.host, job.port, token, inboxes[i],
                                                       lambda doc, now: on_frame(i, doc, now), timeout=10,
                                                       query=query)
+            except leanclient.Refused as refused:
+                if refused.status == 421:  # its slot moved: the API says where it lives now, as a client asks it
+                    with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError, KeyError, ValueError):
+                        query = f"partition={await partition_of_user(job.host, job.port, token)}"
+                        relearned += 1
+                        continue
+                gave_up_at = gave_up_at or time.monotonic()
+                if time.monotonic() - gave_up_at > RECONNECT_SECONDS:
+                    failures += 1
+                    return
+                await asyncio.sleep(random.uniform(0.2, 1.0))
+                continue
             except (OSError, ConnectionError):
                 gave_up_at = gave_up_at or time.monotonic()
                 if time.monotonic() - gave_up_at > RECONNECT_SECONDS:
@@ -103,6 +117,7 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
                     connected.value += 1
             else:
                 reconnects += 1
+                back_at[i] = time.time()
             await client.lost
             await asyncio.sleep(random.uniform(0.05, 0.5))  # jitter: not every device of a dead host at once
 
@@ -121,7 +136,16 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
     await asyncio.gather(*tasks, return_exceptions=True)
     Path(job.out).write_bytes(orjson.dumps({
         "received": keys, "duplicates": [box.duplicates for box in inboxes],
-        "arrivals": arrivals, "reconnects": reconnects, "failures": failures}))
+        "arrivals": arrivals, "reconnects": reconnects, "failures": failures, "relearned": relearned,
+        "hellos": [[[h["recovered"], h["cursor"]] for h in box.hellos] for box in inboxes],
+        "back_at": back_at}))
+
+
+async def partition_of_user(host: str, port: int, token: str) -> int:
+    """The user's partition from ``GET /v1/client-config``, as a client learns it."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
+            session.get(f"http://{host}:{port}/v1/client-config", headers={"Authorization": f"Bearer {token}"}) as r:
+        return int((await r.json())["partition"])
 
 
 @dataclass

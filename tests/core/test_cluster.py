@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from chat.partitions import parse_served
 from cluster import nginx_conf, supervisor_conf, toxiproxy
 from cluster.partitions import assign, daemon_partitions, partition_of, serving, writer_lock_names
 from cluster.plan import PlanError, make_plan, overlaps
@@ -194,7 +195,9 @@ def test_host_supervisord_config(tmp_path):
         return dict(pairs)
 
     d1 = env("daemon_1")
-    assert d1["CHAT_DAEMON_PORT"] == "8101" and d1["CHAT_DAEMON_PARTITIONS"] == "1,3"
+    # a rule, escaped for supervisord: partitions 1 and 3 of 4, and 5 and 7 once grown to 8
+    assert d1["CHAT_DAEMON_PORT"] == "8101" and d1["CHAT_DAEMON_PARTITIONS"] == "%%2=1"
+    assert parse_served("%2=1", 4) == {1, 3} and parse_served("%2=1", 8) == {1, 3, 5, 7}
     assert d1["CHAT_METRICS_PORT"] == "9101" and d1["CHAT_DAEMON_HOST"] == "10.0.0.11"
     assert d1["CHAT_OPLOG_RELAY_SOCKET"] == str(tmp_path / "run/relay.sock")
     assert env("api")["CHAT_WRITER_SOCKET"] == env("writer")["CHAT_WRITER_SOCKET"] == str(tmp_path / "run/writer.sock")
