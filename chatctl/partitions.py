@@ -51,7 +51,7 @@ def check_growth(current: SlotMap, partitions: int) -> None:
 
 
 def show(settings: Settings) -> str:
-    engine = create_engine(settings.mysql_url.get_secret_value())
+    engine = create_engine(settings.stores.mysql_url.get_secret_value())
     try:
         with engine.connect() as conn:
             return describe(_current(conn))
@@ -61,7 +61,7 @@ def show(settings: Settings) -> str:
 
 def grow(settings: Settings, partitions: int) -> str:
     """Grows the map to ``partitions``; returns the new map described."""
-    engine = create_engine(settings.mysql_url.get_secret_value())
+    engine = create_engine(settings.stores.mysql_url.get_secret_value())
     try:
         with engine.connect() as conn:
             current = _current(conn)
@@ -101,9 +101,10 @@ def _hold_every_writer_lock(conn: Connection, partitions: int) -> None:
 
 
 async def _ensure_collections(settings: Settings, partitions: int) -> None:
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+    stores = settings.stores
+    client = mongo.make_client(stores.mongo_url.get_secret_value(), stores.db_timeout_seconds)
     try:
-        await mongo.ensure_schema(client, settings.mongo_db, settings.retention_seconds, settings.oplog_max_docs,
-                                  settings.oplog_size_bytes, partitions)
+        await mongo.ensure_schema(client, stores.mongo_db, stores.retention_seconds, stores.oplog_max_docs,
+                                  stores.oplog_size_bytes, partitions)
     finally:
         await client.close()
