@@ -345,8 +345,8 @@ class PushSettings(_Section):
 
 
 def env_names_of(field: FieldInfo) -> tuple[str, ...]:
-    """The environment variables that set ``field``, most specific first."""
-    return next(m.names for m in field.metadata if isinstance(m, Env))
+    """The environment variables that set ``field``, most specific first (none: not an ``Env`` field)."""
+    return next((m.names for m in field.metadata if isinstance(m, Env)), ())
 
 
 def _section_of(field: FieldInfo) -> type[BaseModel] | None:
@@ -457,6 +457,15 @@ def fields() -> list[tuple[str, FieldInfo]]:
         else:
             found.extend((f"{name}.{sub}", subfield) for sub, subfield in section.model_fields.items())
     return found
+
+
+def _refuse_fields_without_env() -> None:
+    """A field that names no variable could not be set by an operator: refused at import."""
+    if unnamed := [path for path, field in fields() if not env_names_of(field)]:
+        raise TypeError(f"settings without Env(...): {unnamed}")
+
+
+_refuse_fields_without_env()
 
 
 def env_names() -> set[str]:
