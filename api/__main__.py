@@ -10,5 +10,5 @@ if __name__ == "__main__":
     settings = Settings()
     setup_logging(settings.log_level)
     require_safe_auth(settings, "api", serves_dev_login=True)
-    serve(create_app(settings), settings.api_host, settings.api_port, settings.api_head_timeout_seconds,
-          settings.http_idle_seconds, limit_concurrency=settings.api_max_connections, timeout_keep_alive=75)
+    serve(create_app(settings), settings.api.host, settings.api.port, settings.api.head_timeout_seconds,
+          settings.api.http_idle_seconds, limit_concurrency=settings.api.max_connections, timeout_keep_alive=75)

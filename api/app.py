@@ -84,7 +84,7 @@ def _state(request: Request) -> State:
 
 
 def authenticate(request: Request, settings: Settings) -> str:
-    return parse_bearer(request.headers.get("authorization"), settings.jwt_secret.get_secret_value())
+    return parse_bearer(request.headers.get("authorization"), settings.auth.jwt_secret.get_secret_value())
 
 
 async def _read(st: State, statement: Executable, params: dict | None = None) -> Sequence[Row]:
@@ -141,16 +141,16 @@ async def dev_token(request: Request) -> Response:
     st = _state(request)
     if not dev_login_on(st.settings):
         raise ApiError(404, "not_found", f"no route {request.url.path}")
-    raw = await read_body(request.receive, request.headers.get("content-length"), st.settings.request_max_bytes)
+    raw = await read_body(request.receive, request.headers.get("content-length"), st.settings.api.request_max_bytes)
     user = parse_dev_login(raw)
-    token = auth.mint(st.settings.jwt_secret.get_secret_value(), user, DEV_TOKEN_TTL_SECONDS)
+    token = auth.mint(st.settings.auth.jwt_secret.get_secret_value(), user, DEV_TOKEN_TTL_SECONDS)
     return json_response({"token": token, "user": user})
 
 
 def dev_login_on(settings: Settings) -> bool:
     """Only on a development machine: `python -m api` refuses to start with dev login
     and no dev mode (chat.auth_config), and an app made another way serves none."""
-    return settings.dev_login and settings.dev_mode
+    return settings.auth.dev_login and settings.auth.dev_mode
 
 
 def daemon_urls(public_url: str, scheme: str, host: str, daemon_port: int) -> dict[str, str]:
@@ -171,8 +171,8 @@ async def client_config(request: Request) -> Response:
     (a bad token is a 401), and without a token the answer has no partition."""
     st = _state(request)
     settings = st.settings
-    urls = daemon_urls(settings.public_daemon_url, request.url.scheme, request.url.hostname or settings.api_host,
-                       settings.daemon_port)
+    urls = daemon_urls(settings.api.public_daemon_url, request.url.scheme, request.url.hostname or settings.api.host,
+                       settings.daemon.port)
     config: dict[str, object] = {**urls, "dev_login": dev_login_on(settings)}
     if request.headers.get("authorization") is not None:
         config["partition"] = st.slot_map.partition_of(authenticate(request, settings))
@@ -196,17 +196,17 @@ async def readyz(request: Request) -> Response:
             conn.execute(text("SELECT 1"))
 
     try:
-        await asyncio.wait_for(st.reads.run(mysql_ping), st.settings.db_timeout_seconds)
+        await asyncio.wait_for(st.reads.run(mysql_ping), st.settings.stores.db_timeout_seconds)
         checks["mysql"] = "ok"
     except Exception as exc:
         checks["mysql"] = f"down: {exc.__class__.__name__}"
     try:
-        await asyncio.wait_for(st.mongo_client.admin.command("ping"), st.settings.db_timeout_seconds)
+        await asyncio.wait_for(st.mongo_client.admin.command("ping"), st.settings.stores.db_timeout_seconds)
         checks["mongo"] = "ok"
     except Exception as exc:
         checks["mongo"] = f"down: {exc.__class__.__name__}"
     if isinstance(st.writer, RemoteWriter):
-        ready = await st.writer.ready(st.settings.db_timeout_seconds)
+        ready = await st.writer.ready(st.settings.stores.db_timeout_seconds)
         checks["writer"] = "ok" if ready else "down: not answering"
     ok = all(v == "ok" for v in checks.values())
     return json_response({"status": "ok" if ok else "unavailable", "checks": checks}, 200 if ok else 503)
@@ -301,13 +301,13 @@ def _writer(settings: Settings, db: AsyncDatabase, slot_map: SlotMap,
     """The host's writer process if there is one (writer/), else writers of this process's own, one per
     partition (writer/partitioned.py), as the writer process runs them; ``on_stored``: their wake of the
     FerretDB tails (``oplog.wake``)."""
-    if settings.writer_socket:
+    if settings.writer.socket:
         # Its reply deadline is a last resort for a writer that hangs: the
         # writer's own MySQL and Mongo timeouts answer first.
-        return RemoteWriter(settings.writer_socket, wait_seconds=settings.writer_wait_seconds,
-                            reply_seconds=3 * settings.db_timeout_seconds + settings.writer_wait_seconds), None
+        return RemoteWriter(settings.writer.socket, wait_seconds=settings.writer.wait_seconds,
+                            reply_seconds=3 * settings.stores.db_timeout_seconds + settings.writer.wait_seconds), None
     # The writers' own connections: the reads cannot take them all from them.
-    engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
+    engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds,
                          pool_size=engine_pool_size(slot_map))
     return build(settings, engine, db, slot_map, on_stored), engine
 
@@ -315,12 +315,12 @@ def _writer(settings: Settings, db: AsyncDatabase, slot_map: SlotMap,
 def create_app(settings: Settings) -> ASGIApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
-        client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
-        db = client[settings.mongo_db]
+        engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds)
+        client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), settings.stores.db_timeout_seconds)
+        db = client[settings.stores.mongo_db]
         slot_map = load_slot_map(engine)
-        redis_url = settings.redis_url.get_secret_value()
-        signal_store = SignalStore(connect(redis_url, settings.db_timeout_seconds)) if redis_url else None
+        redis_url = settings.stores.redis_url.get_secret_value()
+        signal_store = SignalStore(connect(redis_url, settings.stores.db_timeout_seconds)) if redis_url else None
         on_stored = WakePublisher.on_redis(signal_store.client).wake if signal_store is not None else lambda: None
         writer, writer_engine = _writer(settings, db, slot_map, on_stored)
         reads = read_threads(engine)
@@ -328,15 +328,16 @@ def create_app(settings: Settings) -> ASGIApp:
         # within a gap-check period (its own writers, at their next turn).
         maps = writer.live if isinstance(writer, PartitionedWriter) else LiveMap(slot_map)
         adopt = writer.adopt if isinstance(writer, PartitionedWriter) else maps.adopt
+        limits = settings.api
         app.state.chat = State(settings, engine, client, writer,
-                               RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst), reads,
+                               RateLimiter(limits.rate_limit_per_second, limits.rate_limit_burst), reads,
                                maps, signal_store,
-                               typing_limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst))
+                               typing_limiter=RateLimiter(limits.rate_limit_per_second, limits.rate_limit_burst))
         tasks = [asyncio.create_task(run_sweeper(
-                     db, engine, reads, settings.retention_seconds, settings.sweep_interval_seconds,
+                     db, engine, reads, settings.stores.retention_seconds, settings.stores.sweep_interval_seconds,
                      lambda: maps.current.partitions), name="sweeper"),
-                 asyncio.create_task(watch_slot_map(engine, lambda: maps.current, adopt, settings.gap_check_seconds),
-                                     name="slot_map")]
+                 asyncio.create_task(watch_slot_map(engine, lambda: maps.current, adopt,
+                                                    settings.daemon.gap_check_seconds), name="slot_map")]
         if isinstance(writer, PartitionedWriter):
             tasks.append(asyncio.create_task(writer.run(), name="writer"))
         # What start-up made (modules, the app, the pools) lives as long as the
@@ -344,7 +345,7 @@ def create_app(settings: Settings) -> ASGIApp:
         # only what requests create (as in the daemon).
         gc.freeze()
         metrics.watch_gc()
-        serve_metrics(settings.metrics_host or settings.api_host, settings.metrics_port)
+        serve_metrics(settings.api.metrics_host or settings.api.host, settings.api.metrics_port)
         log.info("event=api_started")
         try:
             yield
@@ -367,7 +368,7 @@ def create_app(settings: Settings) -> ASGIApp:
     app = Starlette(routes=[*ROUTES, *PAGE_ROUTES], lifespan=lifespan,
                     exception_handlers={ApiError: api_error, 404: not_found, 405: method_not_allowed})
     # The document of this process's limits, serialised once.
-    app.state.openapi = orjson.dumps(document(settings.body_max_chars, settings.request_max_bytes))
+    app.state.openapi = orjson.dumps(document(settings.api.body_max_chars, settings.api.request_max_bytes))
     app.state.asyncapi = orjson.dumps(asyncapi_document(settings))
     app.add_middleware(metrics.MetricsMiddleware)
     return front(app, POST_MESSAGE)

@@ -149,7 +149,7 @@ def _signal_schemas(settings: Settings) -> dict[str, dict]:
                                    "description": "Seconds a `start` shows for (CHAT_TYPING_TTL_SECONDS)."}}),
         "PresenceSnapshot": _signal("presence", "The answer to a `watch`: each watched user's presence now.",
                                     {"users": {"type": "array", "items": entry,
-                                               "maxItems": settings.presence_watch_max}}),
+                                               "maxItems": settings.signals.presence_watch_max}}),
         "PresenceChange": {**_signal("presence", "A watched user came online, or went offline (after "
                                                  "CHAT_PRESENCE_GRACE_SECONDS with no connection, or on hiding).",
                                      user_presence), **online_has_no_last_seen},
@@ -158,8 +158,8 @@ def _signal_schemas(settings: Settings) -> dict[str, dict]:
 
 def schemas(settings: Settings) -> dict[str, dict]:
     """The JSON Schemas (AsyncAPI's schema format, a superset of draft 7) of every frame, by name."""
-    message = _message_schema(settings.body_max_chars)
-    events = _event_schemas(settings.body_max_chars)
+    message = _message_schema(settings.api.body_max_chars)
+    events = _event_schemas(settings.api.body_max_chars)
     signals = _signal_schemas(settings)
     return {
         "Hello": {
@@ -245,7 +245,7 @@ def schemas(settings: Settings) -> dict[str, dict]:
             "additionalProperties": False,
             "properties": {"type": {"const": "watch"},
                            "users": {"type": "array", "items": {"type": "string", "pattern": pattern(USER_ID)},
-                                     "maxItems": settings.presence_watch_max,
+                                     "maxItems": settings.signals.presence_watch_max,
                                      "description": "Replaces the connection's list; `[]` clears it. Over "
                                                     "CHAT_PRESENCE_WATCH_MAX users: an `error` "
                                                     "`watch_too_many`, and the list stays as it was."}},
@@ -258,7 +258,7 @@ def schemas(settings: Settings) -> dict[str, dict]:
             "additionalProperties": False,
             "properties": {
                 "messages": {"type": "array", "items": {"oneOf": [message, *events.values()]},
-                             "maxItems": settings.poll_max_messages,
+                             "maxItems": settings.daemon.poll_max_messages,
                              "description": "Messages and events, in stream order."},
                 "signals": {"type": "array", "items": signals["Typing"],
                             "description": "The typing events that came while the poll waited (a poll that is "
@@ -310,7 +310,7 @@ def document(settings: Settings) -> dict:
         },
         "defaultContentType": "application/json",
         "servers": {
-            "daemons": {"host": f"localhost:{settings.daemon_port}", "protocol": "ws",
+            "daemons": {"host": f"localhost:{settings.daemon.port}", "protocol": "ws",
                         "description": "Every daemon process of a host, on one shared port."},
         },
         "channels": {
@@ -338,8 +338,8 @@ def document(settings: Settings) -> dict:
                 "messages": {"answer": {"$ref": "#/components/messages/PollAnswer"},
                              "error": {"$ref": "#/components/messages/Error"}},
                 "x-query": {"since": "a message id or a cursor",
-                            "timeout": f"0..{settings.poll_max_timeout_seconds:g} s",
-                            "limit": f"1..{settings.poll_max_messages}"},
+                            "timeout": f"0..{settings.daemon.poll_max_timeout_seconds:g} s",
+                            "limit": f"1..{settings.daemon.poll_max_messages}"},
             },
         },
         "operations": {

@@ -29,7 +29,7 @@ async def register(request: Request) -> Response:
     st = _state(request)
     user = _user(request, st)
     device, platform, app_id, pushkey, data = parse_device(await _body(request, st))
-    most = st.settings.push_devices_max
+    most = st.settings.push.devices_max
 
     def store(conn: Connection) -> tuple[bool, Row]:
         mine = conn.execute(select(devices.c.device).where(devices.c.user == user).with_for_update()).scalars().all()

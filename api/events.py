@@ -32,7 +32,7 @@ def _state(request: Request) -> State:
 
 
 def _user(request: Request, st: State) -> str:
-    return parse_bearer(request.headers.get("authorization"), st.settings.jwt_secret.get_secret_value())
+    return parse_bearer(request.headers.get("authorization"), st.settings.auth.jwt_secret.get_secret_value())
 
 
 def _json(data: object, status: int = 200) -> Response:
@@ -42,7 +42,7 @@ def _json(data: object, status: int = 200) -> Response:
 async def _body(request: Request, st: State) -> bytes:
     async def receive():
         return await request.receive()
-    return await read_body(receive, request.headers.get("content-length"), st.settings.request_max_bytes)
+    return await read_body(receive, request.headers.get("content-length"), st.settings.api.request_max_bytes)
 
 
 def _within_rate(st: State, user: str) -> None:
@@ -84,7 +84,7 @@ async def patch_message(request: Request) -> Response:
     st = _state(request)
     user = _user(request, st)
     msg_id = stream_id(request.path_params["id"], "id")
-    body, client_msg_id = parse_edit(await _body(request, st), st.settings.body_max_chars)
+    body, client_msg_id = parse_edit(await _body(request, st), st.settings.api.body_max_chars)
     _within_rate(st, user)
     msg, created = await submit(st, Draft(user, "", body, client_msg_id, Kind.EDIT, msg_id), "id")
     return _json(msg.to_public(), 201 if created else 200)

@@ -127,7 +127,7 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
     bad_shape = _err("Valid JSON of the wrong shape; `field` names the field", "invalid_field", "invalid_body")
     device_id = {"type": "string", "pattern": pattern(rules.DEVICE_ID),
                  "description": "A device id: 1-64 characters of [A-Za-z0-9_.-]"}
-    devices_max = Settings.model_fields["push_devices_max"].default
+    devices_max = Settings.field("push.devices_max").default
     past = ("past the newest id of the caller's stream (past_newest); else valid JSON of the wrong shape, `field` "
             "naming the field")
     redis_away = "Redis, which carries the signals, does not answer or is not configured (signals_unavailable)"
@@ -713,4 +713,4 @@ def document(body_max_chars: int, request_max_bytes: int) -> dict:
 
 
 # The document under the default settings: what tools and tests read without a running API.
-OPENAPI = document(Settings.model_fields["body_max_chars"].default, Settings.model_fields["request_max_bytes"].default)
+OPENAPI = document(Settings.field("api.body_max_chars").default, Settings.field("api.request_max_bytes").default)

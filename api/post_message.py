@@ -67,12 +67,12 @@ class PostMessage:
                 authorization = value.decode("latin-1")
             elif name == b"content-length" and content_length is None:
                 content_length = value.decode("latin-1")
-        sender = parse_bearer(authorization, st.settings.jwt_secret.get_secret_value())
-        raw = await read_body(receive, content_length, st.settings.request_max_bytes)
+        sender = parse_bearer(authorization, st.settings.auth.jwt_secret.get_secret_value())
+        raw = await read_body(receive, content_length, st.settings.api.request_max_bytes)
         wait = st.limiter.allow(sender)
         if wait:
             raise rate_limited(wait)
-        draft = parse_message(raw, sender, st.settings.body_max_chars)
+        draft = parse_message(raw, sender, st.settings.api.body_max_chars)
         try:
             msg, created = await st.writer.submit(draft)
         except WRITE_FAILURES as exc:

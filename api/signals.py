@@ -37,7 +37,7 @@ def _unavailable() -> ApiError:
 
 
 def _presence_on(st: State) -> None:
-    if not st.settings.presence_enabled:
+    if not st.settings.signals.presence_enabled:
         raise ApiError(404, "presence_disabled", "presence is turned off on this server")
 
 

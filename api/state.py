@@ -64,7 +64,7 @@ class State:
                 return fn(conn)
 
         try:
-            return await asyncio.wait_for(self.reads.run(run), self.settings.db_timeout_seconds)
+            return await asyncio.wait_for(self.reads.run(run), self.settings.stores.db_timeout_seconds)
         except (SQLAlchemyError, TimeoutError):
             raise ApiError(503, "mysql_unavailable", "the permanent store is unavailable; retry",
                            headers={"Retry-After": "1"}) from None

@@ -48,9 +48,9 @@ def dev_login_problem(dev_login: bool, dev_mode: bool) -> str | None:
 def auth_problems(settings: Settings, serves_dev_login: bool = False) -> list[str]:
     """Every reason a process that handles tokens (and, with ``serves_dev_login``,
     serves ``POST /v1/dev/token``) must not start with these settings."""
-    problems = [secret_problem(settings.jwt_secret.get_secret_value(), settings.dev_mode)]
+    problems = [secret_problem(settings.auth.jwt_secret.get_secret_value(), settings.auth.dev_mode)]
     if serves_dev_login:
-        problems.append(dev_login_problem(settings.dev_login, settings.dev_mode))
+        problems.append(dev_login_problem(settings.auth.dev_login, settings.auth.dev_mode))
     return [p for p in problems if p is not None]
 
 

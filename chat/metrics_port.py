@@ -16,10 +16,6 @@ from prometheus_client import start_http_server
 
 log = logging.getLogger("chat.metrics")
 
-# Where a process with no TCP service of its own (the writer, the relay) serves
-# its metrics unless told otherwise: on the host only.
-LOOPBACK = "127.0.0.1"
-
 
 def serve_metrics(host: str, port: int) -> bool:
     """Serves /metrics on ``port`` (0: none); False if it cannot.

@@ -64,7 +64,7 @@ def token(user: str, ttl: str = typer.Option("1h", help="Lifetime: 90s, 15m, 1h,
     """Print a JWT (HS256, signed with CHAT_JWT_SECRET) whose sub is USER."""
     settings = signing_settings()
     try:
-        typer.echo(auth.mint(settings.jwt_secret.get_secret_value(), user, parse_ttl(ttl)))
+        typer.echo(auth.mint(settings.auth.jwt_secret.get_secret_value(), user, parse_ttl(ttl)))
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="USER") from None
 
@@ -74,9 +74,9 @@ def call_api(command: str, sender: str, api: str | None, method: str, path: str,
     """One request to the write API as ``sender`` (a token of five minutes), its answer printed as
     it came, the exit status 1 unless it is a success; an API that does not answer is said on stderr."""
     settings = signing_settings()
-    base = api or f"http://{settings.api_host}:{settings.api_port}"
+    base = api or f"http://{settings.api.host}:{settings.api.port}"
     try:
-        tok = auth.mint(settings.jwt_secret.get_secret_value(), sender, 300)
+        tok = auth.mint(settings.auth.jwt_secret.get_secret_value(), sender, 300)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--as") from None
     try:
@@ -241,12 +241,12 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
     from chatctl.client import Inbox, listen as run_listen
 
     settings = signing_settings()
-    base = url or f"ws://{settings.daemon_host}:{settings.daemon_port}"
+    base = url or f"ws://{settings.daemon.host}:{settings.daemon.port}"
     ttl = parse_ttl(token_ttl)
     inbox = Inbox(since)
 
     def mint() -> str:
-        return auth.mint(settings.jwt_secret.get_secret_value(), user, ttl)
+        return auth.mint(settings.auth.jwt_secret.get_secret_value(), user, ttl)
 
     def renew(why: str) -> str:
         typer.echo(f"chatctl listen: token {why}: minted a new one, resuming from {inbox.since}", err=True)

@@ -59,7 +59,7 @@ def check_growth(current: SlotMap, partitions: int) -> None:
 
 
 def show(settings: Settings) -> str:
-    engine = create_engine(settings.mysql_url.get_secret_value())
+    engine = create_engine(settings.stores.mysql_url.get_secret_value())
     try:
         with engine.connect() as conn:
             shown = describe(_current(conn))
@@ -103,7 +103,7 @@ def prepare(settings: Settings, partitions: int) -> str:
     """Creates the tables and collections of ``partitions`` partitions (those that exist stay)."""
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise Refused(f"partitions are 1..{MAX_PARTITIONS}")
-    engine = create_engine(settings.mysql_url.get_secret_value())
+    engine = create_engine(settings.stores.mysql_url.get_secret_value())
     try:
         ensure_tables(engine, partitions)
         asyncio.run(_ensure_collections(settings, partitions))
@@ -134,7 +134,7 @@ def parse_slots(text: str) -> list[int]:
 
 def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, report: Callable[[str], None],
           page: int) -> str:
-    engine = create_engine(settings.mysql_url.get_secret_value())
+    engine = create_engine(settings.stores.mysql_url.get_secret_value())
     mover = None
     try:
         with engine.connect() as conn:
@@ -158,8 +158,9 @@ def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, rep
         report(f"moving {len(moving)} slots from partitions {_list(plan.sources)} to {_list(plan.targets)} "
                f"(epoch {plan.before.epoch} -> {plan.after.epoch})"
                + (f"; resuming after ids {progress.copied}" if any(progress.copied.values()) else ""))
-        mover = Mover(engine, settings.mongo_url.get_secret_value(), settings.mongo_db, settings.retention_seconds,
-                      settings.db_timeout_seconds, report, page)
+        stores = settings.stores
+        mover = Mover(engine, stores.mongo_url.get_secret_value(), stores.mongo_db, stores.retention_seconds,
+                      stores.db_timeout_seconds, report, page)
         return describe(mover.run(progress))
     except MoveRefused as exc:
         raise Refused(str(exc)) from None
@@ -181,9 +182,10 @@ def _current(conn: Connection) -> SlotMap:
 
 
 async def _ensure_collections(settings: Settings, partitions: int) -> None:
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+    client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), settings.stores.db_timeout_seconds)
     try:
-        await mongo.ensure_schema(client, settings.mongo_db, settings.retention_seconds, settings.oplog_max_docs,
-                                  settings.oplog_size_bytes, partitions)
+        stores = settings.stores
+        await mongo.ensure_schema(client, stores.mongo_db, stores.retention_seconds, stores.oplog_max_docs,
+                                  stores.oplog_size_bytes, partitions)
     finally:
         await client.close()

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 
-from chat.settings import Settings
+from chat.settings import Settings, StoresSettings
 from chatctl.partitions import grow
 from cluster import netns, nginx_conf, supervisor_conf
 from cluster.partitions import Daemon, assign
@@ -171,7 +171,7 @@ class Cluster:
         return f"redis://{self.plan.db.address}:{REDIS_PORT}/0"
 
     def grow_partitions(self, partitions: int) -> None:
-        settings = Settings(mysql_url=self.admin_mysql_url, mongo_url=self.admin_mongo_url)
+        settings = Settings(stores=StoresSettings(mysql_url=self.admin_mysql_url, mongo_url=self.admin_mongo_url))
         engine = create_engine(self.admin_mysql_url)
         try:
             current = load_slot_map(engine).partitions

@@ -27,7 +27,7 @@ def credential(settings: Settings, query: dict[str, str], authorization: str | N
     token = auth.bearer(authorization)
     if token is not None or "token" not in query:
         return token
-    if not settings.url_tokens_allowed:
+    if not settings.daemon.url_tokens_allowed:
         metrics.REJECTS.labels("auth").inc()
         raise Refused(401, "unauthorized", "a token in the URL is refused (proxies and browsers log URLs): send "
                       "`Authorization: Bearer`, or on /v1/ws an auth frame", headers={"WWW-Authenticate": "Bearer"})
@@ -49,7 +49,7 @@ def admit(settings: Settings, token: str | None, origin: str | None, *, open_con
 def verify(settings: Settings, token: str | None) -> tuple[str, float]:
     """The user and the token's ``exp``, or ``Refused`` 401."""
     try:
-        return auth.verify_until(settings.jwt_secret.get_secret_value(), token)
+        return auth.verify_until(settings.auth.jwt_secret.get_secret_value(), token)
     except auth.AuthError as exc:
         metrics.REJECTS.labels("auth").inc()
         raise Refused(401, "unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
@@ -61,7 +61,7 @@ def admit_connection(settings: Settings, origin: str | None, *, open_connections
     if origin is not None and not origin_allowed(settings, origin):
         metrics.REJECTS.labels("origin").inc()
         raise Refused(403, "origin_not_allowed", f"origin {origin!r} is not allowed")
-    if open_connections > settings.max_connections or not accepting:
+    if open_connections > settings.daemon.max_connections or not accepting:
         # Starting too: a client that waited here would wait out the stream's
         # start-up (seconds on FerretDB), where a retry may reach a ready daemon.
         metrics.REJECTS.labels("capacity").inc()
@@ -81,7 +81,7 @@ def preflight_headers(settings: Settings, origin: str | None) -> dict[str, str] 
 
 
 def origin_allowed(settings: Settings, origin: str) -> bool:
-    allowed = settings.allowed_origins
+    allowed = settings.daemon.allowed_origins
     return "*" in allowed or origin in allowed
 
 

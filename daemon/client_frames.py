@@ -205,7 +205,7 @@ class ClientFrames:
         if signals is None:
             self._error("watch", "signals_unavailable", "this server has no Redis (CHAT_REDIS_URL)")
             return
-        most = signals.settings.presence_watch_max
+        most = signals.settings.signals.presence_watch_max
         if len(users) > most:
             self._error("watch", "watch_too_many", f"a connection watches at most {most} users "
                         "(CHAT_PRESENCE_WATCH_MAX); the list is unchanged")

@@ -245,10 +245,10 @@ class Connection(asyncio.Protocol):
         # Paged catch-ups wait for the buffer to fall under low before their
         # next page, and a page is at most a quarter of the bound: catch-up
         # alone never trips the slow-consumer close.
-        limit = self.state.settings.send_buffer_max_bytes
+        limit = self.state.settings.daemon.send_buffer_max_bytes
         self.transport.set_write_buffer_limits(high=limit // 2, low=limit // 8)
         self.transport.write(response)
-        self.next_ping = time.monotonic() + self.state.settings.ping_interval_seconds
+        self.next_ping = time.monotonic() + self.state.settings.daemon.ping_interval_seconds
         self.transport.resume_reading()
         if rest:
             self._ws_data(rest)
@@ -267,7 +267,7 @@ class Connection(asyncio.Protocol):
         if self.closing or transport.is_closing():
             return
         transport.write(frame if frame is not None else text_frame(payload))
-        if transport.get_write_buffer_size() > self.state.settings.send_buffer_max_bytes:
+        if transport.get_write_buffer_size() > self.state.settings.daemon.send_buffer_max_bytes:
             self.subscriber.overflowed = True
             self.overflow()
 
@@ -283,7 +283,7 @@ class Connection(asyncio.Protocol):
     # --- WebSocket: what the client sends -------------------------------------
     def new_inbound(self) -> Inbound:
         # Messages are read whole: the first may be the `auth` frame, and the rest are acks and read markers.
-        max_frame = self.state.settings.ws_max_frame_bytes
+        max_frame = self.state.settings.daemon.ws_max_frame_bytes
         return Inbound(max_frame, max_frame, keep_messages=True)
 
     async def first_message(self) -> bytes | None:
@@ -347,7 +347,7 @@ class Connection(asyncio.Protocol):
         if now - self.window_start >= 1.0:
             self.window_start, self.window_count = now, 0
         self.window_count += 1
-        return self.window_count <= self.state.settings.ws_max_frames_per_second
+        return self.window_count <= self.state.settings.daemon.ws_max_frames_per_second
 
     # --- WebSocket: keep-alive and closing ------------------------------------
     def next_due(self) -> float:
@@ -359,7 +359,7 @@ class Connection(asyncio.Protocol):
         every socket used to be."""
         due = min(self.expires, self.next_ping)
         if self.ping_sent:
-            return min(due, self.ping_sent + self.state.settings.ping_timeout_seconds)
+            return min(due, self.ping_sent + self.state.settings.daemon.ping_timeout_seconds)
         return due
 
     def heartbeat(self, now: float) -> None:
@@ -375,11 +375,11 @@ class Connection(asyncio.Protocol):
             return
         settings = self.state.settings
         if self.ping_sent:
-            if now - self.ping_sent > settings.ping_timeout_seconds:
+            if now - self.ping_sent > settings.daemon.ping_timeout_seconds:
                 metrics.CLOSES.labels("ping_timeout").inc()
                 self.transport.abort()  # half-open: no close handshake is possible
         elif now >= self.next_ping:
-            self.ping_sent, self.next_ping = now, now + settings.ping_interval_seconds
+            self.ping_sent, self.next_ping = now, now + settings.daemon.ping_interval_seconds
             self.transport.write(PING)
 
     def close(self, code: int, reason: str) -> None:
@@ -398,7 +398,7 @@ class Connection(asyncio.Protocol):
         transport.write(close_frame(code, reason))
         transport.close()
         settings = self.state.settings
-        _reap_if_stalled(transport, max(settings.close_stall_seconds, settings.ping_timeout_seconds),
+        _reap_if_stalled(transport, max(settings.daemon.close_stall_seconds, settings.daemon.ping_timeout_seconds),
                          transport.get_write_buffer_size())
 
 

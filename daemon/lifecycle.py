@@ -84,7 +84,7 @@ def close_idle_http(daemon: Daemon, now: float) -> None:
     """Closes HTTP connections that have had no request in hand for
     ``http_idle_seconds``: an idle keep-alive, or a request head that
     trickles in (slowloris) or never comes. Each holds a file descriptor."""
-    limit, http_conns = daemon.settings.http_idle_seconds, daemon.state.http_conns
+    limit, http_conns = daemon.settings.daemon.http_idle_seconds, daemon.state.http_conns
     for conn in [c for c in http_conns if idle_too_long(c.idle_since(), now, limit)]:
         metrics.CLOSES.labels("http_idle").inc()
         http_conns.discard(conn)
@@ -101,7 +101,7 @@ async def drain(daemon: Daemon) -> None:
         waiter.wake.set()
     for conn in list(daemon.sockets):
         conn.close(CloseCode.RESTART, "daemon restarting: reconnect with since")
-    deadline = time.monotonic() + daemon.settings.drain_seconds
+    deadline = time.monotonic() + daemon.settings.daemon.drain_seconds
     while daemon.polls and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     # Made connections only: one the acceptor has counted but whose transport
@@ -118,7 +118,7 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     """One daemon process: the stream, the listening socket, until SIGTERM.
     ``tail`` replaces the oplog tail (the replay benchmark feeds recorded entries)."""
     loop = asyncio.get_running_loop()
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+    client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), settings.stores.db_timeout_seconds)
     stop = stop_on_signals()
     # The slot map first (from MySQL, waited for): which streams to run, and whom to serve.
     # A race, not a TaskGroup: the first of the two to end decides, where a group would wait for both.
@@ -134,22 +134,22 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
         return
     parts = building.result()
     writer = None
-    if settings.writer_socket:  # clients' acks and read markers go through the host's writer, as POSTs do
-        writer = RemoteWriter(settings.writer_socket, wait_seconds=settings.writer_wait_seconds,
-                              reply_seconds=3 * settings.db_timeout_seconds + settings.writer_wait_seconds)
+    if settings.writer.socket:  # clients' acks and read markers go through the host's writer, as POSTs do
+        writer = RemoteWriter(settings.writer.socket, wait_seconds=settings.writer.wait_seconds,
+                              reply_seconds=3 * settings.stores.db_timeout_seconds + settings.writer.wait_seconds)
     unread = None
-    if settings.fill_holes_from_mysql:
-        unread = UnreadTotals(make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
-                                          pool_size=2))
+    if settings.daemon.fill_holes_from_mysql:
+        unread = UnreadTotals(make_engine(settings.stores.mysql_url.get_secret_value(),
+                                          settings.stores.db_timeout_seconds, pool_size=2))
     signals = None
     presence_engine = None
-    if settings.redis_url.get_secret_value():  # typing and presence (docs/presence.md)
-        if settings.fill_holes_from_mysql:  # last_seen and the hidden users: one connection is plenty
-            presence_engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
-                                          pool_size=1)
-        url = settings.redis_url.get_secret_value()
-        signals = Signals(settings, SignalStore(connect(url, settings.db_timeout_seconds)),
-                          connect(url, settings.db_timeout_seconds), parts.hubs, parts.slot_map, presence_engine)
+    if settings.stores.redis_url.get_secret_value():  # typing and presence (docs/presence.md)
+        if settings.daemon.fill_holes_from_mysql:  # last_seen and the hidden users: one connection is plenty
+            presence_engine = make_engine(settings.stores.mysql_url.get_secret_value(),
+                                          settings.stores.db_timeout_seconds, pool_size=1)
+        url = settings.stores.redis_url.get_secret_value()
+        signals = Signals(settings, SignalStore(connect(url, settings.stores.db_timeout_seconds)),
+                          connect(url, settings.stores.db_timeout_seconds), parts.hubs, parts.slot_map, presence_engine)
     daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, slot_map=parts.slot_map,
                     writer=writer, unread=unread, signals=signals)
     failed: list[BaseException] = []
@@ -185,15 +185,15 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
                 group.create_task(signals.run(), name="signals").add_done_callback(must_not_end)
             if parts.engine is not None:
                 group.create_task(partition_streams.epoch_changed(parts.engine, parts.slot_map.epoch,
-                                                                  settings.gap_check_seconds),
+                                                                  settings.daemon.gap_check_seconds),
                                   name="epoch").add_done_callback(new_epoch)
 
     running = loop.create_task(lifelong(), name="daemon")
     # Past the cap, a connection is refused once it sends a request (503, as
     # it should be told); past the ceiling above it, at once, so that silent
     # sockets stop short of the open-files limit.
-    ceiling = connection_ceiling(settings.max_connections)
-    listener = reuseport_socket(settings.daemon_host, settings.daemon_port, listen=False)
+    ceiling = connection_ceiling(settings.daemon.max_connections)
+    listener = reuseport_socket(settings.daemon.host, settings.daemon.port, listen=False)
     state, router = daemon.state, Router(daemon)
     acceptor = Acceptor(loop, listener, lambda: Connection(state, router),
                         room=lambda accepting: len(state.conns) + accepting < ceiling)
@@ -202,14 +202,14 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     # passes walk only what the connections and messages create since.
     gc.freeze()
     metrics.watch_gc()
-    serve_metrics(settings.metrics_host or settings.daemon_host, settings.metrics_port)
+    serve_metrics(settings.daemon.metrics_host, settings.daemon.metrics_port)
     listener.listen(LISTEN_BACKLOG)  # only now: the kernel queues connections for this process from here on
     acceptor.start()
-    log.info("event=daemon_started port=%d pid=%d", settings.daemon_port, os.getpid())
+    log.info("event=daemon_started port=%d pid=%d", settings.daemon.port, os.getpid())
     try:
         await stop.wait()
         log.info("event=daemon_draining connections=%d", daemon.hub.count)
-        exit_by(settings.drain_seconds + SHUTDOWN_GRACE_SECONDS, lambda: 1 if failed else 0, log)
+        exit_by(settings.daemon.drain_seconds + SHUTDOWN_GRACE_SECONDS, lambda: 1 if failed else 0, log)
         acceptor.close()
         await drain(daemon)
     finally:

@@ -76,12 +76,12 @@ async def load_slot_map(settings: Settings, engine: Engine | None, threads: Thre
     would serve users another daemon serves); ``even(CHAT_PARTITIONS)``
     before one is written, or without MySQL."""
     if engine is None:
-        return SlotMap.even(settings.partitions)
+        return SlotMap.even(settings.stores.partitions)
     backoff = Backoff(base=0.5, cap=5.0)
     while True:
         try:
             found = await threads.run(_read_map, engine)
-            return found if found is not None else SlotMap.even(settings.partitions)
+            return found if found is not None else SlotMap.even(settings.stores.partitions)
         except SQLAlchemyError as exc:
             delay = backoff.next()
             log.warning("event=slot_map_unreadable error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
@@ -93,21 +93,22 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
     (``CHAT_DAEMON_PARTITIONS``). ``tail``: the replay benchmark's recorded
     entries, for a daemon of one partition."""
     engine = None
-    if settings.fill_holes_from_mysql:  # the engine connects on first use
-        engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds, pool_size=1)
+    if settings.daemon.fill_holes_from_mysql:  # the engine connects on first use
+        engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds,
+                             pool_size=1)
     threads = Threads(1, "slot-map")
     try:
         slot_map = await load_slot_map(settings, engine, threads)
     finally:
         threads.close()
-    served = sorted(parse_served(settings.daemon_partitions, slot_map.partitions))
+    served = sorted(parse_served(settings.daemon.partitions, slot_map.partitions))
     if engine is not None and len(served) > 1:  # a connection per partition's reads of the truth
         engine.dispose()
-        engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
+        engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds,
                              pool_size=len(served))
     if tail is not None and len(served) != 1:
         raise ValueError("a recorded oplog feeds a daemon of one partition")
-    namespaces = partition_namespaces(settings.mongo_db, served)
+    namespaces = partition_namespaces(settings.stores.mongo_db, served)
     loops: list[Coroutine[Any, Any, None]] = []
     sources: dict[int, OplogSource]
     fanout = None
@@ -115,30 +116,32 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
         sources = {served[0]: tail}
     else:
         shared: OplogTail | RelayTail
-        if settings.oplog_relay_socket:
-            shared = RelayTail(client, tuple(namespaces), settings.oplog_relay_socket)
+        if settings.relay.socket:
+            shared = RelayTail(client, tuple(namespaces), settings.relay.socket)
         else:
-            shared = OplogTail(client, *namespaces, silence_seconds=settings.tail_silence_seconds,
-                               ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000,
-                               ferretdb_idle_poll_seconds=settings.ferretdb_tail_idle_poll_ms / 1000)
-            if redis_url := settings.redis_url.get_secret_value():  # the writer's wakes (oplog.wake)
-                loops.append(listen_for_wakes(redis_url, shared.wake, connect_seconds=settings.db_timeout_seconds))
+            shared = OplogTail(client, *namespaces, silence_seconds=settings.tail.silence_seconds,
+                               ferretdb_poll_seconds=settings.tail.ferretdb_poll_ms / 1000,
+                               ferretdb_idle_poll_seconds=settings.tail.ferretdb_idle_poll_ms / 1000)
+            if redis_url := settings.stores.redis_url.get_secret_value():  # the writer's wakes (oplog.wake)
+                loops.append(listen_for_wakes(redis_url, shared.wake,
+                                              connect_seconds=settings.stores.db_timeout_seconds))
         if len(served) == 1:
             sources = {served[0]: shared}
         else:
             fanout = Fanout(shared, namespaces)
             sources = {k: fanout.views[ns] for k, ns in zip(served, namespaces, strict=True)}
             loops.append(fanout.run())
-    db = client[settings.mongo_db]
-    hubs = {k: Hub(settings.send_buffer_max_bytes) for k in served}
+    db = client[settings.stores.mongo_db]
+    hubs = {k: Hub(settings.daemon.send_buffer_max_bytes) for k in served}
     ranges = {k: StreamRanges(engine, k) for k in served} if engine is not None else {}
-    streams = {k: Stream(db, sources[k], hubs[k], retention_seconds=settings.retention_seconds,
-                         cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds,
-                         cache_max_bytes=settings.recent_cache_max_bytes, ranges=ranges.get(k), partition=k,
+    streams = {k: Stream(db, sources[k], hubs[k], retention_seconds=settings.stores.retention_seconds,
+                         cache_max=settings.daemon.recent_cache_max,
+                         gap_check_seconds=settings.daemon.gap_check_seconds,
+                         cache_max_bytes=settings.daemon.recent_cache_max_bytes, ranges=ranges.get(k), partition=k,
                          encode=frame_encoder(k, slot_map), primary=k == served[0])
                for k in served}
     log.info("event=partitions_served served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
-             slot_map.partitions, slot_map.epoch, bool(settings.oplog_relay_socket))
+             slot_map.partitions, slot_map.epoch, bool(settings.relay.socket))
     return Partitions(slot_map, streams, Hubs(hubs), engine, [*loops, *(s.run() for s in streams.values())],
                       list(ranges.values()), fanout)
 

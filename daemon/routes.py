@@ -79,9 +79,9 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
         # The WebSocket's checks, origin included. A poll is short: its token need only be valid now.
         user, _expires = daemon.admit(token, request.headers.get("origin"))
         partition = daemon.partition_of(user, query.get("partition"))
-        default = min(POLL_DEFAULT_TIMEOUT, settings.poll_max_timeout_seconds)
-        timeout = poll_timeout(query.get("timeout", f"{default:g}"), settings.poll_max_timeout_seconds)
-        limit = poll_limit(query.get("limit"), settings.poll_max_messages)
+        default = min(POLL_DEFAULT_TIMEOUT, settings.daemon.poll_max_timeout_seconds)
+        timeout = poll_timeout(query.get("timeout", f"{default:g}"), settings.daemon.poll_max_timeout_seconds)
+        limit = poll_limit(query.get("limit"), settings.daemon.poll_max_messages)
     except Refused as refusal:
         conn.respond(refusal.status, refusal.body(), keep, headers | refusal.headers)
         return
@@ -95,7 +95,7 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
     try:
         try:
             pages, cursor = await daemon.subscribe(sub, daemon.resume_point(query.get("since"), user), limit,
-                                                   settings.send_buffer_max_bytes)
+                                                   settings.daemon.send_buffer_max_bytes)
             catch = await first_page(pages)
         except Behind:
             metrics.REJECTS.labels("behind").inc()

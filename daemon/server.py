@@ -39,7 +39,7 @@ BUCKETS_PER_TICK = 4
 def heartbeat_tick(settings: Settings) -> float:
     """How often the heartbeat looks for due WebSockets: often enough that a
     ping, a pong's deadline or a token's `exp` is acted on within a second."""
-    return max(0.1, min(1.0, settings.ping_interval_seconds / 4, settings.ping_timeout_seconds / 4))
+    return max(0.1, min(1.0, settings.daemon.ping_interval_seconds / 4, settings.daemon.ping_timeout_seconds / 4))
 
 
 class Behind(ChatError):
@@ -147,7 +147,8 @@ class Daemon:
         """The user's unread total for a hello or a poll answer; None when MySQL does not say within its timeout."""
         if self._unread is None:
             return None
-        return await self._unread.total(user, partition, min(self.settings.db_timeout_seconds, UNREAD_WAIT_SECONDS))
+        wait = min(self.settings.stores.db_timeout_seconds, UNREAD_WAIT_SECONDS)
+        return await self._unread.total(user, partition, wait)
 
     def cursor(self, partition: int, position: int) -> str:
         """A cursor at ``position`` of ``partition``: a bare id for the single stream at epoch 0."""

@@ -89,10 +89,10 @@ class Signals:
         self.hubs = hubs
         self.slot_map = slot_map
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.presence = settings.presence_enabled
-        ttl = settings.typing_ttl_seconds
+        self.presence = settings.signals.presence_enabled
+        ttl = settings.signals.typing_ttl_seconds
         self._ttl: float | int = int(ttl) if ttl.is_integer() else ttl  # 5, not 5.0, for typed clients
-        self.tracker = PresenceTracker(settings.presence_grace_seconds)
+        self.tracker = PresenceTracker(settings.signals.presence_grace_seconds)
         self.watchers: Watchers[Watcher] = Watchers()
         self._engine = engine  # None: no MySQL (development): last_seen is not stored
         self._threads = Threads(1, "presence")
@@ -305,7 +305,7 @@ class Signals:
             if self._resync:
                 self._changes_ready.set()
             for _ in range(SWEEPS_PER_TICK):
-                swept = await self.store.sweep(round(self.settings.presence_daemon_timeout_seconds * 1000))
+                swept = await self.store.sweep(round(self.settings.signals.presence_daemon_timeout_seconds * 1000))
                 if swept is None:
                     break
                 dead, last_seen, gone = swept

@@ -20,7 +20,7 @@ import socket
 import uvloop
 
 from chat.errors import error_body
-from chat.settings import Settings
+from chat.settings import DaemonSettings, Settings
 from daemon.acceptor import Acceptor
 from daemon.client_frames import ClientFrames
 from daemon.connection import Connection, ServerState
@@ -33,8 +33,8 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the suite's largest (cases 9.1.6, 9.2.6)
 
 
 def testee_settings() -> Settings:
-    return Settings(ws_max_frame_bytes=MAX_MESSAGE_BYTES, ws_max_frames_per_second=1e9,
-                    send_buffer_max_bytes=4 * MAX_MESSAGE_BYTES)
+    return Settings(daemon=DaemonSettings(ws_max_frame_bytes=MAX_MESSAGE_BYTES, ws_max_frames_per_second=1e9,
+                                          send_buffer_max_bytes=4 * MAX_MESSAGE_BYTES))
 
 
 class EchoConnection(Connection):
@@ -48,7 +48,7 @@ class EchoConnection(Connection):
     def on_message(self, message: Message) -> None:
         transport = self.transport
         transport.write(data_frame(message.opcode, message.data))
-        if transport.get_write_buffer_size() > self.state.settings.send_buffer_max_bytes:
+        if transport.get_write_buffer_size() > self.state.settings.daemon.send_buffer_max_bytes:
             self.overflow()  # the same bound, and close, as a daemon's pushes
 
 

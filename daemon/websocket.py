@@ -106,10 +106,10 @@ async def identify(daemon: Daemon, conn: Connection, asked_partition: str | None
     for no such frame within ``ws_auth_seconds`` or a bad token, 4421 and the
     user's partition for a user this daemon does not serve."""
     try:
-        first = await asyncio.wait_for(conn.first_message(), daemon.settings.ws_auth_seconds)
+        first = await asyncio.wait_for(conn.first_message(), daemon.settings.daemon.ws_auth_seconds)
     except TimeoutError:
         first = None
-        reason = f"no auth frame within {daemon.settings.ws_auth_seconds:g} s"
+        reason = f"no auth frame within {daemon.settings.daemon.ws_auth_seconds:g} s"
     if conn.closing:
         return None
     try:
@@ -147,7 +147,7 @@ async def serve_socket(daemon: Daemon, conn: Connection, user: str, since: int |
     client is closed with 4008 after the last catch-up frame it got, and
     resumes from there."""
     sub = conn.subscriber
-    pages, cursor = await daemon.subscribe(sub, since, CATCH_UP_PAGE, daemon.settings.send_buffer_max_bytes // 4)
+    pages, cursor = await daemon.subscribe(sub, since, CATCH_UP_PAGE, daemon.settings.daemon.send_buffer_max_bytes // 4)
     try:
         page = await anext(pages)
         if conn.closing:

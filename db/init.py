@@ -63,10 +63,11 @@ def lay_out_partitions(url: str, partitions: int) -> SlotMap:
 
 async def init_mongo(settings: Settings, deadline: float, partitions: int = 1) -> dict:
     while True:
-        client = mongo.make_client(settings.mongo_url.get_secret_value(), 2.0)
+        client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), 2.0)
         try:
-            return await mongo.ensure_schema(client, settings.mongo_db, settings.retention_seconds,
-                                             settings.oplog_max_docs, settings.oplog_size_bytes, partitions)
+            stores = settings.stores
+            return await mongo.ensure_schema(client, stores.mongo_db, stores.retention_seconds,
+                                             stores.oplog_max_docs, stores.oplog_size_bytes, partitions)
         except Exception as exc:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"MongoDB did not answer: {exc}") from exc
@@ -77,10 +78,10 @@ async def init_mongo(settings: Settings, deadline: float, partitions: int = 1) -
 
 def init_all(settings: Settings, wait_seconds: float = 60) -> dict:
     deadline = time.monotonic() + wait_seconds
-    url = settings.mysql_url.get_secret_value()
+    url = settings.stores.mysql_url.get_secret_value()
     wait_for_mysql(url, deadline)
     migrate(url)
-    slot_map = lay_out_partitions(url, settings.partitions)
+    slot_map = lay_out_partitions(url, settings.stores.partitions)
     found = asyncio.run(init_mongo(settings, deadline, slot_map.partitions))
     found["partitions"] = slot_map.partitions
     log.info("event=schema_ready mysql=migrated partitions=%d epoch=%d oplog=%s ttl_index=%s ferretdb=%s",

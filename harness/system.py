@@ -21,7 +21,7 @@ import httpx
 import psutil
 
 from chat import auth
-from chat.settings import Settings
+from chat.settings import Settings, StoresSettings
 from db.init import init_all
 from harness.servers import ROOT, FerretDB, MariaDB, Redis, env_for, free_port, fresh_dir, running, stop
 from harness.waiting import FACTOR, eventually_sync
@@ -33,15 +33,16 @@ class Databases:
     ferretdb: FerretDB
     redis: Redis | None = None  # the signals' carrier: typing and presence
 
-    def settings(self, **overrides: Any) -> Settings:
-        overrides.setdefault("redis_url", self.redis.url if self.redis is not None else "")
-        return Settings(mysql_url=self.mariadb.url(), mongo_url=self.ferretdb.url, **overrides)
+    def settings(self, **stores: Any) -> Settings:
+        """Settings that reach these servers; ``stores``: more of ``settings.stores``."""
+        stores.setdefault("redis_url", self.redis.url if self.redis is not None else "")
+        return Settings(stores=StoresSettings(mysql_url=self.mariadb.url(), mongo_url=self.ferretdb.url, **stores))
 
 
 @contextlib.contextmanager
 def databases(base: Path, **init: object) -> Iterator[Databases]:
     """A MariaDB, a FerretDB and a Redis of their own, with the schema laid out.
-    ``init``: settings for `db.init` only (``oplog_max_docs=...``, ``partitions=...``).
+    ``init``: `settings.stores` fields for `db.init` only (``oplog_max_docs=...``, ``partitions=...``).
 
     The data folders are copies of a template built once per process for each
     ``init``: ``mariadb-install-db`` and the migrations took several seconds

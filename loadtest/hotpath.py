@@ -86,7 +86,7 @@ def oplog_batches(clients: int, count: int, batch: int, seed: int = 7) -> list[B
 
 async def one_round(clients: int, count: int, batch: int) -> dict:
     settings = Settings()
-    hub = Hub(settings.send_buffer_max_bytes)
+    hub = Hub(settings.daemon.send_buffer_max_bytes)
     state, handler = ServerState(settings), Unrouted()
     transports = []
     for i in range(clients):
@@ -99,9 +99,9 @@ async def one_round(clients: int, count: int, batch: int) -> dict:
         hub.register(conn.subscriber)
     # No database: only a catch-up reads it, and every connection here is live from the start.
     stream = Stream(None, SimpleNamespace(namespace=NAMESPACE), hub,  # type: ignore[arg-type]
-                    retention_seconds=settings.retention_seconds,
-                    cache_max=settings.recent_cache_max, gap_check_seconds=3600,
-                    cache_max_bytes=settings.recent_cache_max_bytes)
+                    retention_seconds=settings.stores.retention_seconds,
+                    cache_max=settings.daemon.recent_cache_max, gap_check_seconds=3600,
+                    cache_max_bytes=settings.daemon.recent_cache_max_bytes)
     batches = oplog_batches(clients, count, batch)
     gc.collect()
     cpu = time.process_time()

@@ -119,8 +119,8 @@ class PartitionPusher:
             return False, None
         now = self._clock()
         rows = await self._sql(store.rows_after, conn, self.partition, self._position,
-                               self._settings.push_content == "full")
-        taken, upto, next_due = core.due(rows, now, self._settings.push_delay_seconds)
+                               self._settings.push.content == "full")
+        taken, upto, next_due = core.due(rows, now, self._settings.push.delay_seconds)
         if upto is None:
             return False, next_due
         notes: list[core.Notification] = []
@@ -129,13 +129,13 @@ class PartitionPusher:
             pairs = {(r.recipient, r.sender) for r in taken}
             acked, read, registered = await self._sql(store.what_they_have, conn, candidates, pairs)
             missed = core.missed(taken, self._lives_here, acked, read,
-                                 now - timedelta(seconds=self._settings.push_give_up_seconds))
+                                 now - timedelta(seconds=self._settings.push.give_up_seconds))
             missed = {user: rows for user, rows in missed.items() if registered.get(user)}
             if missed:
                 unread = await self._sql(store.unread_totals, conn, self.partition, set(missed))
                 for user, rows in missed.items():
                     notes += core.notifications(self.partition, user, rows, registered[user], unread[user],
-                                                self._settings.push_content)
+                                                self._settings.push.content)
         await self._sql(store.decided, conn, self.partition, upto, notes, now)
         self._position = upto
         metrics.DECIDED.labels(self._label).set(upto)
@@ -167,7 +167,7 @@ class PartitionPusher:
 
     def _gives_up(self, row: Row, answer: Answer) -> bool:
         return not answer.accepted and core.gives_up(row.created_at.replace(tzinfo=UTC), self._clock(),
-                                                     self._settings.push_give_up_seconds)
+                                                     self._settings.push.give_up_seconds)
 
     async def _settle(self, conn: Connection, row: Row, answer: Answer) -> None:
         """What a row's answer leaves to do once the batch's taken rows are deleted."""
@@ -216,17 +216,17 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
 async def run(settings: Settings) -> None:
     """Every partition's pusher, until SIGTERM."""
     stop = stop_on_signals()
-    serve_metrics(settings.metrics_host or "127.0.0.1", settings.metrics_port)
-    if not settings.push_gateway_url:
+    serve_metrics(settings.push.metrics_host or "127.0.0.1", settings.push.metrics_port)
+    if not settings.push.gateway_url:
         log.warning("event=pusher_idle reason=no_CHAT_PUSH_GATEWAY_URL")
         await stop.wait()
         return
-    engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds)
+    engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds)
     live = LiveMap(load_slot_map(engine))
-    gateway = Gateway(settings.push_gateway_url)
+    gateway = Gateway(settings.push.gateway_url)
     pushers: list[PartitionPusher] = []
     log.info("event=pusher_started partitions=%d gateway=%s delay_s=%g content=%s", live.current.partitions,
-             settings.push_gateway_url, settings.push_delay_seconds, settings.push_content)
+             settings.push.gateway_url, settings.push.delay_seconds, settings.push.content)
     try:
         async with asyncio.TaskGroup() as group:
             def adopt(found: SlotMap) -> None:
@@ -238,7 +238,7 @@ async def run(settings: Settings) -> None:
 
             adopt(live.current)
             watching = group.create_task(watch_slot_map(engine, lambda: live.current, adopt,
-                                                        settings.gap_check_seconds), name="slot_map")
+                                                        settings.daemon.gap_check_seconds), name="slot_map")
             group.create_task(_cancel_on(stop, watching), name="stop_watch")
     finally:
         await gateway.close()

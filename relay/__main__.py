@@ -9,6 +9,6 @@ from relay.server import run
 if __name__ == "__main__":
     settings = Settings()
     setup_logging(settings.log_level)
-    if not settings.oplog_relay_socket:
+    if not settings.relay.socket:
         raise SystemExit("relay: set CHAT_OPLOG_RELAY_SOCKET (the daemons connect there)")
     uvloop.run(run(settings))

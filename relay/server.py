@@ -30,7 +30,7 @@ from bson.codec_options import CodecOptions
 from prometheus_client import Counter, Gauge
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
-from chat.metrics_port import LOOPBACK, serve_metrics
+from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from chat.stopping import stop_on_signals
 from chat.unix_socket import bind_owner_only
@@ -179,24 +179,25 @@ class Relay:
 
 
 async def run(settings: Settings) -> None:
-    path = Path(settings.oplog_relay_socket)
-    client: AsyncMongoClient = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+    path = Path(settings.relay.socket)
+    client: AsyncMongoClient = mongo.make_client(settings.stores.mongo_url.get_secret_value(),
+                                                 settings.stores.db_timeout_seconds)
     # Every partition there can be: the relay needs no slot map, and a map
     # that grows needs no relay restart.
-    tail = OplogTail(client, *partition_namespaces(settings.mongo_db, list(range(MAX_PARTITIONS))),
-                     silence_seconds=settings.tail_silence_seconds,
-                     ferretdb_poll_seconds=settings.ferretdb_tail_poll_ms / 1000,
-                     ferretdb_idle_poll_seconds=settings.ferretdb_tail_idle_poll_ms / 1000)
+    tail = OplogTail(client, *partition_namespaces(settings.stores.mongo_db, list(range(MAX_PARTITIONS))),
+                     silence_seconds=settings.tail.silence_seconds,
+                     ferretdb_poll_seconds=settings.tail.ferretdb_poll_ms / 1000,
+                     ferretdb_idle_poll_seconds=settings.tail.ferretdb_idle_poll_ms / 1000)
     relay = Relay(tail, client.codec_options)
     stop = stop_on_signals()
     tailing = asyncio.create_task(relay.run(), name="relay-tail")
     tailing.add_done_callback(lambda _: stop.set())  # a tail that ends has failed: exit, supervisord restarts
     waking = None
-    if redis_url := settings.redis_url.get_secret_value():  # the writer's wakes cut an idle tail's backoff short
-        wakes = listen_for_wakes(redis_url, tail.wake, connect_seconds=settings.db_timeout_seconds)
+    if redis_url := settings.stores.redis_url.get_secret_value():  # the writer's wakes cut an idle tail's backoff short
+        wakes = listen_for_wakes(redis_url, tail.wake, connect_seconds=settings.stores.db_timeout_seconds)
         waking = asyncio.create_task(wakes, name="relay-wakes")
     server = await asyncio.start_unix_server(relay.serve, sock=bind_owner_only(path, "relay"))
-    serve_metrics(settings.metrics_host or LOOPBACK, settings.metrics_port)
+    serve_metrics(settings.relay.metrics_host, settings.relay.metrics_port)
     log.info("event=relay_started socket=%s", path)
     try:
         await stop.wait()

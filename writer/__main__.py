@@ -9,6 +9,6 @@ from writer.server import run
 if __name__ == "__main__":
     settings = Settings()
     setup_logging(settings.log_level)
-    if not settings.writer_socket:
+    if not settings.writer.socket:
         raise SystemExit("writer: set CHAT_WRITER_SOCKET (the API processes connect there)")
     uvloop.run(run(settings))

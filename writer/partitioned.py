@@ -107,15 +107,17 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
 
     def make(partition: int, live: LiveMap, hand_over: Callable[[int, Copy], None],
              reroute: Callable[[Pending], None], adopted: Callable[[SlotMap], None]) -> MessageWriter:
-        return MessageWriter(engine, mongo_db, batch_max=settings.batch_max, window_ms=settings.batch_window_ms,
-                             queue_max=settings.writer_queue_max, timeout_seconds=settings.db_timeout_seconds,
-                             retention_seconds=settings.retention_seconds, observe_batch=metrics.observe_batch,
+        return MessageWriter(engine, mongo_db, batch_max=settings.writer.batch_max,
+                             window_ms=settings.writer.batch_window_ms,
+                             queue_max=settings.writer.queue_max, timeout_seconds=settings.stores.db_timeout_seconds,
+                             retention_seconds=settings.stores.retention_seconds, observe_batch=metrics.observe_batch,
                              observe_mongo_lag=metrics.MONGO_LAG.observe,
                              observe_outbox=metrics.outbox_observer(partition),
                              observe_copies=metrics.copies_observer(partition),
                              observe_strays=metrics.strays_observer(partition),
                              partition=partition, slot_map=live, hand_over=hand_over, reroute=reroute,
-                             adopted=adopted, edit_window_seconds=settings.edit_window_seconds, on_stored=on_stored)
+                             adopted=adopted, edit_window_seconds=settings.writer.edit_window_seconds,
+                             on_stored=on_stored)
 
     return PartitionedWriter(slot_map, make)
 

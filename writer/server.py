@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from chat.messages import Message
-from chat.metrics_port import LOOPBACK, serve_metrics
+from chat.metrics_port import serve_metrics
 from chat.settings import Settings
 from chat.signal_store import connect
 from chat.stopping import bounded, stop_on_signals
@@ -120,26 +120,26 @@ class Unanswered:
 
 
 async def run(settings: Settings) -> None:
-    path = Path(settings.writer_socket)
-    url = settings.mysql_url.get_secret_value()
-    probe = make_engine(url, settings.db_timeout_seconds, pool_size=1)
+    path = Path(settings.writer.socket)
+    url = settings.stores.mysql_url.get_secret_value()
+    probe = make_engine(url, settings.stores.db_timeout_seconds, pool_size=1)
     try:
         slot_map = load_slot_map(probe)
     finally:
         probe.dispose()
-    engine = make_engine(url, settings.db_timeout_seconds, pool_size=engine_pool_size(slot_map))
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+    engine = make_engine(url, settings.stores.db_timeout_seconds, pool_size=engine_pool_size(slot_map))
+    client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), settings.stores.db_timeout_seconds)
     # After each batch in the fast store, a wake for the FerretDB tails that back off while idle (oplog.wake).
     redis = None
     waker = None
-    if redis_url := settings.redis_url.get_secret_value():
-        redis = connect(redis_url, settings.db_timeout_seconds)
+    if redis_url := settings.stores.redis_url.get_secret_value():
+        redis = connect(redis_url, settings.stores.db_timeout_seconds)
         waker = WakePublisher.on_redis(redis)
-    writer = build(settings, engine, client[settings.mongo_db], slot_map,
+    writer = build(settings, engine, client[settings.stores.mongo_db], slot_map,
                    on_stored=waker.wake if waker is not None else lambda: None)
     writing = asyncio.create_task(writer.run(), name="writer")
     unanswered = Unanswered()
-    frame_max = protocol.request_frame_max(settings.body_max_chars)
+    frame_max = protocol.request_frame_max(settings.api.body_max_chars)
     links: dict[asyncio.Task, asyncio.StreamWriter] = {}
 
     async def accept(reader: asyncio.StreamReader, stream: asyncio.StreamWriter) -> None:
@@ -155,7 +155,7 @@ async def run(settings: Settings) -> None:
     server = await asyncio.start_unix_server(accept, sock=bind_owner_only(path, "writer"))
     gc.freeze()  # what start-up made lives as long as the process: out of the cyclic GC's walks (as in the API)
     metrics.watch_gc()
-    serve_metrics(settings.metrics_host or LOOPBACK, settings.metrics_port)
+    serve_metrics(settings.writer.metrics_host, settings.writer.metrics_port)
     log.info("event=writer_started socket=%s partitions=%d epoch=%d", path, slot_map.partitions, slot_map.epoch)
     try:
         await stop.wait()
@@ -169,13 +169,13 @@ async def run(settings: Settings) -> None:
         for stream in streams:
             stream.write(protocol.GOODBYE)
         if links:
-            await asyncio.wait(list(links), timeout=settings.db_timeout_seconds)
+            await asyncio.wait(list(links), timeout=settings.stores.db_timeout_seconds)
         for task in list(links):
             task.cancel()  # a link that never ended its side: read no more
         # Answer every request read; the writer's own timeouts bound this,
         # and the API processes give up on a reply after theirs.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(unanswered.settled(), 3 * settings.db_timeout_seconds)
+            await asyncio.wait_for(unanswered.settled(), 3 * settings.stores.db_timeout_seconds)
         log.info("event=writer_stopped unanswered=%d", unanswered.count)
         for stream in streams:
             stream.close()
@@ -185,7 +185,7 @@ async def run(settings: Settings) -> None:
         await client.close()
         if redis is not None:
             assert waker is not None
-            await bounded("wake_publish", waker.settled(), settings.db_timeout_seconds, log)
+            await bounded("wake_publish", waker.settled(), settings.stores.db_timeout_seconds, log)
             await redis.aclose()
         writer.close()
         engine.dispose()

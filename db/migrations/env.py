@@ -6,7 +6,7 @@ from sqlalchemy import create_engine
 from chat.settings import Settings
 from db.sql import metadata
 
-url = context.config.attributes.get("url") or Settings().mysql_url.get_secret_value()
+url = context.config.attributes.get("url") or Settings().stores.mysql_url.get_secret_value()
 engine = create_engine(url)
 with engine.connect() as connection:
     context.configure(connection=connection, target_metadata=metadata)

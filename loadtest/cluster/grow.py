@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import create_engine, text
 
 from chat.partitions import SlotMap, suffix
+from chat.settings import Settings, StoresSettings
 from chatctl.partitions import grow
 from cluster.up import Cluster
 from loadtest.cluster import figures as fig
@@ -34,9 +35,8 @@ class GrowFault:
     error: BaseException | None = None
 
     def start(self) -> None:
-        from chat.settings import Settings
-
-        settings = Settings(mysql_url=self.cluster.admin_mysql_url, mongo_url=self.cluster.admin_mongo_url)
+        settings = Settings(stores=StoresSettings(mysql_url=self.cluster.admin_mysql_url,
+                                                  mongo_url=self.cluster.admin_mongo_url))
 
         def run() -> None:
             try:

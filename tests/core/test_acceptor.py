@@ -13,7 +13,7 @@ import uvloop
 from pydantic import ValidationError
 
 from chat.serve import reuseport_socket
-from chat.settings import Settings
+from chat.settings import DaemonSettings
 from daemon.acceptor import Acceptor, connection_ceiling
 from tests.timing import S, eventually
 
@@ -105,4 +105,4 @@ def test_the_accept_ceiling_stays_under_the_open_files_limit_at_the_largest_cap(
     assert connection_ceiling(2) == 66 and connection_ceiling(15_000) == 15_937
     assert connection_ceiling(18_000) <= 20_000 - 500  # room for the process's own files
     with pytest.raises(ValidationError):  # a cap whose ceiling would not fit is refused at start-up
-        Settings(max_connections=18_001)
+        DaemonSettings(max_connections=18_001)

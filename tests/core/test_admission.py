@@ -7,11 +7,11 @@ import pytest
 
 from chat import auth
 from chat.errors import Refused
-from chat.settings import Settings
+from chat.settings import DaemonSettings, Settings
 from daemon.admission import admit, cors_headers, poll_limit, poll_timeout
 
-SETTINGS = Settings(_env_file=None, allowed_origins=["https://chat.example"], max_connections=10)
-SECRET = SETTINGS.jwt_secret.get_secret_value()
+SETTINGS = Settings(_env_file=None, daemon=DaemonSettings(allowed_origins=["https://chat.example"], max_connections=10))
+SECRET = SETTINGS.auth.jwt_secret.get_secret_value()
 
 
 def answer(refused: Refused) -> tuple[int, bytes, dict[str, str]]:

@@ -25,7 +25,7 @@ from api import validation
 from api.asyncapi import DEFAULT_DEVICE, document, schemas
 from chat.errors import CloseCode
 from chat.messages import Kind, Message, encode_doc, public
-from chat.settings import Settings
+from chat.settings import ApiSettings, DaemonSettings, Settings, SignalsSettings
 from chat.write_errors import ClientIdConflict, EditWindowClosed, NotSender, Outcome
 from daemon import client_frames
 from daemon.signals import Signals
@@ -78,7 +78,7 @@ def test_the_frames_the_daemon_builds_match_the_document():
     assert violations(hello) == []
     # as daemon/routes.py joins it, with a typing event that came while it waited
     typing = orjson.dumps({"type": "typing", "from": "alice", "to": "bob", "state": "start",
-                           "ttl": Settings().typing_ttl_seconds})
+                           "ttl": Settings().signals.typing_ttl_seconds})
     answer = b'{"messages":[' + payload + b'],"cursor":"7","recovered":true,"unread":0,"signals":[' + typing + b"]}"
     assert violations(orjson.loads(answer), "PollAnswer") == []
 
@@ -277,7 +277,8 @@ def test_a_frame_unlike_the_document_is_named_with_what_differs(frame, wrong):
 
 
 def test_the_document_follows_the_limits_a_process_is_given():
-    doc = document(Settings(body_max_chars=10, poll_max_messages=5, presence_watch_max=7))
+    doc = document(Settings(api=ApiSettings(body_max_chars=10), daemon=DaemonSettings(poll_max_messages=5),
+                            signals=SignalsSettings(presence_watch_max=7)))
     schemas = doc["components"]["schemas"]
     assert schemas["Message"]["properties"]["body"]["maxLength"] == 10
     assert schemas["PollAnswer"]["properties"]["messages"]["maxItems"] == 5
@@ -286,7 +287,7 @@ def test_the_document_follows_the_limits_a_process_is_given():
 
 
 async def test_the_api_serves_the_document_beside_openapi():
-    settings = Settings(body_max_chars=10)
+    settings = Settings(api=ApiSettings(body_max_chars=10))
     app = create_app(settings)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
         served = await client.get("/asyncapi.json")
@@ -347,7 +348,8 @@ def test_the_client_frames_documented_are_those_the_daemon_takes(frame):
 ], ids=["unknown type", "auth after the hello", "a long unknown type", "watch over the most"])
 def test_each_refusal_of_a_signal_or_an_unknown_frame_is_a_documented_error_frame(frame, code, refused):
     sent: list[bytes] = []
-    signals = SimpleNamespace(settings=Settings(presence_watch_max=2))  # all a refusal of the list reads
+    # all a refusal of the list reads
+    signals = SimpleNamespace(settings=Settings(signals=SignalsSettings(presence_watch_max=2)))
     frames = client_frames.ClientFrames("bob", "phone-1", None, sent.append, signals=cast(Signals, signals))
     frames.take(orjson.dumps(frame))
     (answer,) = [orjson.loads(data) for data in sent]

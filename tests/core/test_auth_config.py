@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from chat.auth_config import NEW_SECRET_COMMAND, auth_problems, dev_login_problem, require_safe_auth, secret_problem
-from chat.settings import DEV_JWT_SECRET, Settings
+from chat.settings import DEV_JWT_SECRET, AuthSettings, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_EXAMPLE = ROOT / "deploy" / "chat-delivery.env.example"
 
 
-def settings(**values) -> Settings:
-    return Settings(_env_file=None, **values)
+def settings(**auth) -> Settings:
+    return Settings(_env_file=None, auth=AuthSettings(**auth))
 
 
 @pytest.mark.parametrize("secret, says", [

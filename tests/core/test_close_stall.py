@@ -6,7 +6,7 @@ shortened here; the check it schedules is the daemon's."""
 
 
 from chat.errors import CloseCode
-from chat.settings import Settings
+from chat.settings import DaemonSettings, Settings
 from daemon import connection
 from daemon.connection import Connection, ServerState
 from daemon.wire import close_frame
@@ -45,7 +45,8 @@ class Forgets:
 
 
 def closing(transport: Unsent, ping_timeout: float = 0.01) -> Connection:
-    settings = Settings(_env_file=None, ping_timeout_seconds=ping_timeout, close_stall_seconds=STALL)
+    settings = Settings(_env_file=None,
+                        daemon=DaemonSettings(ping_timeout_seconds=ping_timeout, close_stall_seconds=STALL))
     conn = Connection(ServerState(settings), Forgets())  # type: ignore[arg-type]
     conn.transport = transport  # type: ignore[assignment]
     conn.http = None

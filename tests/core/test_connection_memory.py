@@ -20,7 +20,7 @@ def connections_alive() -> int:
 
 async def test_a_closed_websocket_is_freed_without_the_cyclic_collector():
     settings = Settings(_env_file=None)
-    daemon = Daemon(settings, Hub(settings.send_buffer_max_bytes), stream=None)
+    daemon = Daemon(settings, Hub(settings.daemon.send_buffer_max_bytes), stream=None)
     state, router = daemon.state, Router(daemon)
     server = await asyncio.get_running_loop().create_server(lambda: Connection(state, router), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from chat.serve import reuseport_socket
-from chat.settings import Settings
+from chat.settings import Settings, env_names
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -49,14 +49,9 @@ DOCKERFILE = DEPLOY / "Dockerfile"
 EXTRA_ENV = {"CHAT_DAEMON_MONGO_URL", "CHAT_DAEMON_MYSQL_URL"}
 
 
-def default(name: str):
-    """A setting's coded default (not whatever the test environment sets)."""
-    field = Settings.model_fields[name]
-    return field.default_factory() if field.default_factory else field.default
-
-
-def setting_env_names() -> set[str]:
-    return {f"CHAT_{name.upper()}" for name in Settings.model_fields}
+def default(path: str):
+    """A setting's coded default (not whatever the test environment sets), e.g. ``"api.port"``."""
+    return Settings.field(path).get_default(call_default_factory=True)
 
 
 # ---- YAML ---------------------------------------------------------------------
@@ -143,10 +138,10 @@ def test_compose_app(compose):
     app = compose["services"]["app"]
     assert app["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
     published = {str(p).split(":")[-1] for p in app["ports"]}
-    assert published == {str(default("api_port")), str(default("daemon_port"))}
+    assert published == {str(default("api.port")), str(default("daemon.port"))}
     env = app["environment"]
     assert env["CHAT_JWT_SECRET"] == "${CHAT_JWT_SECRET:?set it}"  # no default secret, ever
-    assert set(env) <= setting_env_names() | EXTRA_ENV
+    assert set(env) <= env_names() | EXTRA_ENV
     # Longer than both supervisord groups' stop (daemons, then API).
     grace = int(str(app["stop_grace_period"]).rstrip("s"))
     assert grace > sum(stopwaitsecs(supervisord_config()).values())
@@ -253,7 +248,7 @@ def test_supervisord_prod_runs_only_the_system():
 
 
 def test_dev_login_is_on_in_development_only():
-    assert default("dev_login") is False
+    assert default("auth.dev_login") is False
     prod = SUPERVISORD.read_text() + ENV_EXAMPLE.read_text() + COMPOSE.read_text() + UNIT.read_text()
     assert "CHAT_DEV_LOGIN" not in prod
     dev = configparser.ConfigParser(interpolation=None)
@@ -263,7 +258,7 @@ def test_dev_login_is_on_in_development_only():
 
 
 def test_daemon_stopwaitsecs_exceeds_the_drain():
-    assert stopwaitsecs(supervisord_config())["daemon"] > default("drain_seconds")
+    assert stopwaitsecs(supervisord_config())["daemon"] > default("daemon.drain_seconds")
 
 
 def prod_config_copy(tmp_path: Path) -> Path:
@@ -424,7 +419,7 @@ def test_sysctl_values_fit_the_code():
     assert low < high
     # Our listening ports stay outside the ephemeral range, so an outgoing
     # connection can never hold the port a restarting process needs.
-    assert max(default("api_port"), default("daemon_port")) < low
+    assert max(default("api.port"), default("daemon.port")) < low
     for key in ("net.ipv4.tcp_mem", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"):
         assert s[key] == sorted(s[key]), key
 
@@ -439,7 +434,7 @@ def test_limits_nofile_for_chat():
     minfds = supervisord_config().getint("supervisord", "minfds")
     assert all(v >= minfds for v in entries.values())
     assert entries[("chat", "hard", "nofile")] == int(unit_config()["Service"]["LimitNOFILE"])
-    assert default("max_connections") < minfds  # room for the other files of a daemon
+    assert default("daemon.max_connections") < minfds  # room for the other files of a daemon
 
 
 # ---- MongoDB -----------------------------------------------------------------------------
@@ -462,7 +457,7 @@ def test_init_replica_set_js():
                    'role: "readWrite", db: "chat"', 'role: "read", db: "local"'):
         assert needle in text, needle
     assert re.findall(r'"(mongo\d):27017"', text) == ["mongo1", "mongo2", "mongo3"]
-    assert str(default("retention_seconds")) in text  # the TTL db.init asks for too
+    assert str(default("stores.retention_seconds")) in text  # the TTL db.init asks for too
 
 
 def test_init_replica_set_js_syntax():
@@ -543,18 +538,18 @@ def env_example() -> dict[str, str]:
 
 def test_env_example_is_valid_settings(monkeypatch):
     values = env_example()
-    assert set(values) <= setting_env_names() | EXTRA_ENV
+    assert set(values) <= env_names() | EXTRA_ENV
     for key in list(os.environ):
         if key.startswith("CHAT_"):
             monkeypatch.delenv(key)
     for key, value in values.items():
         monkeypatch.setenv(key, value)
     settings = Settings(_env_file=None)
-    assert settings.allowed_origins == ["https://chat.example.com"]
-    assert settings.public_daemon_url == "https://chat.example.com"  # the page reaches the daemons via nginx
-    assert settings.dev_login is False
-    assert settings.api_host == settings.daemon_host == "0.0.0.0"
-    assert settings.redis_url.get_secret_value().startswith("redis://:")  # typing and presence, with a password
+    assert settings.daemon.allowed_origins == ["https://chat.example.com"]
+    assert settings.api.public_daemon_url == "https://chat.example.com"  # the page reaches the daemons via nginx
+    assert settings.auth.dev_login is False
+    assert settings.api.host == settings.daemon.host == "0.0.0.0"
+    assert settings.stores.redis_url.get_secret_value().startswith("redis://:")  # typing and presence, with a password
     check_mongo_urls(values["CHAT_MONGO_URL"], values["CHAT_DAEMON_MONGO_URL"])
 
 
@@ -598,28 +593,28 @@ def test_nginx_site_matches_the_code():
     assert directive(routes, "default") == "chat_daemons"
     for k, upstream in re.findall(r"^\s*(\d+)\s+(\S+);", routes, re.M):
         assert upstream == f"chat_daemons_p{k}"
-        assert all(s.endswith(f":{default('daemon_port')}")
+        assert all(s.endswith(f":{default('daemon.port')}")
                    for s in re.findall(r"server\s+(\S+)", block(conf, f"upstream {upstream}")))
     assert "least_conn;" in daemons and "keepalive" in api
-    assert all(s.endswith(f":{default('daemon_port')}") for s in re.findall(r"server\s+(\S+)", daemons))
-    assert all(s.endswith(f":{default('api_port')}") for s in re.findall(r"server\s+(\S+)", api))
+    assert all(s.endswith(f":{default('daemon.port')}") for s in re.findall(r"server\s+(\S+)", daemons))
+    assert all(s.endswith(f":{default('api.port')}") for s in re.findall(r"server\s+(\S+)", api))
     (tls,) = [body for body in blocks(conf, "server") if re.search(r"^\s*listen 443 ssl;", body, re.M)]
     assert directive(tls, "ssl_protocols") == "TLSv1.2 TLSv1.3"
     assert directive(tls, "ssl_certificate") and directive(tls, "ssl_certificate_key")
     size = directive(tls, "client_max_body_size")
-    assert int(size.rstrip("k")) * 1024 == default("request_max_bytes")
+    assert int(size.rstrip("k")) * 1024 == default("api.request_max_bytes")
 
     ws = block(tls, "location = /v1/ws")
     assert "proxy_pass http://$chat_daemons;" in ws
     assert directive(ws, "proxy_set_header Upgrade") == "$http_upgrade"
     assert directive(ws, "proxy_set_header Connection") == "$connection_upgrade"
     assert seconds(directive(ws, "proxy_read_timeout")) > (
-        default("ping_interval_seconds") + default("ping_timeout_seconds"))
+        default("daemon.ping_interval_seconds") + default("daemon.ping_timeout_seconds"))
 
     poll = block(tls, "location = /v1/poll")
     assert "proxy_pass http://$chat_daemons;" in poll
     assert directive(poll, "proxy_buffering") == "off"
-    assert seconds(directive(poll, "proxy_read_timeout")) > default("poll_max_timeout_seconds")
+    assert seconds(directive(poll, "proxy_read_timeout")) > default("daemon.poll_max_timeout_seconds")
 
     assert "proxy_pass http://chat_api;" in block(tls, "location /")
     # No query strings in the access log: they carry tokens.
@@ -684,5 +679,5 @@ def test_each_process_of_the_system_gets_a_metrics_port_of_its_own(prod, tmp_pat
              if p.name.startswith(("api_", "daemon_", "writer", "relay"))}
     assert ports and all(port and port.isdigit() for port in ports.values()), ports
     assert len(set(ports.values())) == len(ports)
-    used = {Settings.model_fields[f].default for f in ("api_port", "daemon_port")}
+    used = {default(f) for f in ("api.port", "daemon.port")}
     assert not used & {int(p) for p in ports.values()}

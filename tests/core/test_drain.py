@@ -5,7 +5,7 @@ run) is passed over rather than failing the drain."""
 
 import asyncio
 
-from chat.settings import Settings
+from chat.settings import DaemonSettings, Settings
 from daemon.connection import Connection
 from daemon.hub import Hub
 from daemon.lifecycle import drain
@@ -17,8 +17,8 @@ DRAIN_SECONDS = 0.3
 
 
 async def test_drain_closes_idle_http_and_passes_over_a_connection_not_yet_made():
-    settings = Settings(_env_file=None, drain_seconds=DRAIN_SECONDS)
-    daemon = Daemon(settings, Hub(settings.send_buffer_max_bytes), stream=None)
+    settings = Settings(_env_file=None, daemon=DaemonSettings(drain_seconds=DRAIN_SECONDS))
+    daemon = Daemon(settings, Hub(settings.daemon.send_buffer_max_bytes), stream=None)
     state, router = daemon.state, Router(daemon)
     server = await asyncio.get_running_loop().create_server(lambda: Connection(state, router), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from chat.errors import CloseCode
-from chat.settings import Settings
+from chat.settings import DaemonSettings, Settings
 from daemon.connection import Connection, ServerState
 from daemon.heartbeat_wheel import DueWheel
 from daemon.server import BUCKETS_PER_TICK, heartbeat_tick
@@ -102,14 +102,14 @@ class Sockets(set):
 def websocket(settings: Settings, sockets: Sockets, clock: list, expires: float) -> Connection:
     conn = Connection(ServerState(settings), sockets)
     conn.transport = Transport([], clock, lambda: sockets.forget(conn))  # type: ignore[assignment]
-    conn.next_ping, conn.expires = clock[0] + settings.ping_interval_seconds, expires  # as at the upgrade
+    conn.next_ping, conn.expires = clock[0] + settings.daemon.ping_interval_seconds, expires  # as at the upgrade
     sockets.add(conn)
     return conn
 
 
 def test_next_due_is_the_token_expiry_the_next_ping_or_the_pong_deadline():
-    conn = Connection(ServerState(Settings(_env_file=None, ping_interval_seconds=20, ping_timeout_seconds=5)),
-                      Sockets())
+    settings = Settings(_env_file=None, daemon=DaemonSettings(ping_interval_seconds=20, ping_timeout_seconds=5))
+    conn = Connection(ServerState(settings), Sockets())
     assert conn.next_due() == 0.0  # before the upgrade: nothing set yet
     conn.next_ping, conn.expires = 120.0, math.inf
     assert conn.next_due() == 120.0
@@ -125,7 +125,8 @@ def test_next_due_is_the_token_expiry_the_next_ping_or_the_pong_deadline():
 async def test_a_websocket_visited_only_when_due_does_what_one_visited_every_tick_did(interval, timeout):
     """The same script of pongs (prompt, late, then none) and a token expiry,
     for one connection visited every tick and one taken from the wheel."""
-    settings = Settings(_env_file=None, ping_interval_seconds=interval, ping_timeout_seconds=timeout)
+    settings = Settings(_env_file=None,
+                        daemon=DaemonSettings(ping_interval_seconds=interval, ping_timeout_seconds=timeout))
     tick = heartbeat_tick(settings)
     clock = [1000.0]
     scanned, wheeled = Sockets(), Sockets()

@@ -12,7 +12,7 @@ import math
 from prometheus_client import REGISTRY
 
 from chat.errors import CloseCode
-from chat.settings import Settings
+from chat.settings import DaemonSettings, Settings
 from daemon.connection import Connection
 from daemon.hub import Hub, Subscriber
 from daemon.lifecycle import HEARTBEAT_SLICE, heartbeats
@@ -75,8 +75,9 @@ class Beat:
 
 
 async def test_heartbeats_visit_every_socket_in_slices_and_let_deliveries_run():
-    settings = Settings(_env_file=None, ping_interval_seconds=0.4, ping_timeout_seconds=0.4)  # a tick of 0.1 s
-    daemon = Daemon(settings, Hub(settings.send_buffer_max_bytes), stream=None)
+    # a tick of 0.1 s
+    settings = Settings(_env_file=None, daemon=DaemonSettings(ping_interval_seconds=0.4, ping_timeout_seconds=0.4))
+    daemon = Daemon(settings, Hub(settings.daemon.send_buffer_max_bytes), stream=None)
     log: list[tuple[int, int]] = []
     deliveries: list[int] = []
     beats = [Beat(i, log, deliveries) for i in range(SOCKETS)]
@@ -123,8 +124,9 @@ class Pinged:
 
 
 async def test_a_socket_is_visited_when_it_is_due_not_every_tick():
-    settings = Settings(_env_file=None, ping_interval_seconds=0.4, ping_timeout_seconds=0.4)  # a tick of 0.1 s
-    daemon = Daemon(settings, Hub(settings.send_buffer_max_bytes), stream=None)
+    # a tick of 0.1 s
+    settings = Settings(_env_file=None, daemon=DaemonSettings(ping_interval_seconds=0.4, ping_timeout_seconds=0.4))
+    daemon = Daemon(settings, Hub(settings.daemon.send_buffer_max_bytes), stream=None)
     soon, later, closed = Pinged(START + 0.25), Pinged(START + 0.65), Pinged(START + 0.25)
     for conn in (soon, later, closed):
         daemon.join(conn)  # type: ignore[arg-type]
@@ -164,8 +166,8 @@ class Transport:
         return 0
 
 
-def serving(**settings) -> tuple[Daemon, Ticks, asyncio.Task]:
-    daemon = Daemon(Settings(_env_file=None, **settings), Hub(256 * 1024), stream=None)
+def serving(**daemon_settings) -> tuple[Daemon, Ticks, asyncio.Task]:
+    daemon = Daemon(Settings(_env_file=None, daemon=DaemonSettings(**daemon_settings)), Hub(256 * 1024), stream=None)
     ticks = Ticks()
     return daemon, ticks, asyncio.create_task(heartbeats(daemon, ticks.clock, ticks.sleep))
 
@@ -178,7 +180,7 @@ def websocket(daemon: Daemon, ticks: Ticks, expires: float = math.inf) -> tuple[
     conn.http = None
     daemon.state.http_conns.discard(conn)
     conn.subscriber = Subscriber(conn, "bob")
-    conn.next_ping, conn.expires = ticks.now + daemon.settings.ping_interval_seconds, expires
+    conn.next_ping, conn.expires = ticks.now + daemon.settings.daemon.ping_interval_seconds, expires
     daemon.join(conn)
     return conn, transport
 

@@ -17,9 +17,8 @@ from api.errors import ApiError
 from api.asyncapi import schemas as asyncapi_schemas
 from api.openapi import OPENAPI, document, pattern
 from chat import serve
-from chat.settings import Settings
+from chat.settings import ApiSettings, Settings
 
-DEFAULTS = Settings.model_fields
 PATHS = OPENAPI["paths"]
 OPERATIONS = [(path, method, op) for path, ops in PATHS.items() for method, op in ops.items()]
 SCHEMAS = OPENAPI["components"]["schemas"]
@@ -129,7 +128,7 @@ def test_the_document_states_the_validation_constants():
 
 def test_message_body_length_is_the_apis():
     body = NEW_MESSAGE["body"]
-    most = DEFAULTS["body_max_chars"].default
+    most = Settings.field("api.body_max_chars").default
     assert (body["minLength"], body["maxLength"]) == (1, most)
     for size in (0, 1, most, most + 1):
         assert api_accepts(validation.parse_message, message(body="é" * size), "alice", most) == (1 <= size <= most)
@@ -142,7 +141,7 @@ def test_the_document_follows_the_limits_a_process_is_given():
 
 
 async def test_the_served_document_is_the_one_of_the_process_settings():
-    app = create_app(Settings(body_max_chars=10, request_max_bytes=1000))
+    app = create_app(Settings(api=ApiSettings(body_max_chars=10, request_max_bytes=1000)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
         served = (await client.get("/openapi.json")).json()
     assert served == orjson.loads(orjson.dumps(document(10, 1000)))
@@ -267,7 +266,7 @@ def test_an_edit_body_has_a_messages_length():
     body = SCHEMAS["NewBody"]["properties"]["body"]
     assert (body["minLength"], body["maxLength"]) == (NEW_MESSAGE["body"]["minLength"],
                                                       NEW_MESSAGE["body"]["maxLength"])
-    most = DEFAULTS["body_max_chars"].default
+    most = Settings.field("api.body_max_chars").default
     for size in (0, 1, most, most + 1):
         assert api_accepts(validation.parse_edit, orjson.dumps({"body": "é" * size}), most) == (1 <= size <= most)
 

@@ -5,6 +5,7 @@ clock is an argument, so the grace and the throttle are tested by moving it."""
 import orjson
 import pytest
 
+from chat.settings import Settings, SignalsSettings, StoresSettings
 from chat.typing_gate import TYPING_REFRESH_SECONDS, TypingGate
 from daemon.client_frames import Ack, BadClientFrame, ClientFrames, Read, Typing, Unknown, Watch, parse
 from daemon.hub import Hub, Subscriber
@@ -121,7 +122,7 @@ class FakeSignals:
 
     def __init__(self, watch_max=3):
         self.typed, self.watched, self.forgotten = [], [], []
-        self.settings = type("S", (), {"presence_watch_max": watch_max})()
+        self.settings = Settings(_env_file=None, signals=SignalsSettings(presence_watch_max=watch_max))
 
     def typing(self, origin, sender, to, state):
         self.typed.append((sender, to, state))
@@ -218,12 +219,12 @@ def test_typing_waiting_for_redis_is_bounded_and_what_is_past_the_bound_is_dropp
     from chat.partitions import SlotMap
     from prometheus_client import REGISTRY
 
-    from chat.settings import Settings
     from daemon.hub import Hubs
     from daemon.signals import TYPING_QUEUE_MAX, Signals
 
     # No Redis behind it: the publishing task never runs, as when Redis answers too slowly.
-    signals = Signals(Settings(redis_url=""), None, None, Hubs({0: Hub(1 << 20)}), SlotMap.even(1), None)
+    settings = Settings(stores=StoresSettings(redis_url=""))
+    signals = Signals(settings, None, None, Hubs({0: Hub(1 << 20)}), SlotMap.even(1), None)
     def dropped() -> float:
         return REGISTRY.get_sample_value("chat_daemon_signals_total", {"kind": "typing", "outcome": "dropped"}) or 0
 

@@ -27,7 +27,7 @@ from bson.codec_options import CodecOptions
 from bson.errors import InvalidBSON
 from prometheus_client import REGISTRY
 
-from chat.settings import Settings
+from chat.settings import RelaySettings, Settings, StoresSettings
 from db import mongo
 from oplog.events import Batch, OplogEvent, Restarted
 from relay import server as relay_server
@@ -391,8 +391,8 @@ async def test_a_relay_whose_tail_fails_exits_non_zero(tmp_path, monkeypatch):
     """Its daemons cannot be served: it exits, and supervisord starts a fresh one."""
     monkeypatch.setattr(relay_server, "OplogTail", _FailingTail)
     path = tmp_path / "failing.sock"
-    settings = Settings(mongo_url="mongodb://127.0.0.1:9", oplog_relay_socket=str(path), metrics_port=0,
-                        redis_url="")
+    settings = Settings(stores=StoresSettings(mongo_url="mongodb://127.0.0.1:9", redis_url=""),
+                        relay=RelaySettings(socket=str(path), metrics_port=0))
     with pytest.raises(RuntimeError, match="the tail failed") as failed:
         await asyncio.wait_for(relay_server.run(settings), PATIENCE)
     assert isinstance(failed.value.__cause__, InvalidBSON)

@@ -225,7 +225,7 @@ def test_an_insert_that_outlived_its_turn_may_fail_in_any_later_phase(phase):
 
 def test_the_default_grace_is_far_below_a_queued_writer_s_lock_wait():
     # The lock wait is CHAT_DB_TIMEOUT_SECONDS; the third writer in line waits for two holders' grace.
-    assert 2 * HANDOVER_GRACE_SECONDS < Settings.model_fields["db_timeout_seconds"].default / 2
+    assert 2 * HANDOVER_GRACE_SECONDS < Settings.field("stores.db_timeout_seconds").default / 2
 
 
 # --- meta.head ---------------------------------------------------------------------------------

@@ -28,14 +28,14 @@ async def running_writer(dbs, writer_class=MessageWriter, event_listeners: list 
     a writer process has; yields (writer, engine, Mongo database).
     ``event_listeners``: pymongo listeners on that client (the commands it sends)."""
     settings = dbs.settings()
-    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5, event_listeners)
+    engine = make_engine(settings.stores.mysql_url.get_secret_value(), 5)
+    client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), 5, event_listeners)
     options = {"batch_max": 50, "window_ms": 2, "queue_max": 100, "timeout_seconds": 5,
                "retention_seconds": 86_400, **options}
-    writer = writer_class(engine, client[settings.mongo_db], **options)
+    writer = writer_class(engine, client[settings.stores.mongo_db], **options)
     task = asyncio.create_task(writer.run(repair_every=0.2))
     try:
-        yield writer, engine, client[settings.mongo_db]
+        yield writer, engine, client[settings.stores.mongo_db]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

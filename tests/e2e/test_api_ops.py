@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from api.app import ROUTES
 from api.openapi import OPENAPI
 from chat import auth
-from chat.settings import Settings
+from chat.settings import AuthSettings, Settings, StoresSettings
 from tests.e2e.helpers import api_in_process, mysql_rows, post
 from harness.system import running_system
 from tests.timing import PATIENCE, S, eventually
@@ -151,20 +151,21 @@ def test_http10_keep_alive_is_honoured_as_ab_k_asks(system, users):
 # process of its own, on a loop of its own, and returns what it saw.
 
 
-def _in_child(scenario, dbs, **overrides):
-    settings = {"mysql_url": dbs.mariadb.url(), "mongo_url": dbs.ferretdb.url, "jwt_secret": "s" * 32, **overrides}
+def _in_child(scenario, dbs, **stores):
+    stores = {"mysql_url": dbs.mariadb.url(), "mongo_url": dbs.ferretdb.url, **stores}
     # A Pool, whose exit terminates the child: a scenario that hangs fails the
     # test (ProcessPoolExecutor's exit waited for it, and CI with it).
     with multiprocessing.get_context("spawn").Pool(1) as child:
-        return child.apply_async(_run, (scenario, settings)).get(timeout=2 * PATIENCE)
+        return child.apply_async(_run, (scenario, stores)).get(timeout=2 * PATIENCE)
 
 
-def _run(scenario, settings: dict):
-    return asyncio.run(scenario(Settings(**settings)))
+def _run(scenario, stores: dict):
+    settings = Settings(stores=StoresSettings(**stores), auth=AuthSettings(jwt_secret="s" * 32))
+    return asyncio.run(scenario(settings))
 
 
 def _headers(settings: Settings, user: str) -> dict:
-    return {"Authorization": f"Bearer {auth.mint(settings.jwt_secret.get_secret_value(), user, 60)}"}
+    return {"Authorization": f"Bearer {auth.mint(settings.auth.jwt_secret.get_secret_value(), user, 60)}"}
 
 
 async def _reads_with_the_default_executor_stuck(settings: Settings) -> dict:
@@ -216,7 +217,7 @@ async def _reads_behind_a_table_lock(settings: Settings) -> dict:
 
     event.listen(Engine, "before_cursor_execute", count)
     event.listen(Engine, "handle_error", keep_the_thread)
-    locker = create_engine(settings.mysql_url.get_secret_value())
+    locker = create_engine(settings.stores.mysql_url.get_secret_value())
     try:
         async with api_in_process(settings) as client:
             with locker.connect() as conn:

@@ -163,7 +163,7 @@ async def test_typing_reaches_a_peer_on_another_host_in_another_partition(cluste
         seen = len(b.frames)
         await a.send({"type": "typing", "to": peer, "state": "start"})
         frame, _ = await b.first(lambda f: f["type"] == "typing", "the typing event", after=seen)
-        ttl = Settings.model_fields["typing_ttl_seconds"].default
+        ttl = Settings.field("signals.typing_ttl_seconds").default
         assert frame == {"type": "typing", "from": typist, "to": peer, "state": "start", "ttl": ttl}
         # the typist's own socket was told nothing wrong
         assert [f for f in a.frames if f["type"] == "error"] == []

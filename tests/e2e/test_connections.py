@@ -219,7 +219,7 @@ async def test_a_client_that_never_reads_its_close_is_cut_off_after_the_close_st
     assert held_by(patient, {port})  # the close frame waits behind unread bytes: the socket is kept for now
     # cut off, though the client still has not read a byte
     await eventually(lambda: not held_by(patient, {port}), "the stalled connection is cut off",
-                     timeout=Settings(_env_file=None).close_stall_seconds + PATIENCE)
+                     timeout=Settings(_env_file=None).daemon.close_stall_seconds + PATIENCE)
     sock.close()
 
 

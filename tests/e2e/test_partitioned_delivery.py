@@ -299,7 +299,7 @@ async def test_a_burst_past_the_stream_queues_of_a_daemon_of_two_partitions_wait
     for key, value in {**front.env, "CHAT_OPLOG_RELAY_SOCKET": "", "CHAT_DAEMON_PARTITIONS": ""}.items():
         monkeypatch.setenv(key, value)
     settings = Settings(_env_file=None)
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), settings.db_timeout_seconds)
+    client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), settings.stores.db_timeout_seconds)
     parts = await partition_streams.build(settings, client)
     loops = [asyncio.create_task(loop) for loop in parts.loops]
     try:

@@ -131,12 +131,16 @@ def test_serve_with_its_defaults_bounds_a_head_that_arrives_in_parts():
         stop(proc)
 
 
-@pytest.mark.parametrize("metrics_host,expected", [("", "127.0.0.1"), ("127.0.0.2", "127.0.0.2")])
-def test_the_writer_serves_its_metrics_on_the_metrics_host_or_the_loopback(dbs, metrics_host, expected):
+@pytest.mark.parametrize("hosts,expected", [
+    ({"CHAT_METRICS_HOST": ""}, "127.0.0.1"),
+    ({"CHAT_METRICS_HOST": "127.0.0.2"}, "127.0.0.2"),
+    ({"CHAT_METRICS_HOST": "127.0.0.3", "CHAT_WRITER_METRICS_HOST": "127.0.0.2"}, "127.0.0.2"),
+], ids=["none", "shared", "the writer's own"])
+def test_the_writer_serves_its_metrics_on_its_metrics_host_or_the_loopback(dbs, hosts, expected):
     # The writer listens on a Unix socket only: its /metrics port is on the
-    # loopback unless CHAT_METRICS_HOST says where, never on the API's address.
-    with running_system(dbs, daemons=0, apis=0, writer=True, CHAT_METRICS_HOST=metrics_host,
-                        CHAT_API_HOST="127.0.0.3") as s:
+    # loopback unless CHAT_WRITER_METRICS_HOST, else CHAT_METRICS_HOST, says
+    # where, never on the API's address.
+    with running_system(dbs, daemons=0, apis=0, writer=True, **hosts, CHAT_API_HOST="127.0.0.3") as s:
         url = f"http://{expected}:{s.writer_metrics_port}/metrics"
         scraped = eventually_sync(lambda: _scrape(url), f"the writer's /metrics on {expected}")
         assert "chat_writer" in scraped

@@ -101,7 +101,7 @@ async def test_slow_reads_leave_the_writer_free_to_reach_both_stores(own_dbs):
     still stored in MySQL and inserted into Mongo, by a writer that opens its
     first Mongo connection meanwhile."""
     sender = f"s{uuid.uuid4().hex[:8]}"
-    reads_engine = make_engine(own_dbs.settings().mysql_url.get_secret_value(), 5)
+    reads_engine = make_engine(own_dbs.settings().stores.mysql_url.get_secret_value(), 5)
     reads = read_threads(reads_engine)
     release = threading.Event()
     entered = threading.Semaphore(0)
@@ -159,7 +159,7 @@ async def test_a_turn_numbers_on_from_the_highest_stored_id_when_stream_state_la
     async with running_writer(own_dbs) as (writer, _engine, _db):
         before, _ = await writer.submit(Draft(sender, "r", "before"))
     # that writer is gone (its task cancelled, as by a kill): nothing moves stream_state now
-    engine = make_engine(own_dbs.settings().mysql_url.get_secret_value(), 1)
+    engine = make_engine(own_dbs.settings().stores.mysql_url.get_secret_value(), 1)
     try:
         with engine.begin() as conn:
             conn.execute(text("UPDATE stream_state SET last_id = :stale"), {"stale": before.id - 1})
@@ -219,7 +219,7 @@ async def test_a_writer_cancelled_mid_call_releases_its_lock_after_that_call_and
     # not beside it (that failed with "connection in use from another thread"
     # and left the writer lock held by a pooled connection: every later turn
     # timed out), and the cancel must end the task (a shutdown waits for it).
-    url = own_dbs.settings().mysql_url.get_secret_value()
+    url = own_dbs.settings().stores.mysql_url.get_secret_value()
     locker = make_engine(url, 10)
     try:
         with locker.connect() as conn:

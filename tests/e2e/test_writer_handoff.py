@@ -26,9 +26,9 @@ from writer.mysql_steps import NEXT_LOCK_NAME
 
 def _writer(dbs, **options) -> MessageWriter:
     settings = dbs.settings()
-    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
-    client = mongo.make_client(settings.mongo_url.get_secret_value(), 5)
-    return MessageWriter(engine, client[settings.mongo_db], batch_max=50, window_ms=2, queue_max=10_000,
+    engine = make_engine(settings.stores.mysql_url.get_secret_value(), 5)
+    client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), 5)
+    return MessageWriter(engine, client[settings.stores.mongo_db], batch_max=50, window_ms=2, queue_max=10_000,
                          timeout_seconds=5, retention_seconds=86_400, **options)
 
 

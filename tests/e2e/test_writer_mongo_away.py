@@ -127,8 +127,8 @@ def own_dbs(tmp_path_factory):
 
 def _writer(dbs, mongo_client: AsyncMongoClient, timeout_seconds: float) -> MessageWriter:
     settings = dbs.settings()
-    engine = make_engine(settings.mysql_url.get_secret_value(), 5)
-    return MessageWriter(engine, mongo_client[settings.mongo_db], batch_max=50, window_ms=2, queue_max=100,
+    engine = make_engine(settings.stores.mysql_url.get_secret_value(), 5)
+    return MessageWriter(engine, mongo_client[settings.stores.mongo_db], batch_max=50, window_ms=2, queue_max=100,
                          timeout_seconds=timeout_seconds, retention_seconds=86_400)
 
 
@@ -163,7 +163,7 @@ async def test_a_writer_whose_mongo_hangs_hands_the_lock_to_a_queued_one(own_dbs
         a_client = AsyncMongoClient(f"mongodb://127.0.0.1:{link.port}/?directConnection=true", tz_aware=True,
                                     serverSelectionTimeoutMS=a_ms, connectTimeoutMS=a_ms, socketTimeoutMS=a_ms,
                                     event_listeners=[inserts])
-        b_client = mongo.make_client(settings.mongo_url.get_secret_value(), B_LOCK_WAIT_SECONDS)
+        b_client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), B_LOCK_WAIT_SECONDS)
         a = _writer(own_dbs, a_client, A_TIMEOUT_SECONDS)
         b = _writer(own_dbs, b_client, B_LOCK_WAIT_SECONDS)
         tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
@@ -172,7 +172,7 @@ async def test_a_writer_whose_mongo_hangs_hands_the_lock_to_a_queued_one(own_dbs
             before = [await asyncio.wait_for(w.submit(Draft(s, "r", "before")), PATIENCE)
                       for w, s in ((a, a_sender), (b, b_sender))]
             async def both_in_mongo() -> bool:
-                return len(await _ids_in_mongo(b_client[settings.mongo_db], [a_sender, b_sender])) == 2
+                return len(await _ids_in_mongo(b_client[settings.stores.mongo_db], [a_sender, b_sender])) == 2
 
             await eventually(both_in_mongo, "the first two messages in Mongo")
 
@@ -194,7 +194,7 @@ async def test_a_writer_whose_mongo_hangs_hands_the_lock_to_a_queued_one(own_dbs
             assert ids == sorted({m.id for m, _ in before} | {held.id, copied.id, later.id, last.id})
 
             async def all_in_mongo() -> bool:
-                return sorted(await _ids_in_mongo(b_client[settings.mongo_db], [a_sender, b_sender])) == ids
+                return sorted(await _ids_in_mongo(b_client[settings.stores.mongo_db], [a_sender, b_sender])) == ids
 
             await eventually(all_in_mongo, "every committed message copied to Mongo by B, with A's link cut")
 
@@ -203,10 +203,10 @@ async def test_a_writer_whose_mongo_hangs_hands_the_lock_to_a_queued_one(own_dbs
             link.restore()
             await eventually(lambda: not a._waits._left and inserts.all_answered(), "A's work left in flight ended")
             assert held.id in inserts.duplicates  # it did land, after B's copy
-            natural = await _ids_in_mongo(b_client[settings.mongo_db], [a_sender, b_sender])
+            natural = await _ids_in_mongo(b_client[settings.stores.mongo_db], [a_sender, b_sender])
             assert natural == ids  # each committed id once, inserted in id order
             # and the daemons see each once, in id order: the late duplicate left no entry
-            assert await _ids_in_oplog(b_client, settings.mongo_db, ids) == ids
+            assert await _ids_in_oplog(b_client, settings.stores.mongo_db, ids) == ids
         finally:
             link.restore()
             for task in tasks:

@@ -23,7 +23,7 @@ from tests.e2e.helpers import mongo_docs_soon, mysql_rows, post
 from harness.system import private_system
 from tests.timing import PATIENCE, eventually
 
-DB_TIMEOUT_SECONDS = Settings.model_fields["db_timeout_seconds"].default  # the module's systems keep it
+DB_TIMEOUT_SECONDS = Settings.field("stores.db_timeout_seconds").default  # the module's systems keep it
 WAIT_SECONDS = 1  # CHAT_WRITER_WAIT_SECONDS of the system whose writer stays away past it
 
 
