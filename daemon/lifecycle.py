@@ -5,9 +5,11 @@ then bounded steps), until SIGTERM. ``python -m daemon`` runs ``run``.
 Each WebSocket is pinged every ``CHAT_PING_INTERVAL_SECONDS``, aborted when
 its pong is ``CHAT_PING_TIMEOUT_SECONDS`` late, and closed with 4001 once
 its token expires. On SIGTERM, every WebSocket is closed with 1012 and
-waiting polls are answered at once; so they are when the slot map's epoch
-changes (``daemon.partition_streams``), and the daemon exits with status 0
-to be started again on the new map.
+waiting polls are answered at once. A new slot map does not stop the daemon:
+only the clients of users whose slot moved are closed, once what was
+committed before the move has reached them (``daemon.handover``). Only a map
+that gives it a partition it has no stream for stops it, as SIGTERM does,
+with status 0: supervisord starts it again on the new map.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from chat.serve import LISTEN_BACKLOG, reuseport_socket
 from chat.settings import Settings
 from chat.signal_store import SignalStore, connect
 from chat.stopping import bounded, exit_by, stop_on_signals
-from daemon import metrics, partition_streams
+from daemon import handover, metrics, partition_streams
 from daemon.acceptor import Acceptor, connection_ceiling
 from daemon.connection import Connection
+from daemon.partitioning import CurrentMap
 from daemon.routes import Router
 from daemon.server import Daemon
 from daemon.signals import Signals
@@ -141,6 +144,7 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     if settings.fill_holes_from_mysql:
         unread = UnreadTotals(make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
                                           pool_size=2))
+    maps = CurrentMap(parts.slot_map)  # the one map every decision reads, replaced by a move (daemon.handover)
     signals = None
     presence_engine = None
     if settings.redis_url.get_secret_value():  # typing and presence (docs/presence.md)
@@ -149,8 +153,8 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
                                           pool_size=1)
         url = settings.redis_url.get_secret_value()
         signals = Signals(settings, SignalStore(connect(url, settings.db_timeout_seconds)),
-                          connect(url, settings.db_timeout_seconds), parts.hubs, parts.slot_map, presence_engine)
-    daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, slot_map=parts.slot_map,
+                          connect(url, settings.db_timeout_seconds), parts.hubs, maps, presence_engine)
+    daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, maps=maps,
                     writer=writer, unread=unread, signals=signals)
     failed: list[BaseException] = []
 
@@ -164,8 +168,9 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
             log.error("event=task_failed task=%s action=exit", task.get_name(), exc_info=failed[-1])
             stop.set()
 
-    def new_epoch(task: asyncio.Task) -> None:
-        # A new epoch ends the daemon as SIGTERM does, with status 0: it is to run again on the new map.
+    def outgrown(task: asyncio.Task) -> None:
+        # A map the daemon cannot follow in place (daemon.handover) ends it as SIGTERM does, with
+        # status 0: it is to run again on the new map.
         if not task.cancelled() and not stop.is_set():
             if task.exception() is not None:
                 must_not_end(task)
@@ -184,9 +189,8 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
             if signals is not None:
                 group.create_task(signals.run(), name="signals").add_done_callback(must_not_end)
             if parts.engine is not None:
-                group.create_task(partition_streams.epoch_changed(parts.engine, parts.slot_map.epoch,
-                                                                  settings.gap_check_seconds),
-                                  name="epoch").add_done_callback(new_epoch)
+                group.create_task(handover.follow(daemon, parts.engine, settings),
+                                  name="slot-map").add_done_callback(outgrown)
 
     running = loop.create_task(lifelong(), name="daemon")
     # Past the cap, a connection is refused once it sends a request (503, as

@@ -2,13 +2,15 @@
 one stream and one hub per partition it serves, the one oplog source they
 share, and the watch on the map's epoch.
 
-The map is read once, from MySQL (``db.partition_map``); before ``db.init``
-wrote one, and without MySQL (``CHAT_FILL_HOLES_FROM_MYSQL=false``), it is
-``SlotMap.even(CHAT_PARTITIONS)``. Slots move only while the writers are
-stopped (``chatctl partitions``), and every move raises the epoch: a daemon
-that sees a new epoch closes its clients with 1012 and exits with status 0,
-and supervisord starts it again on the new map. Its clients reconnect, and
-those whose slot moved are told ``recovered: false``.
+The map is read from MySQL (``db.partition_map``) when the daemon starts;
+before ``db.init`` wrote one, and without MySQL
+(``CHAT_FILL_HOLES_FROM_MYSQL=false``), it is ``SlotMap.even(CHAT_PARTITIONS)``.
+Every move of slots (``chatctl partitions``) raises the epoch, which the
+daemon looks at every gap-check period (``next_map``). On a new one it keeps
+running: it releases what its partitions have committed, then closes the
+clients of the users whose slot moved only (``daemon.handover``). The set
+of streams built here is fixed for the life of the process: a new map with
+a partition to serve that has none is followed by a restart.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ log = logging.getLogger("chat.daemon")
 class Partitions:
     """What a daemon serves: the map, its partitions' streams and hubs, and what runs them."""
 
-    slot_map: SlotMap
+    slot_map: SlotMap  # as read at the start (``daemon.partitioning.CurrentMap`` holds the one in force)
     streams: dict[int, Stream]
     hubs: Hubs
     engine: Engine | None  # MySQL: the streams' reads of the truth, the epoch watch
@@ -143,10 +145,10 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
                       list(ranges.values()), fanout)
 
 
-async def epoch_changed(engine: Engine, epoch: int, period: float) -> int:
-    """Returns the map's new epoch once MySQL holds one other than ``epoch``:
-    one look-up of the map's row each ``period`` (the gap check's). A read
-    that fails is passed over: the next one decides."""
+async def next_map(engine: Engine, epoch: int, period: float) -> SlotMap:
+    """The map, once MySQL holds one of another epoch than ``epoch``: one
+    look-up of the map's row each ``period`` (the gap check's). A read that
+    fails is passed over: the next one decides."""
     threads = Threads(1, "epoch")
     try:
         while True:
@@ -157,8 +159,6 @@ async def epoch_changed(engine: Engine, epoch: int, period: float) -> int:
                 log.warning("event=epoch_check_failed error=%s", exc.__class__.__name__)
                 continue
             if found is not None and found.epoch != epoch:
-                log.warning("event=slot_map_moved epoch=%d new_epoch=%d action=close_1012_and_exit", epoch,
-                            found.epoch)
-                return found.epoch
+                return found
     finally:
         threads.close()

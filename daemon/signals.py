@@ -31,11 +31,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from chat.messages import rfc3339
-from chat.partitions import SlotMap
 from chat.settings import Settings
 from chat.signal_store import REDIS_ERRORS, PRESENCE_CHANNEL, SignalStore, subscribe_forever, typing_channel
 from daemon import metrics
 from daemon.hub import Hubs
+from daemon.partitioning import CurrentMap
 from daemon.presence import PresenceTracker, Watchers
 from db import presence as presence_sql
 from db.threads import Threads
@@ -80,14 +80,14 @@ def presence_frame(words: list[str]) -> bytes | None:
 
 class Signals:
     def __init__(self, settings: Settings, store: SignalStore, listener: aioredis.Redis, hubs: Hubs,
-                 slot_map: SlotMap, engine: Engine | None, *,
+                 maps: CurrentMap, engine: Engine | None, *,
                  clock: Callable[[], float] = time.monotonic, wall_ms: Callable[[], int] = lambda: time.time_ns()
                  // 1_000_000, sleep: Callable[[float], Awaitable[object]] = asyncio.sleep):
         self.settings = settings
         self.store = store
         self._listener = listener  # its own connection: a subscribed one can do nothing else
         self.hubs = hubs
-        self.slot_map = slot_map
+        self.maps = maps  # the daemon's: a user's typing channel is its partition's by the map held now
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.presence = settings.presence_enabled
         ttl = settings.typing_ttl_seconds
@@ -130,7 +130,8 @@ class Signals:
         if len(self._typing) >= TYPING_QUEUE_MAX:
             metrics.SIGNALS.labels("typing", "dropped").inc()
             return
-        channels = {typing_channel(self.slot_map.partition_of(to)), typing_channel(self.slot_map.partition_of(sender))}
+        partition_of = self.maps.current.partition_of
+        channels = {typing_channel(partition_of(to)), typing_channel(partition_of(sender))}
         self._typing.append((sorted(channels), f"{self.id}/{origin} {sender} {to} {state}"))
         self._typing_ready.set()
 
@@ -215,7 +216,7 @@ class Signals:
         hub = self.hubs.by_partition.get(partition)
         if hub is None:
             return
-        partition_of = self.slot_map.partition_of
+        partition_of = self.maps.current.partition_of
         sent = 0
         if partition_of(to) == partition:
             sent += hub.signal(to, frame)
