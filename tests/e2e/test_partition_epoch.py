@@ -3,9 +3,12 @@ writer and the API stopped, `chatctl partitions grow 3`, every process
 restarted, messages through POST /v1/messages, the writer process, MariaDB,
 FerretDB, the relay and a daemon.
 
-At its gap check the daemon reads the map's epoch; a new one closes every
-WebSocket with 1012 and ends the process with status 0 (supervisord starts it
-again, on the new map). Back on the new map, a user whose slot moved is told
+At its gap check the daemon reads the map's epoch. It serves every partition
+(``CHAT_DAEMON_PARTITIONS`` empty), so the grown map gives it one it has no
+stream for: after the hand-over of the moved users (tests/e2e/test_slot_map_handover.py
+has a move the daemon follows in place), it closes every other WebSocket with
+1012 and ends the process with status 0 (supervisord starts it again, on the
+new map). Back on the new map, a user whose slot moved is told
 ``recovered: false`` for its old cursor, and a user whose slot stayed resumes
 from its cursor with what was sent meanwhile.
 """
@@ -82,6 +85,9 @@ async def test_a_grow_closes_with_1012_exits_0_and_only_moved_users_lose_their_c
             assert ws.close_code == 1012
         daemon = system.procs.pop("daemon_0")
         assert await asyncio.to_thread(daemon.wait, 10 * S) == 0
+        log = (system.logdir / "daemon_0.log").read_text()
+        assert ("event=slot_map_moved epoch=0 new_epoch=1 moved_users_closed=1 sockets=1 polls=0 "
+                "action=restart new_partitions=2") in log
 
         # Every process restarted on the new map (supervisord's restart for the daemon).
         system.stop("relay")
