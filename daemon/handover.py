@@ -27,21 +27,29 @@ and then, for each partition it serves:
    (``Daemon.still_serves``).
 
 A new map that gives the daemon partitions to serve that it has no stream
-for (``CHAT_DAEMON_PARTITIONS`` empty, after a grow) is not followed in
-place: its streams share one oplog source, whose namespaces are fixed when
-it is made (``oplog.fanout``, ``relay.client.RelayTail``). Then, after
-steps 1 and 2, the daemon stops as on SIGTERM (every other client closed
-with 1012), exits with status 0, and supervisord starts it on the new map.
+for (``CHAT_DAEMON_PARTITIONS`` empty, after a grow) is followed in place
+too. The daemon's streams share one oplog source whose namespaces are fixed
+when it is made (``oplog.fanout``, ``relay.client.RelayTail``), so the new
+partitions get one of their own (``daemon.partition_streams.extend``): a
+second relay connection, or a second tail of the oplog without the relay,
+until the daemon restarts. They are built and started while step 1 runs,
+and served, their typing channels listened to, in the same step as the
+swap: a moved user who reconnects finds its new partition served. Only when
+they cannot be built (a daemon fed a recorded oplog), or are not ready
+within the same bound, does the daemon restart instead: after steps 1 and
+2, it stops as on SIGTERM (every other client closed with 1012), exits with
+status 0, and supervisord starts it on the new map.
 
 Each new map is logged once, as ``event=slot_map_moved epoch=.. new_epoch=..
 moved_users_closed=N sockets=.. polls=.. action=handed_over`` (or
-``action=restart``, with the partitions it lacks).
+``action=restart``), with ``new_partitions=..`` when it added some.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
@@ -50,7 +58,7 @@ from chat.errors import CloseCode
 from chat.partitions import SlotMap
 from chat.settings import Settings
 from daemon import metrics
-from daemon.partition_streams import next_map
+from daemon.partition_streams import Partitions, next_map
 from daemon.partitioning import frame_encoder, handed_over, partitions_to_add
 from daemon.server import Daemon
 from daemon.stream import Stream
@@ -122,19 +130,46 @@ def hand_over(daemon: Daemon, new: SlotMap) -> HandedOver:
     return HandedOver(len(moved), closed, answered)
 
 
-async def follow(daemon: Daemon, engine: Engine, settings: Settings) -> SlotMap:
+Grow = Callable[[frozenset[int], SlotMap], Awaitable[Partitions]]
+
+
+async def follow(daemon: Daemon, engine: Engine, settings: Settings, grow: Grow | None = None) -> SlotMap:
     """For the life of the daemon: each new map MySQL holds is handed over
-    to. Returns the first map the daemon cannot follow in place (it then
-    restarts: the module's docstring says why)."""
+    to. ``grow(partitions, map)``: the started streams of partitions the
+    daemon is to serve too, once each is ready (None: it cannot, and
+    restarts instead). Returns the first map the daemon cannot follow in
+    place: it then restarts."""
     bound = release_bound(settings)
     while True:
         new = await next_map(engine, daemon.slot_map.epoch, settings.gap_check_seconds)
         epoch = daemon.slot_map.epoch
-        await release_committed(daemon.streams, bound)
         lacking = partitions_to_add(settings.daemon_partitions, daemon.served, new)
+        _, built = await asyncio.gather(release_committed(daemon.streams, bound),
+                                        _built(grow, lacking, new, bound))
+        # From here to the log line, no await: the new partitions are served, and the moved users
+        # closed, in one step on one map.
+        if built is not None:
+            daemon.serve_more(built.streams, built.hubs.by_partition)
         done = hand_over(daemon, new)
-        action = f"restart new_partitions={','.join(map(str, sorted(lacking)))}" if lacking else "handed_over"
+        restart = bool(lacking) and built is None
+        action = "restart" if restart else "handed_over"
+        if lacking:
+            action += f" new_partitions={','.join(map(str, sorted(lacking)))}"
         log.warning("event=slot_map_moved epoch=%d new_epoch=%d moved_users_closed=%d sockets=%d polls=%d action=%s",
                     epoch, new.epoch, done.users, done.sockets, done.polls, action)
-        if lacking:
+        if restart:
             return new
+
+
+async def _built(grow: Grow | None, partitions: frozenset[int], new: SlotMap, bound: float) -> Partitions | None:
+    """The streams of ``partitions``, ready within ``bound`` seconds; None if there are none to build, or
+    none can be (the daemon restarts then)."""
+    if not partitions or grow is None:
+        return None
+    try:
+        async with asyncio.timeout(bound):
+            return await grow(partitions, new)
+    except TimeoutError:
+        log.warning("event=partitions_not_ready partitions=%s waited_s=%g action=restart",
+                    ",".join(map(str, sorted(partitions))), bound)
+        return None

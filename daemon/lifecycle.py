@@ -7,9 +7,10 @@ its pong is ``CHAT_PING_TIMEOUT_SECONDS`` late, and closed with 4001 once
 its token expires. On SIGTERM, every WebSocket is closed with 1012 and
 waiting polls are answered at once. A new slot map does not stop the daemon:
 only the clients of users whose slot moved are closed, once what was
-committed before the move has reached them (``daemon.handover``). Only a map
-that gives it a partition it has no stream for stops it, as SIGTERM does,
-with status 0: supervisord starts it again on the new map.
+committed before the move has reached them, and a partition it is to serve
+too gets streams built and run here (``daemon.handover``). Only a map it
+cannot follow so stops it, as SIGTERM does, with status 0: supervisord starts
+it again on the new map.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from chat.errors import CloseCode
 from chat.metrics_port import serve_metrics
+from chat.partitions import SlotMap
 from chat.serve import LISTEN_BACKLOG, reuseport_socket
 from chat.settings import Settings
 from chat.signal_store import SignalStore, connect
@@ -176,6 +178,8 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
                 must_not_end(task)
             stop.set()
 
+    added: list[partition_streams.Partitions] = []  # partitions a grown map gave it (daemon.handover)
+
     async def lifelong() -> None:
         # One TaskGroup holds what runs for the life of the process, and the
         # shutdown cancels it as one (bounded: below). A task that ends does not
@@ -183,13 +187,22 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
         # comes first, with the rest still running, as on SIGTERM. One that
         # fails makes the group cancel the rest at once; the drain still runs.
         async with asyncio.TaskGroup() as group:
+            async def grow(partitions: frozenset[int], slot_map: SlotMap) -> partition_streams.Partitions:
+                more = partition_streams.extend(settings, client, partitions, slot_map)
+                added.append(more)  # closed with the rest, ready or not
+                for run_stream in more.loops:
+                    group.create_task(run_stream, name="stream").add_done_callback(must_not_end)
+                await asyncio.gather(*(stream.ready.wait() for stream in more.streams.values()))
+                return more
+
             for run_stream in parts.loops:
                 group.create_task(run_stream, name="stream").add_done_callback(must_not_end)
             group.create_task(heartbeats(daemon), name="heartbeats").add_done_callback(must_not_end)
             if signals is not None:
                 group.create_task(signals.run(), name="signals").add_done_callback(must_not_end)
             if parts.engine is not None:
-                group.create_task(handover.follow(daemon, parts.engine, settings),
+                # A recorded oplog (``tail``) feeds one partition: a grown map restarts such a daemon.
+                group.create_task(handover.follow(daemon, parts.engine, settings, grow if tail is None else None),
                                   name="slot-map").add_done_callback(outgrown)
 
     running = loop.create_task(lifelong(), name="daemon")
@@ -232,6 +245,8 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
         if presence_engine is not None:
             presence_engine.dispose()
         parts.close()
+        for more in added:
+            more.close()
         log.info("event=daemon_stopped")
     if failed:
         raise SystemExit(1)

@@ -8,9 +8,9 @@ before ``db.init`` wrote one, and without MySQL
 Every move of slots (``chatctl partitions``) raises the epoch, which the
 daemon looks at every gap-check period (``next_map``). On a new one it keeps
 running: it releases what its partitions have committed, then closes the
-clients of the users whose slot moved only (``daemon.handover``). The set
-of streams built here is fixed for the life of the process: a new map with
-a partition to serve that has none is followed by a restart.
+clients of the users whose slot moved only (``daemon.handover``). A
+partition it is to serve too gets its streams from ``extend``, on an oplog
+source of their own: the first source's namespaces are fixed when it is made.
 """
 
 from __future__ import annotations
@@ -109,6 +109,32 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
                              pool_size=len(served))
     if tail is not None and len(served) != 1:
         raise ValueError("a recorded oplog feeds a daemon of one partition")
+    parts = _make(settings, client, served, slot_map, engine, tail, primary=served[0])
+    log.info("event=partitions_served served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
+             slot_map.partitions, slot_map.epoch, bool(settings.oplog_relay_socket))
+    return parts
+
+
+def extend(settings: Settings, client: AsyncMongoClient, partitions: frozenset[int], slot_map: SlotMap) -> Partitions:
+    """The streams of ``partitions``, which a running daemon is to serve too
+    (``daemon.handover``): an oplog source of their own (the first one's
+    namespaces are fixed), and a MySQL engine of their own. Not started:
+    the caller runs ``loops`` and waits for each stream's ``ready``."""
+    served = sorted(partitions)
+    engine = None
+    if settings.fill_holes_from_mysql:
+        engine = make_engine(settings.mysql_url.get_secret_value(), settings.db_timeout_seconds,
+                             pool_size=len(served))
+    parts = _make(settings, client, served, slot_map, engine, None, primary=None)
+    log.info("event=partitions_added served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
+             slot_map.partitions, slot_map.epoch, bool(settings.oplog_relay_socket))
+    return parts
+
+
+def _make(settings: Settings, client: AsyncMongoClient, served: list[int], slot_map: SlotMap,
+          engine: Engine | None, tail: OplogSource | None, primary: int | None) -> Partitions:
+    """The streams and hubs of ``served``, on one oplog source; ``primary``: the
+    partition whose position and lag are the daemon's unlabelled gauges."""
     namespaces = partition_namespaces(settings.mongo_db, served)
     loops: list[Coroutine[Any, Any, None]] = []
     sources: dict[int, OplogSource]
@@ -137,10 +163,8 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
     streams = {k: Stream(db, sources[k], hubs[k], retention_seconds=settings.retention_seconds,
                          cache_max=settings.recent_cache_max, gap_check_seconds=settings.gap_check_seconds,
                          cache_max_bytes=settings.recent_cache_max_bytes, ranges=ranges.get(k), partition=k,
-                         encode=frame_encoder(k, slot_map), primary=k == served[0])
+                         encode=frame_encoder(k, slot_map), primary=k == primary)
                for k in served}
-    log.info("event=partitions_served served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
-             slot_map.partitions, slot_map.epoch, bool(settings.oplog_relay_socket))
     return Partitions(slot_map, streams, Hubs(hubs), engine, [*loops, *(s.run() for s in streams.values())],
                       list(ranges.values()), fanout)
 

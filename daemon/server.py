@@ -151,6 +151,15 @@ class Daemon:
         where the hand-over that closed the others' sockets would never reach it."""
         return self.slot_map.partition_of(user) == partition
 
+    def serve_more(self, streams: dict[int, Stream], hubs: dict[int, Hub]) -> None:
+        """Serves the partitions of ``streams`` too, each ready, with its hub: a
+        grown map's (``daemon.handover``). Their users are refused with 421 until then."""
+        self.hub.by_partition.update(hubs)
+        self.streams.update(streams)
+        self.served = frozenset(self.hub.by_partition)
+        if self.signals is not None:
+            self.signals.partitions_changed()
+
     def resume_point(self, raw_since: str | None, user: str) -> int | None:
         """Where ``since`` resumes in the user's partition; None: ``recovered: false``."""
         return resume_since(raw_since, user, self.slot_map)

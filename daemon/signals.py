@@ -7,7 +7,7 @@ whose Redis is away delivers messages as before; its clients' typing and
 watch frames get ``signals_unavailable``, and once Redis is back the daemon
 puts its users back (``_resync``).
 
-Tasks: ``_listen`` (the channels: typing for the partitions served, presence
+Tasks: ``_listen`` (the channels: typing for the partitions served, anew when they change, presence
 changes), ``_flush`` (announcements and withdrawals, in order, one pipeline
 per batch), ``_publish`` (typing, one pipeline per batch), and ``_tick``
 (the graces, the heartbeat, the sweep of dead daemons, ``last_seen`` into MySQL).
@@ -107,6 +107,7 @@ class Signals:
         # is ready only then (else a typing event sent to its first clients could pass it by), and
         # never later for it (a Redis that is away must not keep messages from being served).
         self.subscribed_once = asyncio.Event()
+        self._partitions_changed = asyncio.Event()  # the daemon serves more partitions: subscribe anew
         # Redis answered the last command. True from the start: a daemon just started serves typing
         # and watch frames at once, and learns that Redis is away from the first command that fails.
         self.healthy = True
@@ -184,17 +185,38 @@ class Signals:
             log.info("event=redis_reachable")
         self.healthy = True
 
-    async def _listen(self) -> None:
-        channels = [typing_channel(p) for p in sorted(self.hubs.by_partition)]
-        if self.presence:
-            channels.append(PRESENCE_CHANNEL)
+    def partitions_changed(self) -> None:
+        """The daemon serves more partitions (``daemon.handover``): their typing channels are listened to."""
+        self._partitions_changed.set()
 
+    async def _listen(self) -> None:
         def away(exc: BaseException) -> None:
             self._away(exc)
             self.subscribed_once.set()  # tried once: a Redis that is away keeps no daemon from serving
 
-        await subscribe_forever(self._listener, channels, self._received, on_subscribed=self.subscribed_once.set,
-                                on_away=away, read_seconds=HEARTBEAT_SECONDS, sleep=self._sleep)
+        while True:
+            served = sorted(self.hubs.by_partition)
+            channels = [typing_channel(p) for p in served] + ([PRESENCE_CHANNEL] if self.presence else [])
+
+            def subscribed(served: list[int] = served) -> None:
+                log.info("event=typing_listening partitions=%s", ",".join(map(str, served)))
+                self.subscribed_once.set()
+
+            self._partitions_changed.clear()
+            # Subscribed anew, on the channels of now: the typing events published meanwhile are
+            # lost, as any typing event is whose listener is away (they are news of now, never replayed).
+            listening = asyncio.ensure_future(subscribe_forever(
+                self._listener, channels, self._received, on_subscribed=subscribed, on_away=away,
+                read_seconds=HEARTBEAT_SECONDS, sleep=self._sleep))
+            changed = asyncio.ensure_future(self._partitions_changed.wait())
+            try:
+                await asyncio.wait([listening, changed], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (listening, changed):
+                    task.cancel()
+                await asyncio.gather(listening, changed, return_exceptions=True)
+            if not listening.cancelled() and (error := listening.exception()) is not None:
+                raise error
 
     def _received(self, channel: bytes, data: bytes) -> None:
         words = data.decode().split()

@@ -1,20 +1,28 @@
 """A daemon on a new slot map (``daemon.handover``), without databases: who
-is handed over (pure), when the daemon must restart instead, and the swap
-itself on real connections over a transport that records what is written:
-the moved user's WebSocket gets 1012 and its waiting poll is answered, the
-others are left alone, and every decision reads the new map from then on."""
+is handed over (pure), which partitions it must serve anew, the swap itself
+on real connections over a transport that records what is written (the
+moved user's WebSocket gets 1012 and its waiting poll is answered, the
+others are left alone, and every decision reads the new map from then on),
+and the follow loop on a grown map: the new partition served in place when
+its streams can be built, a restart when they cannot."""
+
+import asyncio
+import logging
 
 from chat.errors import CloseCode
 from chat.partitions import SlotMap, slot_of
 from chat.settings import Settings
 from daemon.connection import Connection
+from daemon import handover
 from daemon.handover import hand_over, release_bound
+from daemon.partition_streams import Partitions
 from daemon.hub import Hub, Hubs, Subscriber
 from daemon.partitioning import CurrentMap, handed_over, partitions_to_add
 from daemon.routes import Router
 from daemon.server import Daemon, PollWaiter
 from daemon.websocket import SLOT_MOVED
 from daemon.wire import close_frame
+from tests.timing import eventually
 
 TWO = SlotMap.even(2)
 
@@ -129,3 +137,46 @@ async def test_the_swap_closes_the_moved_users_sockets_with_1012_answers_their_p
     assert daemon.resume_point("0.0.7", mover) is None
     assert daemon.cursor(0, 9) == "0.1.9"
     assert not daemon.still_serves(mover, 0) and daemon.still_serves(stayer, 0)
+
+
+def following(monkeypatch, *maps: SlotMap) -> None:
+    """``handover.follow`` sees ``maps`` one after the other, then no newer one."""
+    queue = list(maps)
+
+    async def next_map(engine, epoch: int, period: float) -> SlotMap:
+        if queue:
+            return queue.pop(0)
+        await asyncio.Event().wait()  # no newer map: waits until the test cancels it
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(handover, "next_map", next_map)
+
+
+async def test_a_grown_map_is_served_in_place_when_its_streams_are_built_else_the_daemon_restarts(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="chat.daemon")
+    settings = Settings(_env_file=None)  # CHAT_DAEMON_PARTITIONS empty: every partition
+    grown = TWO.grown(3)
+    [newcomer] = users_in(2, 1, grown)
+
+    following(monkeypatch, grown)
+    daemon = Daemon(settings, Hubs({0: Hub(1 << 20), 1: Hub(1 << 20)}), None, maps=CurrentMap(TWO))
+    assert await handover.follow(daemon, None, settings) is grown  # type: ignore[arg-type]  # no grow: restart
+    assert "new_epoch=1 moved_users_closed=0 sockets=0 polls=0 action=restart new_partitions=2" in caplog.text
+    assert daemon.slot_map is grown and daemon.served == {0, 1}
+
+    following(monkeypatch, grown)
+    daemon = Daemon(settings, Hubs({0: Hub(1 << 20), 1: Hub(1 << 20)}), None, maps=CurrentMap(TWO))
+    asked = []
+
+    async def grow(partitions: frozenset[int], slot_map: SlotMap) -> Partitions:
+        asked.append((partitions, slot_map))
+        return Partitions(slot_map, {}, Hubs({2: Hub(1 << 20)}), None)
+
+    follow = asyncio.create_task(handover.follow(daemon, None, settings, grow))  # type: ignore[arg-type]
+    await eventually(lambda: daemon.slot_map is grown, "the grown map swapped in")
+    assert asked == [(frozenset({2}), grown)]
+    assert daemon.served == {0, 1, 2} and daemon.partition_of(newcomer, None) == 2
+    assert "action=handed_over new_partitions=2" in caplog.text
+    assert not follow.done()  # still following, for the next map
+    follow.cancel()
+    await asyncio.gather(follow, return_exceptions=True)
