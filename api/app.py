@@ -345,7 +345,7 @@ def create_app(settings: Settings) -> ASGIApp:
         # only what requests create (as in the daemon).
         gc.freeze()
         metrics.watch_gc()
-        serve_metrics(settings.api.metrics_host or settings.api.host, settings.api.metrics_port)
+        serve_metrics(settings.api.metrics_host, settings.api.metrics_port)
         log.info("event=api_started")
         try:
             yield

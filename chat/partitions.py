@@ -212,6 +212,8 @@ class LiveMap:
     writers under their partition's lock at each turn, the API and daemons by a watch. A map
     is replaced, never changed, so a reader that took ``current`` keeps one consistent map."""
 
+    __slots__ = ("current",)
+
     def __init__(self, current: SlotMap):
         self.current = current
 

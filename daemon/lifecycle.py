@@ -5,9 +5,12 @@ then bounded steps), until SIGTERM. ``python -m daemon`` runs ``run``.
 Each WebSocket is pinged every ``CHAT_PING_INTERVAL_SECONDS``, aborted when
 its pong is ``CHAT_PING_TIMEOUT_SECONDS`` late, and closed with 4001 once
 its token expires. On SIGTERM, every WebSocket is closed with 1012 and
-waiting polls are answered at once; so they are when the slot map's epoch
-changes (``daemon.partition_streams``), and the daemon exits with status 0
-to be started again on the new map.
+waiting polls are answered at once. A new slot map does not stop the daemon:
+only the clients of users whose slot moved are closed, once what was
+committed before the move has reached them, and a partition it is to serve
+too gets streams built and run here (``daemon.handover``). Only a map it
+cannot follow so stops it, as SIGTERM does, with status 0: supervisord starts
+it again on the new map.
 """
 
 from __future__ import annotations
@@ -21,13 +24,15 @@ from collections.abc import Awaitable, Callable
 
 from chat.errors import CloseCode
 from chat.metrics_port import serve_metrics
+from chat.partitions import SlotMap
 from chat.serve import LISTEN_BACKLOG, reuseport_socket
 from chat.settings import Settings
 from chat.signal_store import SignalStore, connect
 from chat.stopping import bounded, exit_by, stop_on_signals
-from daemon import metrics, partition_streams
+from daemon import handover, metrics, partition_streams
 from daemon.acceptor import Acceptor, connection_ceiling
 from daemon.connection import Connection
+from chat.partitions import LiveMap
 from daemon.routes import Router
 from daemon.server import Daemon
 from daemon.signals import Signals
@@ -140,17 +145,20 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     unread = None
     if settings.daemon.fill_holes_from_mysql:
         unread = UnreadTotals(make_engine(settings.stores.mysql_url.get_secret_value(),
-                                          settings.stores.db_timeout_seconds, pool_size=2))
+                                          settings.stores.db_timeout_seconds,
+                                          pool_size=2))
+    maps = LiveMap(parts.slot_map)  # the one map every decision reads, replaced by a move (daemon.handover)
     signals = None
     presence_engine = None
     if settings.stores.redis_url.get_secret_value():  # typing and presence (docs/presence.md)
         if settings.daemon.fill_holes_from_mysql:  # last_seen and the hidden users: one connection is plenty
             presence_engine = make_engine(settings.stores.mysql_url.get_secret_value(),
-                                          settings.stores.db_timeout_seconds, pool_size=1)
+                                          settings.stores.db_timeout_seconds,
+                                          pool_size=1)
         url = settings.stores.redis_url.get_secret_value()
         signals = Signals(settings, SignalStore(connect(url, settings.stores.db_timeout_seconds)),
-                          connect(url, settings.stores.db_timeout_seconds), parts.hubs, parts.slot_map, presence_engine)
-    daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, slot_map=parts.slot_map,
+                          connect(url, settings.stores.db_timeout_seconds), parts.hubs, maps, presence_engine)
+    daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, maps=maps,
                     writer=writer, unread=unread, signals=signals)
     failed: list[BaseException] = []
 
@@ -164,12 +172,15 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
             log.error("event=task_failed task=%s action=exit", task.get_name(), exc_info=failed[-1])
             stop.set()
 
-    def new_epoch(task: asyncio.Task) -> None:
-        # A new epoch ends the daemon as SIGTERM does, with status 0: it is to run again on the new map.
+    def outgrown(task: asyncio.Task) -> None:
+        # A map the daemon cannot follow in place (daemon.handover) ends it as SIGTERM does, with
+        # status 0: it is to run again on the new map.
         if not task.cancelled() and not stop.is_set():
             if task.exception() is not None:
                 must_not_end(task)
             stop.set()
+
+    added: list[partition_streams.Partitions] = []  # partitions a grown map gave it (daemon.handover)
 
     async def lifelong() -> None:
         # One TaskGroup holds what runs for the life of the process, and the
@@ -178,15 +189,23 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
         # comes first, with the rest still running, as on SIGTERM. One that
         # fails makes the group cancel the rest at once; the drain still runs.
         async with asyncio.TaskGroup() as group:
+            async def grow(partitions: frozenset[int], slot_map: SlotMap) -> partition_streams.Partitions:
+                more = partition_streams.extend(settings, client, partitions, slot_map)
+                added.append(more)  # closed with the rest, ready or not
+                for run_stream in more.loops:
+                    group.create_task(run_stream, name="stream").add_done_callback(must_not_end)
+                await asyncio.gather(*(stream.ready.wait() for stream in more.streams.values()))
+                return more
+
             for run_stream in parts.loops:
                 group.create_task(run_stream, name="stream").add_done_callback(must_not_end)
             group.create_task(heartbeats(daemon), name="heartbeats").add_done_callback(must_not_end)
             if signals is not None:
                 group.create_task(signals.run(), name="signals").add_done_callback(must_not_end)
             if parts.engine is not None:
-                group.create_task(partition_streams.epoch_changed(parts.engine, parts.slot_map.epoch,
-                                                                  settings.daemon.gap_check_seconds),
-                                  name="epoch").add_done_callback(new_epoch)
+                # A recorded oplog (``tail``) feeds one partition: a grown map restarts such a daemon.
+                group.create_task(handover.follow(daemon, parts.engine, settings, grow if tail is None else None),
+                                  name="slot-map").add_done_callback(outgrown)
 
     running = loop.create_task(lifelong(), name="daemon")
     # Past the cap, a connection is refused once it sends a request (503, as
@@ -228,6 +247,8 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
         if presence_engine is not None:
             presence_engine.dispose()
         parts.close()
+        for more in added:
+            more.close()
         log.info("event=daemon_stopped")
     if failed:
         raise SystemExit(1)

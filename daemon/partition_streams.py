@@ -2,13 +2,15 @@
 one stream and one hub per partition it serves, the one oplog source they
 share, and the watch on the map's epoch.
 
-The map is read once, from MySQL (``db.partition_map``); before ``db.init``
-wrote one, and without MySQL (``CHAT_FILL_HOLES_FROM_MYSQL=false``), it is
-``SlotMap.even(CHAT_PARTITIONS)``. Slots move only while the writers are
-stopped (``chatctl partitions``), and every move raises the epoch: a daemon
-that sees a new epoch closes its clients with 1012 and exits with status 0,
-and supervisord starts it again on the new map. Its clients reconnect, and
-those whose slot moved are told ``recovered: false``.
+The map is read from MySQL (``db.partition_map``) when the daemon starts;
+before ``db.init`` wrote one, and without MySQL
+(``CHAT_FILL_HOLES_FROM_MYSQL=false``), it is ``SlotMap.even(CHAT_PARTITIONS)``.
+Every move of slots (``chatctl partitions``) raises the epoch, which the
+daemon looks at every gap-check period (``next_map``). On a new one it keeps
+running: it releases what its partitions have committed, then closes the
+clients of the users whose slot moved only (``daemon.handover``). A
+partition it is to serve too gets its streams from ``extend``, on an oplog
+source of their own: the first source's namespaces are fixed when it is made.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from chat.settings import Settings
 from daemon.hub import Hub, Hubs
 from daemon.partitioning import frame_encoder
 from daemon.stream import Stream
-from db.partition_map import read_slot_map
+from db.partition_map import newer_slot_map, read_slot_map
 from db.sql import make_engine
 from db.stream_ranges import StreamRanges
 from db.threads import Threads
@@ -47,7 +49,7 @@ log = logging.getLogger("chat.daemon")
 class Partitions:
     """What a daemon serves: the map, its partitions' streams and hubs, and what runs them."""
 
-    slot_map: SlotMap
+    slot_map: SlotMap  # as read at the start (``chat.partitions.LiveMap`` holds the one in force)
     streams: dict[int, Stream]
     hubs: Hubs
     engine: Engine | None  # MySQL: the streams' reads of the truth, the epoch watch
@@ -108,6 +110,32 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
                              pool_size=len(served))
     if tail is not None and len(served) != 1:
         raise ValueError("a recorded oplog feeds a daemon of one partition")
+    parts = _make(settings, client, served, slot_map, engine, tail, primary=served[0])
+    log.info("event=partitions_served served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
+             slot_map.partitions, slot_map.epoch, bool(settings.relay.socket))
+    return parts
+
+
+def extend(settings: Settings, client: AsyncMongoClient, partitions: frozenset[int], slot_map: SlotMap) -> Partitions:
+    """The streams of ``partitions``, which a running daemon is to serve too
+    (``daemon.handover``): an oplog source of their own (the first one's
+    namespaces are fixed), and a MySQL engine of their own. Not started:
+    the caller runs ``loops`` and waits for each stream's ``ready``."""
+    served = sorted(partitions)
+    engine = None
+    if settings.daemon.fill_holes_from_mysql:
+        engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds,
+                             pool_size=len(served))
+    parts = _make(settings, client, served, slot_map, engine, None, primary=None)
+    log.info("event=partitions_added served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
+             slot_map.partitions, slot_map.epoch, bool(settings.relay.socket))
+    return parts
+
+
+def _make(settings: Settings, client: AsyncMongoClient, served: list[int], slot_map: SlotMap,
+          engine: Engine | None, tail: OplogSource | None, primary: int | None) -> Partitions:
+    """The streams and hubs of ``served``, on one oplog source; ``primary``: the
+    partition whose position and lag are the daemon's unlabelled gauges."""
     namespaces = partition_namespaces(settings.stores.mongo_db, served)
     loops: list[Coroutine[Any, Any, None]] = []
     sources: dict[int, OplogSource]
@@ -138,30 +166,31 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
                          cache_max=settings.daemon.recent_cache_max,
                          gap_check_seconds=settings.daemon.gap_check_seconds,
                          cache_max_bytes=settings.daemon.recent_cache_max_bytes, ranges=ranges.get(k), partition=k,
-                         encode=frame_encoder(k, slot_map), primary=k == served[0])
+                         encode=frame_encoder(k, slot_map), primary=k == primary)
                for k in served}
-    log.info("event=partitions_served served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
-             slot_map.partitions, slot_map.epoch, bool(settings.relay.socket))
     return Partitions(slot_map, streams, Hubs(hubs), engine, [*loops, *(s.run() for s in streams.values())],
                       list(ranges.values()), fanout)
 
 
-async def epoch_changed(engine: Engine, epoch: int, period: float) -> int:
-    """Returns the map's new epoch once MySQL holds one other than ``epoch``:
-    one look-up of the map's row each ``period`` (the gap check's). A read
-    that fails is passed over: the next one decides."""
+async def next_map(engine: Engine, epoch: int, period: float) -> SlotMap:
+    """The map, once MySQL holds one of a later epoch than ``epoch``: one short
+    look-up of the map's epoch each ``period`` (the gap check's). A read that
+    fails is passed over: the next one decides."""
     threads = Threads(1, "epoch")
+
+    def read() -> SlotMap | None:
+        with engine.connect() as conn:
+            return newer_slot_map(conn, epoch)
+
     try:
         while True:
             await asyncio.sleep(period)
             try:
-                found = await threads.run(_read_map, engine)
+                found = await threads.run(read)
             except SQLAlchemyError as exc:
                 log.warning("event=epoch_check_failed error=%s", exc.__class__.__name__)
                 continue
-            if found is not None and found.epoch != epoch:
-                log.warning("event=slot_map_moved epoch=%d new_epoch=%d action=close_1012_and_exit", epoch,
-                            found.epoch)
-                return found.epoch
+            if found is not None:
+                return found
     finally:
         threads.close()

@@ -1,6 +1,8 @@
 """What a daemon decides about partitions, with no I/O: whether it serves a
 client (else 421 and the client's partition), where the client's ``since``
-resumes, and the cursor each message frame carries.
+resumes, the cursor each message frame carries, and, when the slot map
+changes, which of its clients it hands over (``handed_over``) and whether it
+can follow the new map in place (``partitions_to_add``).
 
 A daemon serves the users of its partitions only (``CHAT_DAEMON_PARTITIONS``):
 its streams hold nothing else, so a client of another partition is sent
@@ -10,17 +12,44 @@ partition is computed once per request (one CRC-32), never per message.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import orjson
 
 from chat.errors import Refused
 from chat.messages import Encoded, encode_doc
 from chat.parsing import is_decimal
-from chat.partitions import SlotMap, parse_cursor, resume_position
+from chat.partitions import BadPartitions, SlotMap, parse_cursor, parse_served, resume_position, slot_of
 from daemon.admission import MAX_ID
 
 Encoder = Callable[[dict], Encoded]
+
+
+def handed_over(old: SlotMap, new: SlotMap, served: Iterable[int], users: Iterable[str]) -> set[str]:
+    """Those of ``users`` (connected to a daemon that served ``served`` by
+    ``old``) whose clients it must close when ``new`` replaces ``old``: their
+    slot moved since ``old``'s epoch. That is the slot now elsewhere, or one
+    that left and came back between two maps the daemon saw: its socket
+    missed what was written for it meanwhile, and its cursors no longer resume."""
+    served = frozenset(served)
+    gone = set()
+    for user in users:
+        slot = slot_of(user)
+        if old.owner[slot] in served and (new.owner[slot] != old.owner[slot] or new.moved[slot] > old.epoch):
+            gone.add(user)
+    return gone
+
+
+def partitions_to_add(raw_served: str, streamed: frozenset[int], new: SlotMap) -> frozenset[int]:
+    """The partitions a daemon whose ``CHAT_DAEMON_PARTITIONS`` is ``raw_served``
+    would serve on ``new`` and has no stream for: "" (all) after a grow. A
+    listed partition that ``new`` does not have adds nothing (partitions never
+    shrink, and such a daemon could not have started)."""
+    try:
+        wanted = parse_served(raw_served, new.partitions)
+    except BadPartitions:
+        return frozenset()
+    return wanted - streamed
 
 
 def wrong_partition(user_partition: int, served: frozenset[int], asked: str | None) -> Refused | None:

@@ -109,7 +109,8 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
             sub.send_page(catch.frames)
         else:
             sub.go_live(catch.frames)
-        if not waiter.items and timeout > 0 and not daemon.draining:
+        # Not after a drain's wake, nor a hand-over's (its user's slot moved: ``daemon.handover``).
+        if not waiter.items and timeout > 0 and not daemon.draining and daemon.still_serves(user, partition):
             waiter.wake.clear()
             try:
                 await asyncio.wait_for(waiter.wake.wait(), timeout)

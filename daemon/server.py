@@ -8,7 +8,8 @@ its ``ServerState`` and its handler (``daemon.routes.Router``).
 A daemon serves some partitions of the slot map (all of them by default):
 one stream and one hub each. A client of another partition is refused with
 421 and its partition (``daemon.partitioning``); a client's cursor is a
-position in its own partition's stream.
+position in its own partition's stream. Every such decision reads the map
+the daemon holds now (``maps``), which a move replaces (``daemon.handover``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from daemon.catchup import CatchUp
 from daemon.connection import Connection, ServerState
 from daemon.heartbeat_wheel import DueWheel
 from daemon.hub import Hub, Hubs, Subscriber
+from chat.partitions import LiveMap
 from daemon.partitioning import cursor_text, resume_since, wrong_partition
 from daemon.signals import Signals
 from daemon.stream import Stream
@@ -81,18 +83,19 @@ UNREAD_WAIT_SECONDS = 0.5
 
 class Daemon:
     def __init__(self, settings: Settings, hub: Hub | Hubs, stream: Stream | None, *,
-                 streams: dict[int, Stream] | None = None, slot_map: SlotMap | None = None,
+                 streams: dict[int, Stream] | None = None, maps: LiveMap | None = None,
                  writer: RemoteWriter | None = None, unread: UnreadTotals | None = None,
                  signals: Signals | None = None):
         """``hub`` and ``stream``: the single stream's, or, with ``streams`` (by
-        partition), the hubs of those partitions and the first one's stream."""
+        partition), the hubs of those partitions and the first one's stream;
+        ``maps``: the slot map it decides by (one partition when absent)."""
         self.settings = settings
         self.state = ServerState(settings)  # what its connections share: the cap, the drain, the idle sweep
         self.hub = hub if isinstance(hub, Hubs) else Hubs({0: hub})
         self.streams: dict[int, Stream] = streams if streams is not None else (
             {} if stream is None else {0: stream})
         self.stream = stream  # the first served partition's: /healthz's position
-        self.slot_map = slot_map or SlotMap.even(1)
+        self.maps = maps or LiveMap(SlotMap.even(1))
         self.served = frozenset(self.hub.by_partition)
         self.sockets: set[Connection] = set()  # the WebSockets among the connections, for heartbeats
         self.heartbeat_tick = heartbeat_tick(settings)
@@ -102,6 +105,10 @@ class Daemon:
         self.writer = writer  # the host's writer: where clients' acks and read markers go (None: refused)
         self._unread = unread  # None: no MySQL, and `unread` is null
         self.signals = signals  # typing and presence; None: no Redis (CHAT_REDIS_URL empty)
+
+    @property
+    def slot_map(self) -> SlotMap:
+        return self.maps.current
 
     @property
     def draining(self) -> bool:
@@ -138,6 +145,21 @@ class Daemon:
             metrics.REJECTS.labels("wrong_partition").inc()
             raise refused
         return partition
+
+    def still_serves(self, user: str, partition: int) -> bool:
+        """Whether ``partition``, decided for ``user`` before an await, is still the user's
+        by the map held now: a slot that moved meanwhile must not join the old partition's hub,
+        where the hand-over that closed the others' sockets would never reach it."""
+        return self.slot_map.partition_of(user) == partition
+
+    def serve_more(self, streams: dict[int, Stream], hubs: dict[int, Hub]) -> None:
+        """Serves the partitions of ``streams`` too, each ready, with its hub: a
+        grown map's (``daemon.handover``). Their users are refused with 421 until then."""
+        self.hub.by_partition.update(hubs)
+        self.streams.update(streams)
+        self.served = frozenset(self.hub.by_partition)
+        if self.signals is not None:
+            self.signals.partitions_changed()
 
     def resume_point(self, raw_since: str | None, user: str) -> int | None:
         """Where ``since`` resumes in the user's partition; None: ``recovered: false``."""

@@ -7,7 +7,7 @@ whose Redis is away delivers messages as before; its clients' typing and
 watch frames get ``signals_unavailable``, and once Redis is back the daemon
 puts its users back (``_resync``).
 
-Tasks: ``_listen`` (the channels: typing for the partitions served, presence
+Tasks: ``_listen`` (the channels: typing for the partitions served, anew when they change, presence
 changes), ``_flush`` (announcements and withdrawals, in order, one pipeline
 per batch), ``_publish`` (typing, one pipeline per batch), and ``_tick``
 (the graces, the heartbeat, the sweep of dead daemons, ``last_seen`` into MySQL).
@@ -31,11 +31,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from chat.messages import rfc3339
-from chat.partitions import SlotMap
 from chat.settings import Settings
 from chat.signal_store import REDIS_ERRORS, PRESENCE_CHANNEL, SignalStore, subscribe_forever, typing_channel
 from daemon import metrics
 from daemon.hub import Hubs
+from chat.partitions import LiveMap
 from daemon.presence import PresenceTracker, Watchers
 from db import presence as presence_sql
 from db.threads import Threads
@@ -80,14 +80,14 @@ def presence_frame(words: list[str]) -> bytes | None:
 
 class Signals:
     def __init__(self, settings: Settings, store: SignalStore, listener: aioredis.Redis, hubs: Hubs,
-                 slot_map: SlotMap, engine: Engine | None, *,
+                 maps: LiveMap, engine: Engine | None, *,
                  clock: Callable[[], float] = time.monotonic, wall_ms: Callable[[], int] = lambda: time.time_ns()
                  // 1_000_000, sleep: Callable[[float], Awaitable[object]] = asyncio.sleep):
         self.settings = settings
         self.store = store
         self._listener = listener  # its own connection: a subscribed one can do nothing else
         self.hubs = hubs
-        self.slot_map = slot_map
+        self.maps = maps  # the daemon's: a user's typing channel is its partition's by the map held now
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.presence = settings.signals.presence_enabled
         ttl = settings.signals.typing_ttl_seconds
@@ -107,6 +107,7 @@ class Signals:
         # is ready only then (else a typing event sent to its first clients could pass it by), and
         # never later for it (a Redis that is away must not keep messages from being served).
         self.subscribed_once = asyncio.Event()
+        self._partitions_changed = asyncio.Event()  # the daemon serves more partitions: subscribe anew
         # Redis answered the last command. True from the start: a daemon just started serves typing
         # and watch frames at once, and learns that Redis is away from the first command that fails.
         self.healthy = True
@@ -130,7 +131,8 @@ class Signals:
         if len(self._typing) >= TYPING_QUEUE_MAX:
             metrics.SIGNALS.labels("typing", "dropped").inc()
             return
-        channels = {typing_channel(self.slot_map.partition_of(to)), typing_channel(self.slot_map.partition_of(sender))}
+        partition_of = self.maps.current.partition_of
+        channels = {typing_channel(partition_of(to)), typing_channel(partition_of(sender))}
         self._typing.append((sorted(channels), f"{self.id}/{origin} {sender} {to} {state}"))
         self._typing_ready.set()
 
@@ -183,17 +185,38 @@ class Signals:
             log.info("event=redis_reachable")
         self.healthy = True
 
-    async def _listen(self) -> None:
-        channels = [typing_channel(p) for p in sorted(self.hubs.by_partition)]
-        if self.presence:
-            channels.append(PRESENCE_CHANNEL)
+    def partitions_changed(self) -> None:
+        """The daemon serves more partitions (``daemon.handover``): their typing channels are listened to."""
+        self._partitions_changed.set()
 
+    async def _listen(self) -> None:
         def away(exc: BaseException) -> None:
             self._away(exc)
             self.subscribed_once.set()  # tried once: a Redis that is away keeps no daemon from serving
 
-        await subscribe_forever(self._listener, channels, self._received, on_subscribed=self.subscribed_once.set,
-                                on_away=away, read_seconds=HEARTBEAT_SECONDS, sleep=self._sleep)
+        while True:
+            served = sorted(self.hubs.by_partition)
+            channels = [typing_channel(p) for p in served] + ([PRESENCE_CHANNEL] if self.presence else [])
+
+            def subscribed(served: list[int] = served) -> None:
+                log.info("event=typing_listening partitions=%s", ",".join(map(str, served)))
+                self.subscribed_once.set()
+
+            self._partitions_changed.clear()
+            # Subscribed anew, on the channels of now: the typing events published meanwhile are
+            # lost, as any typing event is whose listener is away (they are news of now, never replayed).
+            listening = asyncio.ensure_future(subscribe_forever(
+                self._listener, channels, self._received, on_subscribed=subscribed, on_away=away,
+                read_seconds=HEARTBEAT_SECONDS, sleep=self._sleep))
+            changed = asyncio.ensure_future(self._partitions_changed.wait())
+            try:
+                await asyncio.wait([listening, changed], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (listening, changed):
+                    task.cancel()
+                await asyncio.gather(listening, changed, return_exceptions=True)
+            if not listening.cancelled() and (error := listening.exception()) is not None:
+                raise error
 
     def _received(self, channel: bytes, data: bytes) -> None:
         words = data.decode().split()
@@ -215,7 +238,7 @@ class Signals:
         hub = self.hubs.by_partition.get(partition)
         if hub is None:
             return
-        partition_of = self.slot_map.partition_of
+        partition_of = self.maps.current.partition_of
         sent = 0
         if partition_of(to) == partition:
             sent += hub.signal(to, frame)

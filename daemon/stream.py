@@ -92,6 +92,14 @@ class Stream:
         """The highest id released: every id up to it has gone out, in order."""
         return self.consumer.position
 
+    def use_encoder(self, encode: Callable[[dict], Encoded]) -> None:
+        """How documents are encoded from now on: a new slot map's epoch in
+        their cursors (``daemon.handover``). What the recent cache holds keeps
+        the cursors it went out with: still valid for every user whose slot did
+        not move, and the users whose slot moved are handed over, not served it."""
+        self._encode = encode
+        self.consumer.use_encoder(encode)
+
     # --- start-up -------------------------------------------------------
     async def start(self) -> None:
         """Sets the position to the newest committed message and fills the

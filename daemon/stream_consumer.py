@@ -80,6 +80,9 @@ class Consumer:
     def position(self) -> int:
         return self.seq.high
 
+    def use_encoder(self, encode: Callable[[dict], Encoded]) -> None:
+        self._encode = encode
+
     async def run(self, inbox: Inbox, fill: Callable[[bool], Awaitable[None]]) -> None:
         """Takes the inbox for the life of the stream; ``fill(ahead)`` reads the
         truth for what is held (``ahead``: and for what MySQL has past it)."""

@@ -6,7 +6,8 @@ partition, before any upgrade (or 4421 after it, when its token came in its
 first frame). A daemon that has not reached the client's
 ``since`` within 2 s closes with 1013; a catch-up that meets expired messages closes with 1013 too (the
 client resumes and is told ``recovered: false``); a WebSocket whose token
-expires is closed with 4001 by the heartbeat (``daemon.lifecycle``).
+expires is closed with 4001 by the heartbeat (``daemon.lifecycle``); one
+whose user's slot moves to another partition, with 1012 (``daemon.handover``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ log = logging.getLogger("chat.daemon")
 # the page before: a client resuming from far back costs one page of memory,
 # not its whole backlog, and a slow reader is paced instead of cut off (4008).
 CATCH_UP_PAGE = 1000
+# The close reason of a user whose slot moved to another partition (``daemon.handover``).
+SLOT_MOVED = "your partition moved: reconnect with since"
 
 
 async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> bool:
@@ -83,7 +86,14 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
         if conn.closing:
             return True
         conn.upgrade(response)
+    if not daemon.still_serves(user, partition):
+        # The user's slot moved while the unread count (or the auth frame) was awaited: the
+        # hand-over has closed its other sockets, and this one goes the same way.
+        metrics.CLOSES.labels("slot_moved").inc()
+        conn.close(CloseCode.RESTART, SLOT_MOVED)
+        return True
     # Its delivery state, once user and partition are known: the hub it joins is its partition's.
+    # From here to its registration in that hub nothing is awaited (``serve_socket``).
     conn.subscriber = Subscriber(conn, user, partition=partition)
     # One number per socket; the heartbeat closes it with 4001 once it is past.
     conn.expires = time.monotonic() + (expires - time.time())

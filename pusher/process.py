@@ -216,7 +216,7 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
 async def run(settings: Settings) -> None:
     """Every partition's pusher, until SIGTERM."""
     stop = stop_on_signals()
-    serve_metrics(settings.push.metrics_host or "127.0.0.1", settings.push.metrics_port)
+    serve_metrics(settings.push.metrics_host, settings.push.metrics_port)
     if not settings.push.gateway_url:
         log.warning("event=pusher_idle reason=no_CHAT_PUSH_GATEWAY_URL")
         await stop.wait()

@@ -219,12 +219,14 @@ def test_typing_waiting_for_redis_is_bounded_and_what_is_past_the_bound_is_dropp
     from chat.partitions import SlotMap
     from prometheus_client import REGISTRY
 
+
     from daemon.hub import Hubs
+    from chat.partitions import LiveMap
     from daemon.signals import TYPING_QUEUE_MAX, Signals
 
     # No Redis behind it: the publishing task never runs, as when Redis answers too slowly.
-    settings = Settings(stores=StoresSettings(redis_url=""))
-    signals = Signals(settings, None, None, Hubs({0: Hub(1 << 20)}), SlotMap.even(1), None)
+    signals = Signals(Settings(stores=StoresSettings(redis_url="")), None, None, Hubs({0: Hub(1 << 20)}),
+                      LiveMap(SlotMap.even(1)), None)
     def dropped() -> float:
         return REGISTRY.get_sample_value("chat_daemon_signals_total", {"kind": "typing", "outcome": "dropped"}) or 0
 
