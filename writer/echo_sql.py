@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from chat.messages import Message
 from db.partition_map import tables_of
-from db.sql import echoes, row_to_message
+from db.sql import echoes
 from writer.copies import Copy, echo_rows
 
 log = logging.getLogger("chat.writer")
@@ -48,7 +48,7 @@ def leftover_copies(conn: Connection, partition: int, limit: int) -> list[Copy]:
     for from_part, ids in by_part.items():
         table = tables_of(from_part).messages
         rows = conn.execute(select(table).where(table.c.id.in_(ids)).order_by(table.c.id)).all()
-        copies.extend(Copy(row_to_message(r), from_part) for r in rows)
+        copies.extend(Copy(Message.from_row(r), from_part) for r in rows)
         missing = set(ids) - {r.id for r in rows}
         if missing:
             log.error("event=echo_without_original to_part=%d from_part=%d ids=%s", partition, from_part,

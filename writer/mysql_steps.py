@@ -24,7 +24,7 @@ from chat.messages import Kind, Message, now_ms
 from chat.partitions import SlotMap, lock_name
 from chat.write_errors import CopyDeferred, EventRefused, PartitionBusy, WriteUnavailable
 from db.partition_map import tables_of
-from db.sql import conversation_key, row_to_message
+from db.sql import conversation_key
 from db.threads import Threads
 from writer import echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
@@ -323,11 +323,11 @@ class MySQLSteps:
         if keys:
             rows = conn.execute(select(messages).where(
                 tuple_(messages.c.sender, messages.c.client_msg_id).in_(list(keys)))).all()
-            known.originals = {(r.sender, r.client_msg_id): row_to_message(r) for r in rows}
+            known.originals = {(r.sender, r.client_msg_id): Message.from_row(r) for r in rows}
         if origins:
             rows = conn.execute(select(messages).where(
                 tuple_(messages.c.origin_part, messages.c.origin_id).in_(list(origins)))).all()
-            known.copies = {(r.origin_part, r.origin_id): row_to_message(r) for r in rows}
+            known.copies = {(r.origin_part, r.origin_id): Message.from_row(r) for r in rows}
         return known
 
     def _mark(self, conn: Connection, mirrored: int, last_id: int) -> None:
