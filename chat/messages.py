@@ -63,7 +63,8 @@ class Message:
     @classmethod
     def from_row(cls, row: Row) -> Message:
         """A row of a partition's `messages` table (created_at is kept in UTC,
-        without a zone). Columns a query leaves out take their defaults."""
+        without a zone). Columns a query leaves out take their defaults: the
+        pusher reads only what it decides on (``pusher.store.rows_after``)."""
         edited = getattr(row, "edited_at", None)
         return cls(row.id, row.sender, row.recipient, row.body, row.created_at.replace(tzinfo=UTC),
                    getattr(row, "client_msg_id", None), getattr(row, "origin_part", None),
