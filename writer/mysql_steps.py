@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
 from datetime import datetime
 
 from sqlalchemy import func, select, text, tuple_
@@ -284,9 +285,9 @@ class MySQLSteps:
                 device = (d.sender, d.recipient)
                 if (d.ref_id or 0) > facts.devices.get(device, 0) and (d.ref_id or 0) <= facts.last_id:
                     facts.devices[device] = moved[device] = d.ref_id or 0
-        for _pending, msg, _created in answers:
-            if msg.kind == Kind.ACK:
-                msg.ref_id = facts.devices.get((msg.sender, msg.recipient), 0)
+        for i, (pending, msg, created) in enumerate(answers):
+            if msg.kind == Kind.ACK:  # a new Message in its place: none is changed once made
+                answers[i] = (pending, replace(msg, ref_id=facts.devices.get((msg.sender, msg.recipient), 0)), created)
         return moved
 
     @staticmethod
