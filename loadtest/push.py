@@ -2,9 +2,9 @@
 
 `python -m loadtest.push [--quick] [--publish]`: a private MariaDB and FerretDB,
 the system as `make run` deploys it (the writer, the relay, the API processes,
-the daemons) plus the pusher, and a push gateway of the benchmark's own in its
-own process (loadtest/common/push_gateway.py), which records every
-notification it takes with its arrival time. N users (one device each):
+the daemons) plus the pusher, and a push gateway of our own in its own
+process (harness/push_gateway.py), which records every notification it takes
+with its arrival time. N users (one device each):
 
 - the **online** half hold a WebSocket (``/v1/ws?device=ws``) and ack every
   message frame they receive (``{"type": "ack", "upto": id}``); they register
@@ -55,8 +55,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import multiprocessing as mp
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -67,13 +65,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
-import httpx
 import orjson
 import typer
 
 from chat import auth
 from chatctl.client import Inbox
-from harness.servers import ROOT
+from harness.push_gateway import PushGateway
 from loadtest import wsload
 from loadtest.clients import lean as leanclient
 from loadtest.clients import lean_processes
@@ -106,32 +103,6 @@ IDLE_SECONDS = 5.0  # the pusher's CPU measured with nothing to push, before the
 SETTLE_LIMIT_SECONDS = 120.0  # the wait for a phase's pushes, and the drain's floor
 OUT_DEFAULT = UNPUBLISHED / "push.json"
 OUT_PUBLISHED = RESULTS / "push-latest.json"
-
-
-# --- the gateway process -------------------------------------------------------------------
-
-
-class Gateway:
-    """loadtest/common/push_gateway.py, run as a process of its own."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "loadtest.common.push_gateway"], cwd=ROOT,
-                                     stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("gateway listening on "):
-            self.close()
-            raise RuntimeError(f"the push gateway did not start: {line!r}")
-        self.url = line.rsplit(" ", 1)[1].strip()
-
-    def state(self) -> dict:
-        return httpx.get(f"{self.url}/_bench/received", timeout=30).json()
-
-    def mode(self, mode: str) -> None:
-        httpx.post(f"{self.url}/_bench/mode", json={"mode": mode}, timeout=30).raise_for_status()
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
 
 
 # --- the online clients (processes of their own) --------------------------------------------
@@ -229,10 +200,12 @@ class Push:
     device: str
 
 
-def parse_received(records: Iterable[list]) -> list[Push]:
-    """The gateway's records (``[arrival, key, event_id, pushkey, unread]``) as pushes, named by their key."""
+def parse_received(records: Iterable[dict]) -> list[Push]:
+    """The gateway's records (``{"arrival", "key", "notification"}``, harness/push_gateway.py) as pushes,
+    named by their key."""
     out = []
-    for arrival, key, *_ in records:
+    for record in records:
+        arrival, key = record["arrival"], record["key"]
         partition, event_id, rest = key.split(":", 2)
         user, device = rest.rsplit(":", 1)
         out.append(Push(float(arrival), key, int(partition), int(event_id), user, device))
@@ -516,7 +489,7 @@ def read_check_inputs(engine: Engine, start: dict[int, int]) -> tuple[list[Strea
     return rows, slot_map.partition_of, decided, acked, read, registered
 
 
-def run(system: System, gateway: Gateway, users: int, rate: float, seconds: float, outage: str) -> dict:
+def run(system: System, gateway: PushGateway, users: int, rate: float, seconds: float, outage: str) -> dict:
     from db.partition_map import load_slot_map
     from db.sql import make_engine
 
@@ -630,7 +603,7 @@ def main(users: int = typer.Option(10_000, help="users: half online on WebSocket
               "seconds_per_phase": seconds, "phases": list(PHASES), "messages_per_phase": int(rate * seconds),
               "push_delay_seconds": delay, "outage": outage}
     started = time.monotonic()
-    gateway = Gateway()
+    gateway = PushGateway()
     try:
         with databases(Path(tempfile.mkdtemp(prefix="push-dbs-"))) as dbs:
             with running_system(dbs, daemons=DEPLOYED_DAEMONS, **AS_DEPLOYED, CHAT_RATE_LIMIT_PER_SECOND="0",

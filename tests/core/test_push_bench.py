@@ -42,7 +42,8 @@ def test_a_row_outside_the_recipient_s_own_partition_or_before_the_pusher_s_star
 
 
 def test_parse_received_names_each_push_by_its_key():
-    [p] = parse_received([[12.5, "2:41:user:one:phone", "41", "pk", 3]])
+    [p] = parse_received([{"arrival": 12.5, "key": "2:41:user:one:phone",
+                            "notification": {"event_id": "41", "devices": [{"pushkey": "pk"}]}}])
     assert (p.arrival, p.partition, p.event_id, p.user, p.device) == (12.5, 2, 41, "user:one", "phone")
 
 

@@ -1,6 +1,6 @@
 """Offline push (docs/push.md), end to end: the API's device registrations, the
-pusher process, MySQL, and a push gateway of the tests' own in its own process
-(tests/push/gateway.py), which answers as the Matrix Push Gateway API says or
+pusher process, MySQL, and a push gateway of our own in its own process
+(harness/push_gateway.py), which answers as the Matrix Push Gateway API says or
 fails, stalls and rejects when told.
 
 No test waits for the delay to pass by sleeping. A push that must come is
@@ -15,8 +15,6 @@ import contextlib
 import os
 from datetime import UTC, datetime, timedelta
 import signal
-import subprocess
-import sys
 import uuid
 
 import httpx
@@ -25,7 +23,7 @@ import pytest
 import websockets
 from sqlalchemy import create_engine, text
 
-from harness.servers import ROOT
+from harness.push_gateway import PushGateway
 from pusher.process import SEND_BATCH
 from harness.system import System, running_system
 from tests.e2e.helpers import post
@@ -35,34 +33,9 @@ from tests.timing import PATIENCE, eventually
 DELAY = "0.5"  # CHAT_PUSH_DELAY_SECONDS here: short, as nothing waits for it but the pusher
 
 
-class Gateway:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.push.gateway"], cwd=ROOT, stdout=subprocess.PIPE,
-                                     text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        assert line.startswith("gateway listening on "), line
-        self.url = line.rsplit(" ", 1)[1].strip()
-
-    def received(self) -> list[dict]:
-        return httpx.get(f"{self.url}/_test/received", timeout=PATIENCE).json()["received"]
-
-    def refused(self) -> int:
-        return httpx.get(f"{self.url}/_test/received", timeout=PATIENCE).json()["refused"]
-
-    def mode(self, mode: str, reject: list[str] | None = None) -> None:
-        httpx.post(f"{self.url}/_test/mode", json={"mode": mode, "reject": reject or []}, timeout=PATIENCE)
-
-    def to(self, pushkey: str) -> list[dict]:
-        return [r for r in self.received() if r["notification"]["devices"][0]["pushkey"] == pushkey]
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def gateway():
-    g = Gateway()
+    g = PushGateway()
     yield g
     g.close()
 
@@ -123,7 +96,7 @@ async def sent(system: System, sender: str, to: str, body: str) -> dict:
     return r.json()
 
 
-async def barrier(system: System, gateway: Gateway) -> None:
+async def barrier(system: System, gateway: PushGateway) -> None:
     """Every message sent before now is decided: a marker message to an offline
     user of the same partition is pushed only after them."""
     tag = uuid.uuid4().hex[:8]
@@ -213,12 +186,12 @@ async def test_a_gateway_that_fails_loses_nothing_and_pushes_nothing_twice(pushi
     alice = users("alice")
     people = [users(f"bob{i}") for i in range(3)]
     phones = [await register(pushing, bob, "phone") for bob in people]
-    refused_before = gateway.refused()
+    refused_before = gateway.state()["refused"]
     gateway.mode("fail")
     try:
         for bob in people:
             await send(pushing, alice, bob, "while the gateway is down")
-        await eventually(lambda: gateway.refused() >= refused_before + 2 * len(people), "retries refused")
+        await eventually(lambda: gateway.state()["refused"] >= refused_before + 2 * len(people), "retries refused")
     finally:
         gateway.mode("ok")
     await eventually(lambda: all(gateway.to(p) for p in phones), "every push once the gateway is back")
@@ -243,10 +216,9 @@ async def test_a_killed_pusher_pushes_what_it_had_not_after_its_restart(pushing,
         for bob in people:
             await send(pushing, alice, bob, "before the kill")
         await eventually(lambda: outbox(attempted=True) == len(people), "every push decided and tried")
-        stalled = httpx.get(f"{gateway.url}/_test/received", timeout=PATIENCE).json()["stalled"]
+        stalled = gateway.state()["stalled"]
         gateway.mode("stall")  # the next tries hang: the pusher dies with requests in flight
-        await eventually(lambda: httpx.get(f"{gateway.url}/_test/received", timeout=PATIENCE).json()["stalled"]
-                         > stalled, "a request in flight")
+        await eventually(lambda: gateway.state()["stalled"] > stalled, "a request in flight")
         pushing.stop("pusher", signal.SIGKILL)
     finally:
         gateway.mode("ok")  # the held requests are taken now, and their pusher is gone
