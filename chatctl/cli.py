@@ -293,7 +293,7 @@ def partitions_grow(count: int = typer.Argument(..., help="The number of partiti
 
     try:
         typer.echo(partitions.grow(Settings(), count))
-    except (partitions.Refused, NoSlotMap) as exc:
+    except (partitions.ChangeRefused, NoSlotMap) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
 

@@ -20,7 +20,7 @@ from db import mongo
 from db.partition_map import NoSlotMap, ensure_tables, read_slot_map, write_slot_map
 
 
-class Refused(Exception):
+class ChangeRefused(Exception):
     """What the operator must do first (the message says)."""
 
 
@@ -45,9 +45,9 @@ def _ranges(slots: list[int]) -> str:
 
 def check_growth(current: SlotMap, partitions: int) -> None:
     if partitions <= current.partitions:
-        raise Refused(f"the store has {current.partitions} partitions: grow to more (partitions never shrink)")
+        raise ChangeRefused(f"the store has {current.partitions} partitions: grow to more (partitions never shrink)")
     if partitions > MAX_PARTITIONS:
-        raise Refused(f"at most {MAX_PARTITIONS} partitions")
+        raise ChangeRefused(f"at most {MAX_PARTITIONS} partitions")
 
 
 def show(settings: Settings) -> str:
@@ -92,11 +92,11 @@ def _hold_every_writer_lock(conn: Connection, partitions: int) -> None:
     names = [lock_name(k) for k in range(partitions)] + [lock_name(k) + ".next" for k in range(partitions)]
     held = [n for n in names if conn.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": n}).scalar() is not None]
     if held:
-        raise Refused(f"stop the writers first: {', '.join(held)} held")
+        raise ChangeRefused(f"stop the writers first: {', '.join(held)} held")
     for name in names:
         if conn.execute(text("SELECT GET_LOCK(:n, 0)"), {"n": name}).scalar() != 1:
             conn.execute(text("SELECT RELEASE_ALL_LOCKS()"))
-            raise Refused(f"stop the writers first: {name} was just taken")
+            raise ChangeRefused(f"stop the writers first: {name} was just taken")
     conn.commit()
 
 

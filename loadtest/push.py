@@ -74,7 +74,7 @@ from harness.push_gateway import PushGateway
 from loadtest import wsload
 from loadtest.clients import lean as leanclient
 from loadtest.clients import lean_processes
-from loadtest.clients.lean_processes import Job
+from loadtest.clients.lean_processes import LeanJob
 from loadtest.clients.websocket import masked
 from loadtest.common import machine
 from loadtest.common.results import RESULTS, UNPUBLISHED
@@ -109,7 +109,7 @@ OUT_PUBLISHED = RESULTS / "push-latest.json"
 
 
 @dataclass
-class Shared:
+class PushShared:
     connected: Synchronized[int]
     messages: Synchronized[int]  # message frames received, every process
     stop: Event
@@ -119,7 +119,7 @@ class Acker:
     """One client process's connections: each acks every message frame it receives, and
     records ``[sent_at, delivery s]`` of it (the send time is the body's first word)."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: LeanJob) -> None:
         self.job = job
         self.inboxes = {u: Inbox() for u in job.users}
         self.clients: dict[str, leanclient.LeanClient] = {}
@@ -145,7 +145,7 @@ class Acker:
                 self.errors.append({k: doc.get(k) for k in ("code", "message", "frame")})
 
 
-async def _clients(job: Job, shared: Shared) -> None:
+async def _clients(job: LeanJob, shared: PushShared) -> None:
     side = Acker(job)
     failures = 0
     gate = asyncio.Semaphore(200)  # handshakes in flight
@@ -456,7 +456,7 @@ def wait_pushed(engine: Engine, partitions: int, limit: float) -> tuple[float, i
     return time.monotonic() - started, undecided, outbox
 
 
-def wait_delivered(shared: Shared, want: int, limit: float) -> float:
+def wait_delivered(shared: PushShared, want: int, limit: float) -> float:
     started = time.monotonic()
     while shared.messages.value < want and time.monotonic() - started < limit:
         time.sleep(0.1)
@@ -507,7 +507,7 @@ def run(system: System, gateway: PushGateway, users: int, rate: float, seconds: 
     nprocs = max(1, -(-len(online) // wsload.CLIENTS_PER_PROC))
     tmp = Path(tempfile.mkdtemp(prefix="push-"))
     ctx = mp.get_context("spawn")
-    shared = Shared(ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event())
+    shared = PushShared(ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event())
     procs = lean_processes.ClientProcesses(
         _clients, lean_processes.jobs(online, nprocs, system.ws_url, system.secret, tmp), shared, shared.stop)
     procs.start()

@@ -44,7 +44,7 @@ from db.partition_map import load_slot_map
 from db.sql import make_engine
 from db.threads import Threads
 from pusher import core, metrics, store
-from pusher.gateway import Answer, Gateway
+from pusher.gateway import GatewayAnswer, Gateway
 
 log = logging.getLogger("chat.pusher")
 T = TypeVar("T")
@@ -150,7 +150,7 @@ class PartitionPusher:
             return False
         limit = asyncio.Semaphore(SEND_CONCURRENCY)
 
-        async def one(row: Row) -> tuple[Row, Answer]:
+        async def one(row: Row) -> tuple[Row, GatewayAnswer]:
             async with limit:
                 return row, await self._gateway.notify(orjson.loads(row.notification), row.key)
 
@@ -164,11 +164,11 @@ class PartitionPusher:
             await self._settle(conn, row, answer)
         return len(due) == SEND_BATCH
 
-    def _gives_up(self, row: Row, answer: Answer) -> bool:
+    def _gives_up(self, row: Row, answer: GatewayAnswer) -> bool:
         return not answer.accepted and core.gives_up(row.created_at.replace(tzinfo=UTC), self._clock(),
                                                      self._settings.push_give_up_seconds)
 
-    async def _settle(self, conn: Connection, row: Row, answer: Answer) -> None:
+    async def _settle(self, conn: Connection, row: Row, answer: GatewayAnswer) -> None:
         """What a row's answer leaves to do once the batch's taken rows are deleted."""
         now = self._clock()
         if answer.accepted:

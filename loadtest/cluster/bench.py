@@ -30,7 +30,7 @@ from cluster.plan import DAEMON_METRICS_BASE, RELAY_METRICS_PORT, make_plan
 from cluster.up import Cluster
 from loadtest.cluster import figures as fig
 from loadtest.common import machine
-from loadtest.cluster.traffic import ClientJob, Device, Sent, client_process, send
+from loadtest.cluster.traffic import ClientJob, ClientDevice, Sent, client_process, send
 from loadtest.common.log_scan import tokens_in_logs
 from loadtest.common.results import RESULTS
 
@@ -81,7 +81,7 @@ def delta(before: dict[str, float | None], after: dict[str, float | None]) -> di
 def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool, traffic: Traffic,
                 fault: Fault | None = None, fault_at: float = 0.0, fault_for: float = 0.0) -> dict:
     users = [f"{label}-u{i}" for i in range(traffic.users)]
-    devices = [Device(u, j, partition_of(u, partitions) if partitioned else None)
+    devices = [ClientDevice(u, j, partition_of(u, partitions) if partitioned else None)
                for u in users for j in range(traffic.devices)]
     tmp = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
     ctx = mp.get_context("spawn")

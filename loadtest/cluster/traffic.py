@@ -38,7 +38,9 @@ RECONNECT_SECONDS = 60.0  # a device gives up reconnecting after this long witho
 
 
 @dataclass
-class Device:
+class ClientDevice:
+    """One socket a client process holds: its user, which of the user's devices, its route."""
+
     user: str
     index: int  # of the user's devices
     partition: int | None  # the ?partition= it connects with; None: none
@@ -46,7 +48,7 @@ class Device:
 
 @dataclass
 class ClientJob:
-    devices: list[Device]
+    devices: list[ClientDevice]
     host: str
     port: int
     secret: str
@@ -77,7 +79,7 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
         arrivals.append([now, now - float(doc["body"].split(" ", 1)[0])])
         counted += 1
 
-    async def device(i: int, d: Device) -> None:
+    async def device(i: int, d: ClientDevice) -> None:
         nonlocal reconnects, failures
         token = auth.mint(job.secret, d.user, 7200)
         query = "" if d.partition is None else f"partition={d.partition}"
