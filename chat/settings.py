@@ -204,6 +204,10 @@ class Settings(BaseSettings):
     push_give_up_seconds: float = Field(
         600.0, gt=0, description="How long the pusher retries a notification the gateway does not accept.",
     )
+    push_outbox_max: int = Field(
+        10_000, ge=1, description="Notifications a partition's outbox holds at which its pusher decides no further "
+        "until the gateway takes some: the queue stays bounded while the gateway is down.",
+    )
     push_devices_max: int = Field(10, ge=1, le=100, description="Push devices one user may register.")
 
     metrics_port: int = Field(

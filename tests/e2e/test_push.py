@@ -21,10 +21,12 @@ import httpx
 import orjson
 import pytest
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
 from harness.push_gateway import PushGateway
 from pusher.process import SEND_BATCH
+from pusher.store import lease_name
 from harness.system import System, running_system
 from tests.e2e.helpers import post
 from harness.waiting import eventually_sync
@@ -232,6 +234,54 @@ async def test_a_killed_pusher_pushes_what_it_had_not_after_its_restart(pushing,
     assert sum(len(gateway.to(p)) for p in phones) - len(people) <= SEND_BATCH
 
 
+def outbox_size(system: System) -> int:
+    return sql(system, "SELECT COUNT(*) FROM push_outbox WHERE `partition` = 0")[0][0]
+
+
+def held_steps(system: System) -> float:
+    """chat_pusher_decisions_held_total of partition 0, from the pusher's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{system.pusher_metrics_ports['pusher']}/metrics", timeout=PATIENCE).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "chat_pusher_decisions_held_total" and sample.labels == {"partition": "0"}:
+                return sample.value
+    return 0.0
+
+
+async def test_past_its_outbox_bound_the_pusher_decides_nothing_until_the_gateway_takes_some(pushing, gateway, users):
+    bound = 3  # CHAT_PUSH_OUTBOX_MAX here, for a pusher of its own: 10,000 as deployed
+    await eventually(lambda: outbox_size(pushing) == 0, "the outbox of the tests before emptied")
+    pushing.stop("pusher")
+    pushing.start("pusher", CHAT_PUSH_OUTBOX_MAX=str(bound))
+    try:
+        alice = users("alice")
+        people = [users(f"bob{i}") for i in range(bound + 1)]
+        phones = [await register(pushing, bob, "phone") for bob in people]
+        gateway.mode("fail")  # nothing leaves the outbox
+        for bob in people[:bound]:
+            await send(pushing, alice, bob, "while the gateway is down")
+        await eventually(lambda: outbox_size(pushing) == bound, "the outbox at its bound")
+        last = await sent(pushing, alice, people[-1], "past the bound")
+        await eventually(lambda: due(last["created_at"]), "the last message past the delay")
+        held = held_steps(pushing)
+        # a step that looked after the last message was due, and decided nothing
+        await eventually(lambda: held_steps(pushing) > held, "a step held back by the full outbox")
+        assert sql(pushing, "SELECT upto FROM push_state WHERE id = 0")[0][0] < int(last["id"])
+        assert outbox_size(pushing) == bound
+        gateway.mode("ok")
+        # the outbox drains as retries come due, and the last message is decided once it has room
+        await eventually(lambda: all(gateway.to(p) for p in phones), "every push, the last one's too")
+        assert [r["notification"]["event_id"] for r in gateway.to(phones[-1])] == [last["id"]]
+        assert [len(gateway.to(p)) for p in phones] == [1] * len(phones)
+        await eventually(lambda: outbox_size(pushing) == 0, "the outbox emptied")
+    finally:
+        gateway.mode("ok")
+        pushing.stop("pusher")
+        pushing.start("pusher")  # the module's, with the deployed bound
+        eventually_sync(lambda: sql(pushing, "SELECT IS_USED_LOCK(:n)", n=lease_name(0))[0][0] is not None,
+                        "the lease taken again")
+
+
 async def test_device_registrations_have_their_limits_and_documented_refusals(pushing, users):
     bob = users("bob")
     r = await call(pushing, bob, "POST", "/v1/devices",
@@ -277,7 +327,6 @@ def two_pushers(tmp_path_factory, gateway):
 
 def lease_holders(system: System) -> dict[int, int | None]:
     """partition -> the MySQL connection id that holds its pusher lock."""
-    from pusher.store import lease_name
     return {k: sql(system, "SELECT IS_USED_LOCK(:n)", n=lease_name(k))[0][0] for k in (0, 1)}
 
 
