@@ -32,7 +32,7 @@ from api.ratelimit import RateLimiter
 from api.state import State
 from api.validation import parse_bearer, parse_dev_login, parse_history_query
 from chat import auth
-from chat.messages import Kind
+from chat.messages import Kind, Message
 from chat.metrics_port import serve_metrics
 from chat.partitions import LiveMap, SlotMap, suffix
 from chat.settings import Settings
@@ -41,7 +41,7 @@ from db import mongo
 from db.partition_map import load_slot_map, tables_of, watch_slot_map
 from db.retention import run_sweeper
 from db.conversation_state import peer_markers, read_markers_of, unread_by_peer
-from db.sql import MAX_OVERFLOW, conversation_key, make_engine, pool_size_of, row_to_message
+from db.sql import MAX_OVERFLOW, conversation_key, make_engine, pool_size_of
 from db.threads import Threads
 from oplog.wake import WakePublisher
 from writer.client import RemoteWriter
@@ -104,7 +104,7 @@ async def get_history(request: Request) -> Response:
         query = query.where(messages.c.id < before)
 
     rows = await _read(st, query)
-    page = [row_to_message(r).to_public() for r in rows[:limit]]
+    page = [Message.from_row(r).to_public() for r in rows[:limit]]
     next_before = page[-1]["id"] if len(rows) > limit else None
     return json_response({"messages": page, "next_before": next_before})
 
@@ -122,7 +122,7 @@ async def get_conversations(request: Request) -> Response:
     rows, unread, mine, theirs = await st.read(read)
     conversations = []
     for row in rows:
-        msg = row_to_message(row).to_public()
+        msg = Message.from_row(row).to_public()
         peer = row.recipient if row.sender == user else row.sender
         marks = theirs.get(peer, {})
         conversations.append({"with": peer, "last": msg, "unread": unread.get(peer, 0),

@@ -1,7 +1,9 @@
 """The message as it travels: MySQL row -> Mongo document -> oplog entry -> JSON frame.
 
 Pure functions only, so the shapes are tested with plain dicts. A message is
-encoded to bytes once and the same bytes go to every socket.
+encoded to bytes once and the same bytes go to every socket. ``Message`` is the
+one type of a row of the stream: ``from_row`` (a MySQL row), ``to_doc`` and
+``from_doc`` (a Mongo document, or an oplog entry's ``o``), ``to_public``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import orjson
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Row
 
 
 class Kind(IntEnum):
@@ -53,6 +59,32 @@ class Message:
     ref_id: int | None = None  # an event's message (or "up to"), an id of this row's partition
     edited_at: datetime | None = None  # a message's last edit
     deleted: bool = False  # a message deleted by its sender: a tombstone, its body ""
+
+    @classmethod
+    def from_row(cls, row: Row) -> Message:
+        """A row of a partition's `messages` table (created_at is kept in UTC,
+        without a zone). Columns a query leaves out take their defaults: the
+        pusher reads only what it decides on (``pusher.store.rows_after``)."""
+        edited = getattr(row, "edited_at", None)
+        return cls(row.id, row.sender, row.recipient, row.body, row.created_at.replace(tzinfo=UTC),
+                   getattr(row, "client_msg_id", None), getattr(row, "origin_part", None),
+                   getattr(row, "origin_id", None), getattr(row, "kind", 0) or 0, getattr(row, "ref_id", None),
+                   None if edited is None else edited.replace(tzinfo=UTC), bool(getattr(row, "deleted", False)))
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> Message:
+        """A document of `messages` (``to_doc``'s shape, ``is_message_doc`` holds),
+        as a driver hands it back: datetimes naive (pymongo's default, in UTC) or
+        aware, ids as int or bson.Int64."""
+        created, edited = doc["created_at"], doc.get("edited_at")
+        if created.tzinfo is None:
+            created = created.replace(tzinfo=UTC)
+        if edited is not None and edited.tzinfo is None:
+            edited = edited.replace(tzinfo=UTC)
+        origin_part, origin_id, ref = doc.get("origin_part"), doc.get("origin_id"), doc.get("ref")
+        return cls(int(doc["_id"]), doc["from"], doc["to"], doc["body"], created, doc.get("client_msg_id"),
+                   None if origin_part is None else int(origin_part), None if origin_id is None else int(origin_id),
+                   int(doc.get("kind", 0)), None if ref is None else int(ref), edited, bool(doc.get("deleted")))
 
     def to_doc(self) -> dict:
         doc = {
@@ -135,8 +167,11 @@ Encoded = tuple[int, str, str, datetime, bytes]
 
 def encode_doc(doc: dict) -> Encoded:
     """A Mongo document as the daemon keeps and sends it, its JSON encoded once.
-    Straight from the document: building a Message first cost 0.6 us of a
-    message's ~4 us of Python in the daemon (loadtest/hotpath.py)."""
+    Straight from the document, not through ``Message.from_doc``: building a
+    Message first cost 0.6 us of a message's ~4 us of Python in the daemon
+    (loadtest/hotpath.py), and this runs once per oplog entry. It reads the
+    fields ``from_doc`` reads, and tests/core/test_messages.py holds the two
+    to the same frame."""
     created = doc["created_at"]
     if created.tzinfo is None:  # pymongo's default: naive datetimes, in UTC
         created = created.replace(tzinfo=UTC)

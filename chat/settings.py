@@ -335,6 +335,10 @@ class PushSettings(_Section):
     give_up_seconds: Annotated[float, Env("CHAT_PUSH_GIVE_UP_SECONDS")] = Field(
         600.0, gt=0, description="How long the pusher retries a notification the gateway does not accept.",
     )
+    outbox_max: Annotated[int, Env("CHAT_PUSH_OUTBOX_MAX")] = Field(
+        10_000, ge=1, description="Notifications a partition's outbox holds at which its pusher decides no further "
+        "until the gateway takes some: the queue stays bounded while the gateway is down.",
+    )
     devices_max: Annotated[int, Env("CHAT_PUSH_DEVICES_MAX")] = Field(
         10, ge=1, le=100, description="Push devices one user may register.")
     metrics_host: Annotated[str, Env("CHAT_PUSH_METRICS_HOST", "CHAT_METRICS_HOST")] = Field(

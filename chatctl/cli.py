@@ -331,7 +331,7 @@ def _run_move(run: Callable[[Settings], str]) -> None:
 
     try:
         typer.echo(run(Settings()))
-    except (partitions.Refused, NoSlotMap) as exc:
+    except (partitions.ChangeRefused, NoSlotMap) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
 

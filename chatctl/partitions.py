@@ -28,7 +28,7 @@ def _say(line: str) -> None:
     print(line, flush=True)  # a step at a time, as it happens: the operator watches a long copy
 
 
-class Refused(Exception):
+class ChangeRefused(Exception):
     """What the operator must do first (the message says)."""
 
 
@@ -53,9 +53,9 @@ def _ranges(slots: list[int]) -> str:
 
 def check_growth(current: SlotMap, partitions: int) -> None:
     if partitions <= current.partitions:
-        raise Refused(f"the store has {current.partitions} partitions: grow to more (partitions never shrink)")
+        raise ChangeRefused(f"the store has {current.partitions} partitions: grow to more (partitions never shrink)")
     if partitions > MAX_PARTITIONS:
-        raise Refused(f"at most {MAX_PARTITIONS} partitions")
+        raise ChangeRefused(f"at most {MAX_PARTITIONS} partitions")
 
 
 def show(settings: Settings) -> str:
@@ -88,13 +88,13 @@ def move(settings: Settings, slots: list[int], to: int, report: Callable[[str], 
     """Moves ``slots`` to partition ``to`` (a new partition, if it is the next one) online."""
     def plan(current: SlotMap) -> MovePlan:
         if not 0 <= to <= min(current.partitions, MAX_PARTITIONS - 1):
-            raise Refused(f"partition {to} is not one of 0..{current.partitions} (the next one is made)")
+            raise ChangeRefused(f"partition {to} is not one of 0..{current.partitions} (the next one is made)")
         try:
             after = current.move(slots, to)
         except BadPartitions as exc:
-            raise Refused(str(exc)) from None
+            raise ChangeRefused(str(exc)) from None
         if after.owner == current.owner:
-            raise Refused(f"slots {_ranges(sorted(set(slots)))} are in partition {to} already")
+            raise ChangeRefused(f"slots {_ranges(sorted(set(slots)))} are in partition {to} already")
         return MovePlan(current, after)
     return _move(settings, plan, report, page)
 
@@ -102,7 +102,7 @@ def move(settings: Settings, slots: list[int], to: int, report: Callable[[str], 
 def prepare(settings: Settings, partitions: int) -> str:
     """Creates the tables and collections of ``partitions`` partitions (those that exist stay)."""
     if not 1 <= partitions <= MAX_PARTITIONS:
-        raise Refused(f"partitions are 1..{MAX_PARTITIONS}")
+        raise ChangeRefused(f"partitions are 1..{MAX_PARTITIONS}")
     engine = create_engine(settings.stores.mysql_url.get_secret_value())
     try:
         ensure_tables(engine, partitions)
@@ -124,10 +124,10 @@ def parse_slots(text: str) -> list[int]:
     for item in text.split(","):
         low, _, high = item.strip().partition("-")
         if not low.isdecimal() or (high and not high.isdecimal()):
-            raise Refused(f"slots are numbers or ranges like 0-99,512, not {item!r}")
+            raise ChangeRefused(f"slots are numbers or ranges like 0-99,512, not {item!r}")
         first, last = int(low), int(high or low)
         if not 0 <= first <= last < SLOTS:
-            raise Refused(f"slots are 0..{SLOTS - 1}: {item!r}")
+            raise ChangeRefused(f"slots are 0..{SLOTS - 1}: {item!r}")
         slots.extend(range(first, last + 1))
     return slots
 
@@ -142,12 +142,12 @@ def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, rep
             in_progress = read_progress(conn)
         if planned is None:
             if in_progress is None:
-                raise Refused("no move is in progress")
+                raise ChangeRefused("no move is in progress")
             plan = in_progress.plan
         elif in_progress is not None:
             plan = in_progress.plan
             if plan != planned(plan.before):
-                raise Refused(f"another move (to epoch {plan.after.epoch}) is in progress: "
+                raise ChangeRefused(f"another move (to epoch {plan.after.epoch}) is in progress: "
                               "run `chatctl partitions resume` first")
         else:
             plan = planned(current)
@@ -163,7 +163,7 @@ def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, rep
                       stores.db_timeout_seconds, report, page)
         return describe(mover.run(progress))
     except MoveRefused as exc:
-        raise Refused(str(exc)) from None
+        raise ChangeRefused(str(exc)) from None
     finally:
         if mover is not None:
             mover.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.partitions import Daemon
+from cluster.partitions import ClusterDaemon
 
 ALL_DAEMONS = "chat_daemons_all"
 
@@ -48,7 +48,7 @@ def _servers(addresses: list[str]) -> str:
     return "\n".join(f"        server {a} max_fails=1 fail_timeout=10s;" for a in addresses)
 
 
-def render(listen: str, apis: list[str], daemons: list[Daemon], partitions: int, paths: EdgePaths,
+def render(listen: str, apis: list[str], daemons: list[ClusterDaemon], partitions: int, paths: EdgePaths,
            worker_connections: int = 16384) -> str:
     """``listen``: address:port; ``apis``: address:port of every API; ``daemons``: every daemon and what it serves."""
     if not apis:

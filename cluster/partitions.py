@@ -22,7 +22,9 @@ def partition_of(user: str, partitions: int) -> int:
 
 
 @dataclass(frozen=True)
-class Daemon:
+class ClusterDaemon:
+    """Where one daemon of the cluster runs, and the partitions it serves."""
+
     host: str  # namespace
     address: str
     index: int  # on its host: listens on 8100 + index
@@ -37,7 +39,7 @@ class Daemon:
 
 def daemon_partitions(index: int, daemons_per_host: int, partitions: int) -> tuple[int, ...]:
     """Daemon ``index`` of every host serves the partitions k with k = index (mod min(P, daemons per host)),
-    today's and those a grow adds (its rule, ``Daemon.rule``).
+    today's and those a grow adds (its rule, ``ClusterDaemon.rule``).
 
     Every host holds every partition (each on at least one of its daemons), so
     a host killed leaves each partition served by the others; each daemon
@@ -50,10 +52,10 @@ def daemon_partitions(index: int, daemons_per_host: int, partitions: int) -> tup
     return tuple(k for k in range(partitions) if k % groups == index % groups)
 
 
-def assign(hosts: list[tuple[str, str]], daemons_per_host: int, partitions: int, port_base: int) -> list[Daemon]:
+def assign(hosts: list[tuple[str, str]], daemons_per_host: int, partitions: int, port_base: int) -> list[ClusterDaemon]:
     """``hosts``: (namespace, address) each. Fails if a partition would be served on fewer than two hosts."""
     groups = min(partitions, daemons_per_host)
-    daemons = [Daemon(ns, addr, d, port_base + d, daemon_partitions(d, daemons_per_host, partitions),
+    daemons = [ClusterDaemon(ns, addr, d, port_base + d, daemon_partitions(d, daemons_per_host, partitions),
                       f"%{groups}={d % groups}")
                for ns, addr in hosts for d in range(daemons_per_host)]
     for k in range(partitions):
@@ -63,7 +65,7 @@ def assign(hosts: list[tuple[str, str]], daemons_per_host: int, partitions: int,
     return daemons
 
 
-def serving(daemons: list[Daemon], partition: int) -> list[Daemon]:
+def serving(daemons: list[ClusterDaemon], partition: int) -> list[ClusterDaemon]:
     return [d for d in daemons if partition in d.partitions]
 
 

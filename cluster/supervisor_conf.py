@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.partitions import Daemon
+from cluster.partitions import ClusterDaemon
 from cluster.plan import API_METRICS_PORT, API_PORT, DAEMON_METRICS_BASE, RELAY_METRICS_PORT, WRITER_METRICS_PORT
 
 
@@ -20,7 +20,7 @@ class HostSpec:
     repo: Path
     python: Path
     env: dict[str, str]  # for every process: the stores, the secret, ...
-    daemons: list[Daemon] = field(default_factory=list)
+    daemons: list[ClusterDaemon] = field(default_factory=list)
     partitions: int | None = None  # None: the data path is not partitioned (no partition settings at all)
 
 

@@ -25,7 +25,7 @@ from sqlalchemy import create_engine, text
 from chat.settings import Settings, StoresSettings
 from chatctl.partitions import grow
 from cluster import netns, nginx_conf, supervisor_conf
-from cluster.partitions import Daemon, assign
+from cluster.partitions import ClusterDaemon, assign
 from cluster.plan import (
     API_PORT,
     DAEMON_PORT_BASE,
@@ -57,7 +57,7 @@ class Cluster:
         self.secret = secrets.token_urlsafe(48)
         self.mysql_password = secrets.token_urlsafe(24)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.daemons: list[Daemon] = []
+        self.daemons: list[ClusterDaemon] = []
         self.partitions: int | None = None
         self.toxiproxy: Toxiproxy | None = None
 

@@ -34,7 +34,7 @@ from daemon.http_checks import parser_refusal, refusal
 from daemon.http_phase import HttpPhase, Request
 from daemon.hub import Subscriber
 from daemon.client_frames import DEFAULT_DEVICE, BadClientFrame, ClientFrames
-from daemon.inbound import FRAGMENT, Control, Ending, Inbound, Message
+from daemon.inbound import FRAGMENT, Control, Ending, Inbound, DataMessage
 from daemon.wire import PING, Opcode, close_frame, http_response, pong_frame, text_frame
 
 log = logging.getLogger("chat.daemon")
@@ -295,7 +295,7 @@ class Connection(asyncio.Protocol):
         finally:
             self.first = None
 
-    def on_message(self, message: Message) -> None:
+    def on_message(self, message: DataMessage) -> None:
         """A client's whole data message: the ``auth`` frame, where the handshake
         had no token, then acks and read markers (``daemon.client_frames``);
         each is checked (framing, UTF-8) and counted against the frame rate
@@ -339,7 +339,7 @@ class Connection(asyncio.Protocol):
             if type(event) is Control:
                 if event.opcode is Opcode.PING and not self.transport.is_closing():
                     self.transport.write(pong_frame(event.data))
-            elif type(event) is Message and event is not FRAGMENT:
+            elif type(event) is DataMessage and event is not FRAGMENT:
                 self.on_message(event)
 
     def _within_rate(self) -> bool:

@@ -45,7 +45,7 @@ class Ending(NamedTuple):
     metric: str | None
 
 
-class Message(NamedTuple):
+class DataMessage(NamedTuple):
     """A data message, reported when its last frame is in. ``data`` is the
     whole payload where messages are kept, else empty."""
 
@@ -58,7 +58,7 @@ class Control(NamedTuple):
     data: bytes
 
 
-FRAGMENT = Message(Opcode.CONT, b"")  # a data frame that is not a message's last
+FRAGMENT = DataMessage(Opcode.CONT, b"")  # a data frame that is not a message's last
 
 
 def protocol_error(reason: str) -> Ending:
@@ -95,7 +95,7 @@ class _InFlight:
 
 class Inbound:
     """Client frames, fed in as they arrive. ``feed`` returns, in order,
-    ``Control`` (pings, pongs), ``Message`` (a data frame: ``FRAGMENT`` unless
+    ``Control`` (pings, pongs), ``DataMessage`` (a data frame: ``FRAGMENT`` unless
     it ends a message) and at most one ``Ending``, which is always last:
     nothing is read after it."""
 
@@ -123,12 +123,12 @@ class Inbound:
         """Nothing unfinished: the connection can drop this reader."""
         return not self._buffer and self._opcode is None and self._message is None
 
-    def feed(self, data: bytes) -> list[Control | Message | Ending]:
+    def feed(self, data: bytes) -> list[Control | DataMessage | Ending]:
         if self._ended:
             return []
         buffer = self._buffer
         buffer += data
-        events: list[Control | Message | Ending] = []
+        events: list[Control | DataMessage | Ending] = []
         at = 0
         while True:
             if self._opcode is None:
@@ -246,7 +246,7 @@ class Inbound:
                         _utf8(chunk, "strict", True)
                     except UnicodeDecodeError:
                         return Ending(CloseCode.INVALID_DATA, "text is not UTF-8", "invalid_utf8")
-                events.append(Message(opcode, chunk if self._keep else b""))
+                events.append(DataMessage(opcode, chunk if self._keep else b""))
                 return None
             message = self._message = _InFlight(opcode)
         if message.decoder is not None:
@@ -264,5 +264,5 @@ class Inbound:
             events.append(FRAGMENT)
             return None
         self._message = None
-        events.append(Message(message.opcode, b"".join(message.parts)))
+        events.append(DataMessage(message.opcode, b"".join(message.parts)))
         return None

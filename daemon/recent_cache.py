@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 import orjson
 
-from chat.messages import Encoded, Kind, encode_doc, rfc3339
+from chat.messages import Encoded, Kind, Message, encode_doc, rfc3339
 
 
 class RecentCache:
@@ -69,17 +69,18 @@ class RecentCache:
         held in its latest version from now on, so that no catch-up from the
         cache sends a body its sender replaced or deleted."""
         entries = self._entries
-        at = int(event["ref"]) - (entries[0][0] if entries else 0)
+        revision = Message.from_doc(event)  # events are few: the one type costs nothing that counts here
+        at = (revision.ref_id or 0) - (entries[0][0] if entries else 0)
         if not entries or not 0 <= at < len(entries):
             return
         msg_id, sender, recipient, created, payload = entries[at]
         frame = orjson.loads(payload)
         if frame.get("type") != "message":
             return
-        if event.get("kind") == Kind.EDIT:
+        if revision.kind == Kind.EDIT:
             if frame.get("deleted"):
                 return
-            frame["body"], frame["edited_at"] = event["body"], rfc3339(event["created_at"])
+            frame["body"], frame["edited_at"] = revision.body, rfc3339(revision.created_at)
         else:
             frame["body"], frame["deleted"] = "", True
         revised = orjson.dumps(frame)

@@ -39,7 +39,7 @@ from daemon.hub import Hub
 from daemon.recent_cache import RecentCache
 from daemon.stream_consumer import Consumer, admit
 from daemon.stream_fills import TruthReader
-from daemon.tail_reader import Inbox, TailReader
+from daemon.tail_reader import ConsumerInbox, TailReader
 from db import mongo
 from db.stream_ranges import StreamRanges
 from oplog.backoff import Backoff
@@ -74,7 +74,7 @@ class Stream:
         self._retention = retention_seconds
         self._gap_check = gap_check_seconds
         self.cache = RecentCache(cache_max, cache_max_bytes)
-        self.inbox = Inbox()
+        self.inbox = ConsumerInbox()
         self.reader = TailReader(tail, self.inbox)
         self.consumer = Consumer(hub, self.cache, tail.namespace, encode=encode, partition=partition,
                                  primary=primary, checked_by_mysql=ranges is not None)
@@ -147,7 +147,7 @@ class Stream:
         consumer releases, and has every read of the truth made, the gap
         check covers what the oplog never shows. The reader and the consumer
         meet in a bounded inbox; past its bound the reader waits
-        (``daemon.tail_reader.Inbox.put``).
+        (``daemon.tail_reader.ConsumerInbox.put``).
         Each loop runs for the life of the stream: one that ends, by an error
         or otherwise, ends the stream with it (the daemon then exits, and
         supervisord starts a fresh one) instead of leaving the rest waiting:

@@ -19,7 +19,7 @@ from daemon import metrics
 from daemon.hub import Hub
 from daemon.recent_cache import RecentCache
 from daemon.sequencer import Sequencer
-from daemon.tail_reader import FillRequest, Inbox
+from daemon.tail_reader import FillRequest, ConsumerInbox
 from daemon.wire import text_frame
 from oplog.events import Batch
 
@@ -83,7 +83,7 @@ class Consumer:
     def use_encoder(self, encode: Callable[[dict], Encoded]) -> None:
         self._encode = encode
 
-    async def run(self, inbox: Inbox, fill: Callable[[bool], Awaitable[None]]) -> None:
+    async def run(self, inbox: ConsumerInbox, fill: Callable[[bool], Awaitable[None]]) -> None:
         """Takes the inbox for the life of the stream; ``fill(ahead)`` reads the
         truth for what is held (``ahead``: and for what MySQL has past it)."""
         while True:

@@ -30,7 +30,7 @@ class FillRequest:
     """In the consumer's inbox, among the oplog batches: "read the truth now"."""
 
 
-class Inbox:
+class ConsumerInbox:
     """Oplog batches for the consumer, each with the time it arrived, and among
     them at most one ``FillRequest`` (requests coalesce until the consumer
     takes one). Bounded by entries, not batches: past ``max_entries`` a batch
@@ -98,7 +98,7 @@ class Inbox:
 class TailReader:
     """Reads a partition's oplog source into its inbox, for the life of the stream."""
 
-    def __init__(self, source: OplogSource, inbox: Inbox):
+    def __init__(self, source: OplogSource, inbox: ConsumerInbox):
         self._source = source
         self._inbox = inbox
 

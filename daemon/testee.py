@@ -26,7 +26,7 @@ from daemon.client_frames import ClientFrames
 from daemon.connection import Connection, ServerState
 from daemon.handshake import accept
 from daemon.http_phase import Request
-from daemon.inbound import Inbound, Message
+from daemon.inbound import Inbound, DataMessage
 from daemon.wire import data_frame
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the suite's largest (cases 9.1.6, 9.2.6)
@@ -45,7 +45,7 @@ class EchoConnection(Connection):
     def new_inbound(self) -> Inbound:
         return Inbound(MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, keep_messages=True)
 
-    def on_message(self, message: Message) -> None:
+    def on_message(self, message: DataMessage) -> None:
         transport = self.transport
         transport.write(data_frame(message.opcode, message.data))
         if transport.get_write_buffer_size() > self.state.settings.daemon.send_buffer_max_bytes:

@@ -16,7 +16,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, CollectionInvalid, OperationFailure
 
-from chat.messages import Kind
+from chat.messages import Kind, Message
 from chat.partitions import collection_name, suffix
 
 log = logging.getLogger("chat.mongo")
@@ -138,10 +138,10 @@ async def replace_messages(db: AsyncDatabase, docs: list[dict], partition: int =
 async def revise(db: AsyncDatabase, events: list[dict], partition: int = 0) -> None:
     """Applies EDIT and DELETE documents to the messages they name, in order:
     an edit sets the body and edited_at, a delete empties the body and marks it deleted."""
-    updates = [UpdateOne({"_id": e["ref"], "deleted": {"$ne": True}},
-                         {"$set": {"body": e["body"], "edited_at": e["created_at"]}})
-               if e["kind"] == Kind.EDIT else UpdateOne({"_id": e["ref"]}, {"$set": {"body": "", "deleted": True}})
-               for e in events]
+    updates = [UpdateOne({"_id": e.ref_id, "deleted": {"$ne": True}},
+                         {"$set": {"body": e.body, "edited_at": e.created_at}})
+               if e.kind == Kind.EDIT else UpdateOne({"_id": e.ref_id}, {"$set": {"body": "", "deleted": True}})
+               for e in map(Message.from_doc, events)]
     await db[collection_name(partition)].bulk_write(updates, ordered=True)
 
 

@@ -40,7 +40,7 @@ from chat.moves import MovePlan, Progress, copy_targets, origin_of
 from chat.partitions import SLOTS, SlotMap, collection_name, lock_name
 from db.mongo import expired_before
 from db.partition_map import read_slot_map, tables_of, write_slot_map
-from db.sql import conversation_key, device_acks, echoes, partition_map, read_markers, row_to_message
+from db.sql import conversation_key, device_acks, echoes, partition_map, read_markers
 
 log = logging.getLogger("chat.mover")
 
@@ -171,7 +171,7 @@ class Mover:
         upto = rows[-1].id if len(rows) == self._page else head
         by_target: dict[int, list[Message]] = defaultdict(list)
         for row in rows:
-            msg = row_to_message(row)
+            msg = Message.from_row(row)
             for target in copy_targets(msg, source, plan):
                 by_target[target].append(msg)
         copies = skipped = 0

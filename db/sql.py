@@ -5,8 +5,6 @@ Migrations in db/migrations create exactly these tables; a test compares them.
 
 from __future__ import annotations
 
-from datetime import UTC
-
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -22,10 +20,9 @@ from sqlalchemy import (
     false,
 )
 from sqlalchemy.dialects.mysql import DATETIME
-from sqlalchemy.engine import Engine, Row
+from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 
-from chat.messages import Message
 
 metadata = MetaData()
 
@@ -197,16 +194,6 @@ push_outbox = Table(
     mysql_charset="utf8mb4",
     mysql_collate="utf8mb4_bin",
 )
-
-
-def row_to_message(row: Row) -> Message:
-    """A row of `messages` as the Message it stores (created_at is kept in UTC, without a zone)."""
-    created = row.created_at.replace(tzinfo=UTC)
-    edited = getattr(row, "edited_at", None)
-    return Message(row.id, row.sender, row.recipient, row.body, created, row.client_msg_id,
-                   getattr(row, "origin_part", None), getattr(row, "origin_id", None),
-                   getattr(row, "kind", 0) or 0, getattr(row, "ref_id", None),
-                   None if edited is None else edited.replace(tzinfo=UTC), bool(getattr(row, "deleted", False)))
 
 
 def conversation_key(a: str, b: str) -> str:

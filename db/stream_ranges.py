@@ -21,8 +21,9 @@ from typing import NamedTuple
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 
+from chat.messages import Message
 from db.partition_map import tables_of
-from db.sql import pool_size_of, row_to_message
+from db.sql import pool_size_of
 from db.threads import Threads
 
 
@@ -85,7 +86,7 @@ class StreamRanges:
         query = (select(messages).where(messages.c.id > after, messages.c.id <= upto)
                  .order_by(messages.c.id).limit(limit))
         with self._engine.connect() as conn:
-            return [row_to_message(row).to_doc() for row in conn.execute(query)]
+            return [Message.from_row(row).to_doc() for row in conn.execute(query)]
 
     def close(self) -> None:
         self._threads.close()

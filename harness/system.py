@@ -116,10 +116,12 @@ class System:
     def token(self, user: str, ttl: int = 3600) -> str:
         return auth.mint(self.secret, user, ttl)
 
-    def start(self, name: str, wait: bool = True) -> subprocess.Popen:
+    def start(self, name: str, wait: bool = True, **env_extra: str) -> subprocess.Popen:
+        """Starts process ``name`` (its module, then ``_`` and a tag: ``pusher_b``);
+        ``env_extra``: settings of this process alone, over the system's."""
         module = name.split("_")[0]
         log = open(self.logdir / f"{name}.log", "ab")
-        env = self.env
+        env = {**self.env, **env_extra}
         if module == "writer":
             env = {**env, "CHAT_METRICS_PORT": str(self.writer_metrics_port)}
         elif module == "pusher":

@@ -2,9 +2,9 @@
 
 `python -m loadtest.push [--quick] [--publish]`: a private MariaDB and FerretDB,
 the system as `make run` deploys it (the writer, the relay, the API processes,
-the daemons) plus the pusher, and a push gateway of the benchmark's own in its
-own process (loadtest/common/push_gateway.py), which records every
-notification it takes with its arrival time. N users (one device each):
+the daemons) plus the pusher, and a push gateway of our own in its own
+process (harness/push_gateway.py), which records every notification it takes
+with its arrival time. N users (one device each):
 
 - the **online** half hold a WebSocket (``/v1/ws?device=ws``) and ack every
   message frame they receive (``{"type": "ack", "upto": id}``); they register
@@ -55,8 +55,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import multiprocessing as mp
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -67,17 +65,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
-import httpx
 import orjson
 import typer
 
 from chat import auth
 from chatctl.client import Inbox
-from harness.servers import ROOT
+from harness.push_gateway import PushGateway
 from loadtest import wsload
 from loadtest.clients import lean as leanclient
 from loadtest.clients import lean_processes
-from loadtest.clients.lean_processes import Job
+from loadtest.clients.lean_processes import LeanJob
 from loadtest.clients.websocket import masked
 from loadtest.common import machine
 from loadtest.common.results import RESULTS, UNPUBLISHED
@@ -108,37 +105,11 @@ OUT_DEFAULT = UNPUBLISHED / "push.json"
 OUT_PUBLISHED = RESULTS / "push-latest.json"
 
 
-# --- the gateway process -------------------------------------------------------------------
-
-
-class Gateway:
-    """loadtest/common/push_gateway.py, run as a process of its own."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "loadtest.common.push_gateway"], cwd=ROOT,
-                                     stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("gateway listening on "):
-            self.close()
-            raise RuntimeError(f"the push gateway did not start: {line!r}")
-        self.url = line.rsplit(" ", 1)[1].strip()
-
-    def state(self) -> dict:
-        return httpx.get(f"{self.url}/_bench/received", timeout=30).json()
-
-    def mode(self, mode: str) -> None:
-        httpx.post(f"{self.url}/_bench/mode", json={"mode": mode}, timeout=30).raise_for_status()
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-
 # --- the online clients (processes of their own) --------------------------------------------
 
 
 @dataclass
-class Shared:
+class PushShared:
     connected: Synchronized[int]
     messages: Synchronized[int]  # message frames received, every process
     stop: Event
@@ -148,7 +119,7 @@ class Acker:
     """One client process's connections: each acks every message frame it receives, and
     records ``[sent_at, delivery s]`` of it (the send time is the body's first word)."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: LeanJob) -> None:
         self.job = job
         self.inboxes = {u: Inbox() for u in job.users}
         self.clients: dict[str, leanclient.LeanClient] = {}
@@ -174,7 +145,7 @@ class Acker:
                 self.errors.append({k: doc.get(k) for k in ("code", "message", "frame")})
 
 
-async def _clients(job: Job, shared: Shared) -> None:
+async def _clients(job: LeanJob, shared: PushShared) -> None:
     side = Acker(job)
     failures = 0
     gate = asyncio.Semaphore(200)  # handshakes in flight
@@ -229,10 +200,12 @@ class Push:
     device: str
 
 
-def parse_received(records: Iterable[list]) -> list[Push]:
-    """The gateway's records (``[arrival, key, event_id, pushkey, unread]``) as pushes, named by their key."""
+def parse_received(records: Iterable[dict]) -> list[Push]:
+    """The gateway's records (``{"arrival", "key", "notification"}``, harness/push_gateway.py) as pushes,
+    named by their key."""
     out = []
-    for arrival, key, *_ in records:
+    for record in records:
+        arrival, key = record["arrival"], record["key"]
         partition, event_id, rest = key.split(":", 2)
         user, device = rest.rsplit(":", 1)
         out.append(Push(float(arrival), key, int(partition), int(event_id), user, device))
@@ -483,7 +456,7 @@ def wait_pushed(engine: Engine, partitions: int, limit: float) -> tuple[float, i
     return time.monotonic() - started, undecided, outbox
 
 
-def wait_delivered(shared: Shared, want: int, limit: float) -> float:
+def wait_delivered(shared: PushShared, want: int, limit: float) -> float:
     started = time.monotonic()
     while shared.messages.value < want and time.monotonic() - started < limit:
         time.sleep(0.1)
@@ -516,7 +489,7 @@ def read_check_inputs(engine: Engine, start: dict[int, int]) -> tuple[list[Strea
     return rows, slot_map.partition_of, decided, acked, read, registered
 
 
-def run(system: System, gateway: Gateway, users: int, rate: float, seconds: float, outage: str) -> dict:
+def run(system: System, gateway: PushGateway, users: int, rate: float, seconds: float, outage: str) -> dict:
     from db.partition_map import load_slot_map
     from db.sql import make_engine
 
@@ -534,7 +507,7 @@ def run(system: System, gateway: Gateway, users: int, rate: float, seconds: floa
     nprocs = max(1, -(-len(online) // wsload.CLIENTS_PER_PROC))
     tmp = Path(tempfile.mkdtemp(prefix="push-"))
     ctx = mp.get_context("spawn")
-    shared = Shared(ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event())
+    shared = PushShared(ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event())
     procs = lean_processes.ClientProcesses(
         _clients, lean_processes.jobs(online, nprocs, system.ws_url, system.secret, tmp), shared, shared.stop)
     procs.start()
@@ -630,7 +603,7 @@ def main(users: int = typer.Option(10_000, help="users: half online on WebSocket
               "seconds_per_phase": seconds, "phases": list(PHASES), "messages_per_phase": int(rate * seconds),
               "push_delay_seconds": delay, "outage": outage}
     started = time.monotonic()
-    gateway = Gateway()
+    gateway = PushGateway()
     try:
         with databases(Path(tempfile.mkdtemp(prefix="push-dbs-"))) as dbs:
             with running_system(dbs, daemons=DEPLOYED_DAEMONS, **AS_DEPLOYED, CHAT_RATE_LIMIT_PER_SECOND="0",

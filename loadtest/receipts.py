@@ -52,7 +52,7 @@ from chatctl.client import Inbox
 from loadtest import wsload
 from loadtest.clients import lean as leanclient
 from loadtest.clients import lean_processes
-from loadtest.clients.lean_processes import Job
+from loadtest.clients.lean_processes import LeanJob
 from loadtest.clients.websocket import masked
 from loadtest.common import machine
 from loadtest.common.results import RESULTS, UNPUBLISHED
@@ -83,7 +83,7 @@ OUT_PUBLISHED = RESULTS / "receipts-latest.json"
 
 
 @dataclass
-class Shared:
+class ReceiptsShared:
     """What the main process and the client processes share: counters and the phase."""
     connected: Synchronized[int]
     messages: Synchronized[int]  # message frames received, every process
@@ -93,12 +93,12 @@ class Shared:
     stop: Event
 
 
-class Side:
+class ReceiptsClients:
     """One client process's connections and what they saw and sent. Each record is
     a list (JSON): sent ``[phase, kind, user, upto, at]``; seen ``[event type, from,
     to, upto, at]`` (events on the socket of ``to``, the peer of the actor)."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: LeanJob) -> None:
         self.job = job
         self.mode, self.phase = QUIET, -1
         self.latencies: dict[int, list[float]] = {}  # phase -> message delivery, s
@@ -163,8 +163,8 @@ class Side:
         del self.to_catch_up[:share]
 
 
-async def _clients(job: Job, shared: Shared) -> None:
-    side = Side(job)
+async def _clients(job: LeanJob, shared: ReceiptsShared) -> None:
+    side = ReceiptsClients(job)
     failures = 0
     gate = asyncio.Semaphore(200)  # handshakes in flight: stay under somaxconn
 
@@ -283,8 +283,8 @@ def row_counts(engine: Engine) -> dict[str, int]:
     return {Kind(kind).name.lower(): int(n) for kind, n in found}
 
 
-def one_phase(system: System, shared: Shared, engine: Engine, index: int, name: str, rate: float, seconds: float,
-              client_pids: list[int], expected: dict[str, list[int]]) -> dict:
+def one_phase(system: System, shared: ReceiptsShared, engine: Engine, index: int, name: str, rate: float,
+              seconds: float, client_pids: list[int], expected: dict[str, list[int]]) -> dict:
     if name == ACKS:  # acks of the phases before, outside the window (see the module's doc)
         shared.phase.value, shared.mode.value = index, CATCH_UP
         lean_processes.wait_quiet(shared.frames, shared.messages, shared.messages.value, 3.0, 90)
@@ -326,8 +326,8 @@ def run(system: System, clients: int, rate: float, seconds: float, rounds: int) 
     nprocs = max(1, -(-clients // wsload.CLIENTS_PER_PROC))
     tmp = Path(tempfile.mkdtemp(prefix="receipts-"))
     ctx = mp.get_context("spawn")
-    shared = Shared(ctx.Value("i", 0), ctx.Value("l", 0), ctx.Value("l", 0), ctx.Value("i", QUIET),
-                    ctx.Value("i", -1), ctx.Event())
+    shared = ReceiptsShared(ctx.Value("i", 0), ctx.Value("l", 0), ctx.Value("l", 0), ctx.Value("i", QUIET),
+                            ctx.Value("i", -1), ctx.Event())
     procs = lean_processes.ClientProcesses(
         _clients, lean_processes.jobs(users, nprocs, system.ws_url, system.secret, tmp), shared, shared.stop)
     held = lean_processes.hold_connections(procs, shared.connected, clients, daemon_pids)

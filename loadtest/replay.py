@@ -51,7 +51,7 @@ from chat.settings import Settings
 from loadtest.common import machine
 from loadtest.common import scrape
 from loadtest import wsload
-from loadtest.wsload import Job
+from loadtest.wsload import WsloadJob
 from oplog.events import Batch, OplogEvent, Restarted
 
 RECORD_DB = "chat_replay"
@@ -183,7 +183,7 @@ def _drive(procs: list[subprocess.Popen], port: int, secret: str, clients: int, 
     tmp = Path(tempfile.mkdtemp(prefix="replay-clients-"))
     ctx = mp.get_context("spawn")
     connected, frames, stop_ev = ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event()
-    jobs = [Job(users[k::nprocs], f"ws://127.0.0.1:{port}", secret, f"127.0.0.{2 + k}", str(tmp / f"c{k}.json"))
+    jobs = [WsloadJob(users[k::nprocs], f"ws://127.0.0.1:{port}", secret, f"127.0.0.{2 + k}", str(tmp / f"c{k}.json"))
             for k in range(nprocs)]
     clients_procs = [ctx.Process(target=wsload._client_proc, args=(j, connected, frames, stop_ev), daemon=True)
                      for j in jobs]

@@ -33,7 +33,7 @@ from harness.system import System, databases, running_system
 app = typer.Typer(add_completion=False)
 
 
-class Tally:
+class ReconnectTally:
     """When each client got its hello back after the restart."""
 
     def __init__(self, clients: int):
@@ -42,7 +42,7 @@ class Tally:
         self.back_at: dict[int, float] = {}  # client -> its first hello after the restart
 
 
-async def keep_connected(system: System, i: int, tally: Tally) -> None:
+async def keep_connected(system: System, i: int, tally: ReconnectTally) -> None:
     """One client: connected, and reconnected with `since` whenever it is closed."""
     inbox, token = Inbox(), system.token(f"r{i}")
     delay = 0.1
@@ -62,7 +62,7 @@ async def keep_connected(system: System, i: int, tally: Tally) -> None:
 
 
 async def measure(system: System, clients: int) -> dict:
-    tally = Tally(clients)
+    tally = ReconnectTally(clients)
     started = time.monotonic()
     tasks = [asyncio.create_task(keep_connected(system, i, tally)) for i in range(clients)]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in tally.connected)), 300)

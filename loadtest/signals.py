@@ -126,7 +126,7 @@ def watch_list(index: int, clients: int, size: int, seed: int = 7) -> list[int]:
 
 
 @dataclass
-class Job:
+class SignalsJob:
     prefix: str
     indices: list[int]  # the users of this process, by index
     clients: int  # all of them, every process
@@ -142,7 +142,7 @@ class Job:
 
 
 @dataclass
-class Shared:
+class SignalsShared:
     """What the main process and the client processes share: counters, the mode and the phase."""
     connected: Synchronized[int]  # first connections that got their hello
     reconnected: Synchronized[int]  # the storm's connections back with their hello
@@ -157,12 +157,12 @@ class Shared:
     stop: Event
 
 
-class Side:
+class SignalsClients:
     """One client process's connections and what they saw and sent. Records are lists (JSON):
     typing sent ``[phase, from, to, at]``; typing seen on the peer's socket ``[from, to, at]``;
     presence changes ``[phase, user, online, at]``."""
 
-    def __init__(self, job: Job, rng: random.Random | None = None) -> None:
+    def __init__(self, job: SignalsJob, rng: random.Random | None = None) -> None:
         self.job = job
         self.rng = rng or random.Random(job.source)
         self.mode, self.phase = QUIET, -1
@@ -290,8 +290,8 @@ class Side:
         return dropped
 
 
-async def _clients(job: Job, shared: Shared) -> None:
-    side = Side(job)
+async def _clients(job: SignalsJob, shared: SignalsShared) -> None:
+    side = SignalsClients(job)
     failures = {"connect": 0, "storm": 0}
     # Handshakes in flight (each holds its slot until its hello): the first connections stay under somaxconn;
     # the storm's all go at once, as many devices would (a slot held until the hello would queue the later
@@ -508,7 +508,7 @@ def _wait_count(counter: Synchronized[int], want: int, limit: float) -> float:
 class Rig:
     """What every phase measures with: the system, the shared counters, the processes' pids."""
     system: System
-    shared: Shared
+    shared: SignalsShared
     procs: dict[str, list[int]]
     expected: dict[str, list[int]]
     prefix: str
@@ -621,14 +621,14 @@ def run(system: System, clients: int, watch: int, typing_rate: float, rate: floa
     nprocs = max(CLIENT_PROCS, -(-clients // wsload.CLIENTS_PER_PROC))
     tmp = Path(tempfile.mkdtemp(prefix="signals-"))
     ctx = mp.get_context("spawn")
-    shared = Shared(ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("l", 0),
-                    ctx.Value("l", 0), ctx.Value("l", 0), ctx.Value("i", 0), ctx.Value("i", QUIET), ctx.Value("i", -1),
-                    ctx.Event())
+    shared = SignalsShared(ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("i", 0),
+                           ctx.Value("l", 0), ctx.Value("l", 0), ctx.Value("l", 0), ctx.Value("i", 0),
+                           ctx.Value("i", QUIET), ctx.Value("i", -1), ctx.Event())
     host, port = lean_processes.ws_host_port(system.ws_url)
     feed = PresenceFeed(system.dbs.redis.url)
-    jobs = [Job(prefix, list(range(k, clients, nprocs)), clients, watch, max(storms), typing_rate / nprocs,
-                max(1, watch_window // nprocs), host, port, system.secret, lean_processes.source_address(k),
-                str(tmp / f"c{k}.json"))
+    jobs = [SignalsJob(prefix, list(range(k, clients, nprocs)), clients, watch, max(storms), typing_rate / nprocs,
+                       max(1, watch_window // nprocs), host, port, system.secret, lean_processes.source_address(k),
+                       str(tmp / f"c{k}.json"))
             for k in range(nprocs)]
     procs = lean_processes.ClientProcesses(_clients, jobs, shared, shared.stop)
     connect_wall = time.time()

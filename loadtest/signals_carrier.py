@@ -98,7 +98,7 @@ class Endpoint:
 
 
 @dataclass
-class Shared:
+class CarrierShared:
     """What the main process and a publisher/receiver pair share."""
     ready: Event  # the receiver is subscribed / its tail is open
     published: Event  # the publisher is connected and waits for ``go``
@@ -151,11 +151,11 @@ class Pump:
             await asyncio.sleep(0.005)  # pacing: waits for the last round trip
 
 
-def _publisher_proc(endpoint: Endpoint, run: str, rate: float, seconds: float, out: str, shared: Shared) -> None:
+def _publisher_proc(endpoint: Endpoint, run: str, rate: float, seconds: float, out: str, shared: CarrierShared) -> None:
     uvloop.run(_publish(endpoint, run, rate, seconds, out, shared))
 
 
-async def _publish(endpoint: Endpoint, run: str, rate: float, seconds: float, out: str, shared: Shared) -> None:
+async def _publish(endpoint: Endpoint, run: str, rate: float, seconds: float, out: str, shared: CarrierShared) -> None:
     close: Callable[[], Awaitable[Any]]
     if endpoint.carrier == PACING:
 
@@ -226,14 +226,14 @@ async def _publish(endpoint: Endpoint, run: str, rate: float, seconds: float, ou
         "failed": pump.failed, "most_late_ms": round(most_late * 1000, 1)}))
 
 
-def _receiver_proc(endpoint: Endpoint, run: str, out: str, shared: Shared) -> None:
+def _receiver_proc(endpoint: Endpoint, run: str, out: str, shared: CarrierShared) -> None:
     # The tail's re-opens are counted (``restarts``), not logged: its first open beside the
     # messages always reports a fall-off (it starts at the oplog's newest entry, a message's).
     logging.getLogger("chat.oplog").setLevel(logging.CRITICAL)
     uvloop.run(_receive(endpoint, run, out, shared))
 
 
-async def _receive(endpoint: Endpoint, run: str, out: str, shared: Shared) -> None:
+async def _receive(endpoint: Endpoint, run: str, out: str, shared: CarrierShared) -> None:
     latencies: list[float] = []
     seen: set[int] = set()
     repeats = others = 0
@@ -364,7 +364,7 @@ class SignalLoad:
 
     def __enter__(self) -> SignalLoad:
         ctx = self.ctx
-        self.shared = Shared(ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Value("l", 0))
+        self.shared = CarrierShared(ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Value("l", 0))
         self._receiver = ctx.Process(target=_receiver_proc, daemon=True,
                                      args=(self.endpoint, self._run, str(self._tmp / "receiver.json"), self.shared))
         self._publisher = ctx.Process(target=_publisher_proc, daemon=True,

@@ -42,7 +42,7 @@ SEND_CONNECTIONS = 64  # keep-alive connections the sender posts over
 
 
 @dataclass
-class Job:
+class WsloadJob:
     users: list[str]
     ws_url: str
     secret: str
@@ -50,13 +50,13 @@ class Job:
     out: str
 
 
-def _client_proc(job: Job, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
+def _client_proc(job: WsloadJob, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     uvloop.run(_clients(job, connected, frames, stop))
 
 
-async def _clients(job: Job, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
+async def _clients(job: WsloadJob, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     inboxes = {u: Inbox() for u in job.users}
     latencies: list[float] = []
     since_stored: list[float] = []  # from the commit's time stamp (created_at, ms precision)
@@ -205,7 +205,8 @@ def run(system: System, clients: int, rate: float, seconds: float, progress: boo
     rss_before = _rss(daemon_pids)
     jobs, procs = [], []
     for k in range(procs_needed):
-        job = Job(users[k::procs_needed], system.ws_url, system.secret, f"127.0.0.{2 + k}", str(tmp / f"c{k}.json"))
+        job = WsloadJob(users[k::procs_needed], system.ws_url, system.secret, f"127.0.0.{2 + k}",
+                        str(tmp / f"c{k}.json"))
         proc = ctx.Process(target=_client_proc, args=(job, connected, frames, stop), daemon=True)
         proc.start()
         jobs.append(job)

@@ -11,23 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from chat.messages import Kind
+from chat.messages import Kind, Message
 
 RETRY_FIRST_SECONDS = 1.0
 RETRY_MAX_SECONDS = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """What the pusher reads of a row of a partition's stream."""
-
-    id: int
-    sender: str
-    recipient: str
-    body: str
-    created_at: datetime
-    kind: int = Kind.MESSAGE
-    deleted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +36,15 @@ class Notification:
     request: dict
 
 
-def due(rows: list[Row], now: datetime, delay_seconds: float) -> tuple[list[Row], int | None, datetime | None]:
+def due(rows: list[Message], now: datetime,
+        delay_seconds: float) -> tuple[list[Message], int | None, datetime | None]:
     """The rows (oldest first) whose delay is over, the id every row up to is decided by
     them (None: none is), and when the first row that is not due yet will be (None: all
     are). Rows are in id order, and ids in commit order: the first one still within its
     delay stops the rest, so that the decided prefix never has a hole."""
     delay = timedelta(seconds=delay_seconds)
     cutoff = now - delay
-    taken: list[Row] = []
+    taken: list[Message] = []
     for row in rows:
         if row.created_at > cutoff:
             return taken, (taken[-1].id if taken else None), row.created_at + delay
@@ -74,14 +62,14 @@ def pause(next_due: datetime | None, now: datetime, tick: float, longest: float)
     return min(longest, max(tick, (next_due - now).total_seconds()))
 
 
-def missed(rows: list[Row], lives_here: Callable[[str], bool], acked: dict[str, int],
-           read: dict[tuple[str, str], int], sent_after: datetime | None = None) -> dict[str, list[Row]]:
+def missed(rows: list[Message], lives_here: Callable[[str], bool], acked: dict[str, int],
+           read: dict[tuple[str, str], int], sent_after: datetime | None = None) -> dict[str, list[Message]]:
     """Per recipient: the messages no device of theirs acknowledged and they did not
     read. A message whose recipient lives in another partition is that one's to push
     (its copy is there); the sender's own devices are never pushed. One sent before
     ``sent_after`` (the give-up time ago) is not news any more: nor is the history a
     move of slots copies into a partition."""
-    found: dict[str, list[Row]] = {}
+    found: dict[str, list[Message]] = {}
     for row in rows:
         user = row.recipient
         if (row.kind != Kind.MESSAGE or row.deleted or user == row.sender or not lives_here(user)
@@ -92,7 +80,7 @@ def missed(rows: list[Row], lives_here: Callable[[str], bool], acked: dict[str, 
     return found
 
 
-def notifications(partition: int, user: str, rows: list[Row], devices: list[Device], unread: int,
+def notifications(partition: int, user: str, rows: list[Message], devices: list[Device], unread: int,
                   content: str) -> list[Notification]:
     """One notification per device for the messages of one window (``rows``, oldest first):
     the Matrix Push Gateway API's ``notification`` object, for the newest of them.

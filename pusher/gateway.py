@@ -19,7 +19,9 @@ TIMEOUT_SECONDS = 10.0  # a gateway slower than this is treated as failing: the 
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class GatewayAnswer:
+    """What became of one notification sent to the gateway."""
+
     accepted: bool  # the gateway took it (200): it is not sent again
     rejected: list[str]  # pushkeys the gateway says to stop using
     detail: str  # for the log: the status, or the error
@@ -31,7 +33,7 @@ class Gateway:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
 
-    async def notify(self, request: dict, key: str) -> Answer:
+    async def notify(self, request: dict, key: str) -> GatewayAnswer:
         """One notification. ``key`` goes as ``Idempotency-Key``: a notification sent
         again after a restart (its answer was lost) carries the same one."""
         if self._session is None:
@@ -40,14 +42,14 @@ class Gateway:
             headers = {"Content-Type": "application/json", "Idempotency-Key": key}
             async with self._session.post(self._url, data=orjson.dumps(request), headers=headers) as reply:
                 if reply.status != 200:
-                    return Answer(False, [], f"status_{reply.status}")
+                    return GatewayAnswer(False, [], f"status_{reply.status}")
                 try:
                     body = orjson.loads(await reply.read())
                 except orjson.JSONDecodeError:
                     body = None
-                return Answer(True, rejected_pushkeys(body), "200")
+                return GatewayAnswer(True, rejected_pushkeys(body), "200")
         except (TimeoutError, aiohttp.ClientError) as exc:
-            return Answer(False, [], exc.__class__.__name__)
+            return GatewayAnswer(False, [], exc.__class__.__name__)
 
     async def close(self) -> None:
         if self._session is not None:

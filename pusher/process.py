@@ -19,7 +19,7 @@ So a pusher killed at any point loses nothing (the outbox and the position are
 in MySQL) and resends at most what the gateway took but whose answer it had
 not recorded, under the same idempotency key. The gateway's speed never
 touches delivery: this is its own process, its queue is the outbox in MySQL,
-and it decides no further while the outbox holds OUTBOX_MAX notifications.
+and it decides no further while the outbox holds ``CHAT_PUSH_OUTBOX_MAX`` notifications.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from db.partition_map import load_slot_map, watch_slot_map
 from db.sql import make_engine
 from db.threads import Threads
 from pusher import core, metrics, store
-from pusher.gateway import Answer, Gateway
+from pusher.gateway import GatewayAnswer, Gateway
 
 log = logging.getLogger("chat.pusher")
 T = TypeVar("T")
@@ -56,7 +56,6 @@ SEND_BATCH = 128  # outbox rows taken per step, and settled together
 # FCM takes (tens of ms; 44 ms from the benchmark's gateway on this loaded box): at 8 at
 # once the pusher sent 180 notifications/s and fell behind 250/s.
 SEND_CONCURRENCY = 64
-OUTBOX_MAX = 10_000  # past it, deciding waits: the queue is bounded even while the gateway is down
 
 
 class PartitionPusher:
@@ -74,6 +73,7 @@ class PartitionPusher:
         self._threads = Threads(1, f"pusher_p{partition}")
         self._position = 0
         self._label = str(partition)
+        self._held = False  # the last step decided nothing, the outbox full: logged once, as it starts
 
     async def run(self, stop: asyncio.Event) -> None:
         """Takes the lease when it is free, pushes while it holds it, until ``stop``."""
@@ -115,8 +115,15 @@ class PartitionPusher:
         was read, when the next row not yet due will be)."""
         size = await self._sql(store.outbox_size, conn, self.partition)
         metrics.OUTBOX.labels(self._label).set(size)
-        if size >= OUTBOX_MAX:
+        bound = self._settings.push.outbox_max
+        if size >= bound:  # deciding waits: the queue is bounded while the gateway is down
+            metrics.HELD.labels(self._label).inc()
+            if not self._held:
+                log.warning("event=push_outbox_full partition=%d outbox=%d max=%d action=deciding_waits",
+                            self.partition, size, bound)
+            self._held = True
             return False, None
+        self._held = False
         now = self._clock()
         rows = await self._sql(store.rows_after, conn, self.partition, self._position,
                                self._settings.push.content == "full")
@@ -151,7 +158,7 @@ class PartitionPusher:
             return False
         limit = asyncio.Semaphore(SEND_CONCURRENCY)
 
-        async def one(row: Row) -> tuple[Row, Answer]:
+        async def one(row: Row) -> tuple[Row, GatewayAnswer]:
             async with limit:
                 return row, await self._gateway.notify(orjson.loads(row.notification), row.key)
 
@@ -165,11 +172,11 @@ class PartitionPusher:
             await self._settle(conn, row, answer)
         return len(due) == SEND_BATCH
 
-    def _gives_up(self, row: Row, answer: Answer) -> bool:
+    def _gives_up(self, row: Row, answer: GatewayAnswer) -> bool:
         return not answer.accepted and core.gives_up(row.created_at.replace(tzinfo=UTC), self._clock(),
                                                      self._settings.push.give_up_seconds)
 
-    async def _settle(self, conn: Connection, row: Row, answer: Answer) -> None:
+    async def _settle(self, conn: Connection, row: Row, answer: GatewayAnswer) -> None:
         """What a row's answer leaves to do once the batch's taken rows are deleted."""
         now = self._clock()
         if answer.accepted:

@@ -4,17 +4,18 @@ partition's pusher lock."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import orjson
 from sqlalchemy import func, literal, select, text, tuple_
 from sqlalchemy.engine import Connection
 
+from chat.messages import Message
 from chat.partitions import lock_name
 from db import conversation_state
 from db.partition_map import tables_of
 from db.sql import device_acks, devices, push_outbox, push_state, read_markers
-from pusher.core import Device, Notification, Row
+from pusher.core import Device, Notification
 
 PAGE = 1000  # rows of the stream decided per step at most
 
@@ -46,16 +47,17 @@ def start_position(conn: Connection, partition: int) -> int:
     return int(upto)
 
 
-def rows_after(conn: Connection, partition: int, after: int, with_body: bool) -> list[Row]:
-    """The next PAGE rows; their bodies only when a notification may carry one (CHAT_PUSH_CONTENT=full)."""
+def rows_after(conn: Connection, partition: int, after: int, with_body: bool) -> list[Message]:
+    """The next PAGE rows, with what the pusher decides on (the columns it
+    leaves out keep Message's defaults); their bodies only when a notification
+    may carry one (CHAT_PUSH_CONTENT=full)."""
     messages = tables_of(partition).messages
     body = messages.c.body if with_body else literal("").label("body")
     found = conn.execute(select(messages.c.id, messages.c.sender, messages.c.recipient, body,
                                 messages.c.created_at, messages.c.kind, messages.c.deleted)
                          .where(messages.c.id > after).order_by(messages.c.id).limit(PAGE)).all()
     conn.commit()
-    return [Row(r.id, r.sender, r.recipient, r.body, r.created_at.replace(tzinfo=UTC), r.kind, bool(r.deleted))
-            for r in found]
+    return [Message.from_row(r) for r in found]
 
 
 def what_they_have(conn: Connection, users: set[str], pairs: set[tuple[str, str]]

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from chat.messages import Message
 from chat.partitions import SlotMap
 from db.partition_map import tables_of
-from db.sql import echoes, row_to_message
+from db.sql import echoes
 from writer.copies import Copy, echo_rows
 
 log = logging.getLogger("chat.writer")
@@ -57,7 +57,7 @@ def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: Slot
         for r in rows:
             now_in = slot_map.partition_of(r.recipient) if slot_map.partitions > 1 else 0
             if now_in == partition:
-                copies.append(Copy(row_to_message(r), from_part))
+                copies.append(Copy(Message.from_row(r), from_part))
             else:
                 _send_on(conn, partition, now_in, from_part, r.id)
         missing = set(ids) - {r.id for r in rows}

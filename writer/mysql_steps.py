@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
 from datetime import datetime
 
 from sqlalchemy import func, select, text, tuple_
@@ -24,7 +25,7 @@ from chat.messages import Kind, Message, now_ms
 from chat.partitions import LiveMap, SlotMap, lock_name
 from chat.write_errors import CopyDeferred, EventRefused, PartitionBusy, WriteUnavailable
 from db.partition_map import read_slot_map, tables_of
-from db.sql import conversation_key, partition_map, row_to_message
+from db.sql import conversation_key, partition_map
 from db.threads import Threads
 from writer import echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
@@ -295,9 +296,9 @@ class MySQLSteps:
                 device = (d.sender, d.recipient)
                 if (d.ref_id or 0) > facts.devices.get(device, 0) and (d.ref_id or 0) <= facts.last_id:
                     facts.devices[device] = moved[device] = d.ref_id or 0
-        for _pending, msg, _created in answers:
-            if msg.kind == Kind.ACK:
-                msg.ref_id = facts.devices.get((msg.sender, msg.recipient), 0)
+        for i, (pending, msg, created) in enumerate(answers):
+            if msg.kind == Kind.ACK:  # a new Message in its place: none is changed once made
+                answers[i] = (pending, replace(msg, ref_id=facts.devices.get((msg.sender, msg.recipient), 0)), created)
         return moved
 
     @staticmethod
@@ -334,11 +335,11 @@ class MySQLSteps:
         if keys:
             rows = conn.execute(select(messages).where(
                 tuple_(messages.c.sender, messages.c.client_msg_id).in_(list(keys)))).all()
-            known.originals = {(r.sender, r.client_msg_id): row_to_message(r) for r in rows}
+            known.originals = {(r.sender, r.client_msg_id): Message.from_row(r) for r in rows}
         if origins:
             rows = conn.execute(select(messages).where(
                 tuple_(messages.c.origin_part, messages.c.origin_id).in_(list(origins)))).all()
-            known.copies = {(r.origin_part, r.origin_id): row_to_message(r) for r in rows}
+            known.copies = {(r.origin_part, r.origin_id): Message.from_row(r) for r in rows}
         return known
 
     def _mark(self, conn: Connection, mirrored: int, last_id: int) -> None:

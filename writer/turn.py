@@ -24,7 +24,6 @@ from chat.messages import Message
 from chat.partitions import LiveMap, SlotMap
 from chat.write_errors import WriteOutcomeUnknown, WriteUnavailable
 from db import mongo
-from db.sql import row_to_message
 from writer.batch import CommitFailed, Pending, answer_all, fail, owed_copy
 from writer.copies import Copy, home_of
 from writer.core import NextStep, OutboxPlan, WriterCore, unsent_max
@@ -206,7 +205,7 @@ class Turn:
             rows = await self._sql.outbox_page(conn, mirrored)
             if not rows:
                 return last_id, True
-            docs = [row_to_message(r).to_doc() for r in rows]
+            docs = [Message.from_row(r).to_doc() for r in rows]
             self._outbox.seen(last_id - mirrored, docs[0]["created_at"])
             self._report_outbox()
             # An expired message is not copied back: the sweeper removed it, and the retention floor covers it.

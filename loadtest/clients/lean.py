@@ -72,7 +72,7 @@ class LeanClient(asyncio.Protocol):
             self.opened.set_result(result)
 
 
-class Refused(ConnectionError):
+class HandshakeRefused(ConnectionError):
     """The server answered the upgrade with ``status`` (a 421: the user's partition is another)."""
 
     def __init__(self, status: int):
@@ -82,7 +82,7 @@ class Refused(ConnectionError):
 
 async def connect(host: str, port: int, token: str, inbox: Inbox, on_frame: Callable[[dict, float], None],
                   source: str | None = None, timeout: float = 30, query: str = "") -> LeanClient:
-    """Opens /v1/ws and waits for the hello; raises ``Refused`` with the status if refused.
+    """Opens /v1/ws and waits for the hello; raises ``HandshakeRefused`` with the status if refused.
     ``query``: more parameters for the handshake's query string (``partition=2``)."""
     loop = asyncio.get_running_loop()
     query = "&".join(part for part in (f"since={inbox.since}" if inbox.since else "", query) if part)
@@ -97,5 +97,5 @@ async def connect(host: str, port: int, token: str, inbox: Inbox, on_frame: Call
         raise ConnectionError("no hello") from None
     if not isinstance(result, dict):
         client.transport.abort()
-        raise Refused(result)
+        raise HandshakeRefused(result)
     return client

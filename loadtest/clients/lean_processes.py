@@ -45,7 +45,7 @@ SharedT = TypeVar("SharedT")
 
 
 @dataclass
-class Job:
+class LeanJob:
     """One client process's share of the users (one client each) and where they connect."""
     users: list[str]
     host: str
@@ -66,10 +66,10 @@ def source_address(k: int) -> str:
     return f"127.0.0.{2 + k}"
 
 
-def jobs(users: list[str], processes: int, ws_url: str, secret: str, tmp: Path) -> list[Job]:
+def jobs(users: list[str], processes: int, ws_url: str, secret: str, tmp: Path) -> list[LeanJob]:
     """The users dealt out to ``processes`` client processes, each with its result file in ``tmp``."""
     host, port = ws_host_port(ws_url)
-    return [Job(users[k::processes], host, port, secret, source_address(k), str(tmp / f"c{k}.json"))
+    return [LeanJob(users[k::processes], host, port, secret, source_address(k), str(tmp / f"c{k}.json"))
             for k in range(processes)]
 
 

@@ -51,7 +51,7 @@ HANDSHAKES_IN_FLIGHT = 200  # under somaxconn (4096), across the processes
 
 
 @dataclass
-class Job:
+class PeersJob:
     kind: str  # "ours" | "centrifugo"
     users: list[str]
     host: str
@@ -61,7 +61,7 @@ class Job:
     out: str
 
 
-class Device:
+class PeerDevice:
     """One connection's user and what it has had, across its reconnects: a user's messages come
     in id order on every device (one stream per user, resumed after the last), so an id at or
     below the last one is a repeat."""
@@ -74,7 +74,7 @@ class Device:
         self.inbox = Inbox()  # ours: the resume cursor
 
 
-class Tally:
+class ArrivalTally:
     """What one process received: each first arrival's id and latency, and repeats."""
 
     def __init__(self) -> None:
@@ -83,7 +83,7 @@ class Tally:
         self.duplicates = 0
         self.frames = 0
 
-    def record(self, device: Device, msg_id: int, sent: float, now: float) -> None:
+    def record(self, device: PeerDevice, msg_id: int, sent: float, now: float) -> None:
         self.frames += 1
         if msg_id <= device.last:
             self.duplicates += 1
@@ -97,7 +97,7 @@ class PeerClient(asyncio.Protocol):
     __slots__ = ("job", "device", "tally", "transport", "handshake", "buf", "partial", "opened", "lost", "close_code")
     transport: asyncio.Transport  # set by connection_made, which asyncio calls before anything else
 
-    def __init__(self, job: Job, device: Device, tally: Tally):
+    def __init__(self, job: PeersJob, device: PeerDevice, tally: ArrivalTally):
         self.job, self.device, self.tally = job, device, tally
         self.handshake = Handshake()
         self.buf = b""
@@ -162,7 +162,7 @@ class PeerClient(asyncio.Protocol):
             self.opened.set_result(ok)
 
 
-def request(job: Job, device: Device) -> bytes:
+def request(job: PeersJob, device: PeerDevice) -> bytes:
     if job.kind == "ours":
         since = device.inbox.since
         path = f"/v1/ws?since={since}" if since else "/v1/ws"
@@ -172,9 +172,9 @@ def request(job: Job, device: Device) -> bytes:
     return upgrade_request(job.host, job.port, path, credential)
 
 
-async def run_clients(job: Job, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
+async def run_clients(job: PeersJob, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     """Holds every user's connection until ``stop``; writes the tally to ``job.out``."""
-    tally = Tally()
+    tally = ArrivalTally()
     gate = asyncio.Semaphore(HANDSHAKES_IN_FLIGHT)
     loop = asyncio.get_running_loop()
     reconnects, failures = 0, 0
@@ -183,7 +183,7 @@ async def run_clients(job: Job, connected: Synchronized[int], frames: Synchroniz
 
     async def hold(user: str) -> None:
         nonlocal reconnects, failures
-        device = Device(user)
+        device = PeerDevice(user)
         attempt, first = 0, True
         while True:
             try:
@@ -229,7 +229,7 @@ async def run_clients(job: Job, connected: Synchronized[int], frames: Synchroniz
                                    "connect_failures": failures, "close_codes": close_codes}))
 
 
-def client_proc(job: Job, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
+def client_proc(job: PeersJob, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     uvloop.run(run_clients(job, connected, frames, stop))

@@ -31,7 +31,7 @@ from cluster.plan import DAEMON_METRICS_BASE, RELAY_METRICS_PORT, make_plan
 from cluster.up import Cluster
 from loadtest.cluster import figures as fig
 from loadtest.cluster.grow import GrowFault, grow_figures, history_check
-from loadtest.cluster.traffic import ClientJob, Device, Sent, client_process, send
+from loadtest.cluster.traffic import ClientJob, ClientDevice, Sent, client_process, send
 from loadtest.common import machine
 from loadtest.common.log_scan import tokens_in_logs
 from loadtest.common.results import RESULTS
@@ -83,7 +83,7 @@ def delta(before: dict[str, float | None], after: dict[str, float | None]) -> di
 def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool, traffic: Traffic,
                 fault: Fault | None = None, fault_at: float = 0.0, fault_for: float = 0.0) -> dict:
     users = [f"{label}-u{i}" for i in range(traffic.users)]
-    devices = [Device(u, j, partition_of(u, partitions) if partitioned else None)
+    devices = [ClientDevice(u, j, partition_of(u, partitions) if partitioned else None)
                for u in users for j in range(traffic.devices)]
     tmp = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
     ctx = mp.get_context("spawn")
@@ -330,7 +330,7 @@ def run_grow(cluster: Cluster, partitions: int, to: int, traffic: Traffic) -> di
     run = run_traffic(cluster, "g", partitions, True, traffic, fault, traffic.seconds / 4, 0.0)
     mover.wait(120)
     after = before.grown(to)
-    devices = [Device(f"g-u{i}", j, partition_of(f"g-u{i}", partitions))
+    devices = [ClientDevice(f"g-u{i}", j, partition_of(f"g-u{i}", partitions))
                for i in range(traffic.users) for j in range(traffic.devices)]
     figures = {**grow_figures(run, devices, before, after, mover,
                               history_check(cluster.admin_mysql_url, run["_sent"], after)),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loadtest.cluster.traffic import Attempt, Device, Sent
+from loadtest.cluster.traffic import Attempt, ClientDevice, Sent
 
 
 @dataclass
@@ -18,7 +18,7 @@ class Delivery:
     lost_devices: int  # devices that missed at least one message
 
 
-def check_delivery(sent: list[Sent], devices: list[Device], received: list[list[str]],
+def check_delivery(sent: list[Sent], devices: list[ClientDevice], received: list[list[str]],
                    repeats: list[int]) -> Delivery:
     """Each stored message must reach every device of its sender and of its
     recipient exactly once. ``received[i]``: the keys (client_msg_id) of the

@@ -21,7 +21,7 @@ from chat.settings import Settings, StoresSettings
 from chatctl.partitions import grow
 from cluster.up import Cluster
 from loadtest.cluster import figures as fig
-from loadtest.cluster.traffic import Device, Sent
+from loadtest.cluster.traffic import ClientDevice, Sent
 
 
 @dataclass
@@ -88,7 +88,7 @@ def history_check(mysql_url: str, sent: list[Sent], after: SlotMap) -> tuple[int
     return len(stored), stranded
 
 
-def grow_figures(run: dict, devices: list[Device], before: SlotMap, after: SlotMap, fault: GrowFault,
+def grow_figures(run: dict, devices: list[ClientDevice], before: SlotMap, after: SlotMap, fault: GrowFault,
                  history: tuple[int, int]) -> dict:
     """The grow run's figures from its traffic (``run``: run_traffic's result with its private parts)."""
     sent: list[Sent] = run["_sent"]

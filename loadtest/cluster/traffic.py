@@ -39,7 +39,9 @@ RECONNECT_SECONDS = 60.0  # a device gives up reconnecting after this long witho
 
 
 @dataclass
-class Device:
+class ClientDevice:
+    """One socket a client process holds: its user, which of the user's devices, its route."""
+
     user: str
     index: int  # of the user's devices
     partition: int | None  # the ?partition= it connects with; None: none
@@ -47,7 +49,7 @@ class Device:
 
 @dataclass
 class ClientJob:
-    devices: list[Device]
+    devices: list[ClientDevice]
     host: str
     port: int
     secret: str
@@ -79,7 +81,7 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
         arrivals.append([now, now - float(doc["body"].split(" ", 1)[0])])
         counted += 1
 
-    async def device(i: int, d: Device) -> None:
+    async def device(i: int, d: ClientDevice) -> None:
         nonlocal reconnects, failures, relearned
         token = auth.mint(job.secret, d.user, 7200)
         query = "" if d.partition is None else f"partition={d.partition}"
@@ -90,7 +92,7 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
                     client = await leanclient.connect(job.host, job.port, token, inboxes[i],
                                                       lambda doc, now: on_frame(i, doc, now), timeout=10,
                                                       query=query)
-            except leanclient.Refused as refused:
+            except leanclient.HandshakeRefused as refused:
                 if refused.status == 421:  # its slot moved: the API says where it lives now, as a client asks it
                     with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError, KeyError, ValueError):
                         query = f"partition={await partition_of_user(job.host, job.port, token)}"

@@ -88,12 +88,12 @@ class CpuSampler(threading.Thread):
 
 
 def _clients(kind: str, users: list[str], host: str, port: int, secret: str, tmp: Path
-             ) -> tuple[list[peerclients.Job], list[SpawnProcess], Synchronized[int], Synchronized[int], Event]:
+             ) -> tuple[list[peerclients.PeersJob], list[SpawnProcess], Synchronized[int], Synchronized[int], Event]:
     ctx = mp.get_context("spawn")
     connected, frames, stop = ctx.Value("i", 0), ctx.Value("l", 0), ctx.Event()
     nprocs = max(1, -(-len(users) // CLIENTS_PER_PROC))
-    jobs = [peerclients.Job(kind, users[k::nprocs], host, port, secret, f"127.0.0.{2 + k}",
-                            str(tmp / f"{kind}-c{k}.json")) for k in range(nprocs)]
+    jobs = [peerclients.PeersJob(kind, users[k::nprocs], host, port, secret, f"127.0.0.{2 + k}",
+                                 str(tmp / f"{kind}-c{k}.json")) for k in range(nprocs)]
     procs = [ctx.Process(target=peerclients.client_proc, args=(j, connected, frames, stop), daemon=True)
              for j in jobs]
     for p in procs:

@@ -27,8 +27,8 @@ def push_table(r: dict) -> list[str]:
     lines = [
         HEADING, "",
         scenario_provenance(r, beside="the load generators and the gateway",
-                            also="the pusher; the push gateway is the benchmark's own"
-                            " (loadtest/common/push_gateway.py), a process that records each notification's arrival"),
+                            also="the pusher; the push gateway is our own"
+                            " (harness/push_gateway.py), a process that records each notification's arrival"),
         "",
         f"{p['users']:,} users: {p['online']:,} online on WebSockets, each acking every message frame it receives"
         f" (`{{\"type\": \"ack\", \"upto\": id}}`), and {p['offline']:,} offline with one registered device each."

@@ -3,7 +3,7 @@
 import pytest
 
 from chat.partitions import SlotMap
-from chatctl.partitions import Refused, check_growth, describe
+from chatctl.partitions import ChangeRefused, check_growth, describe
 
 
 def test_describe_gives_the_epoch_and_each_partition_s_slots_as_ranges():
@@ -15,5 +15,5 @@ def test_describe_gives_the_epoch_and_each_partition_s_slots_as_ranges():
 def test_growth_must_add_partitions_within_the_limit():
     check_growth(SlotMap.even(2), 3)
     for refused in (1, 2, 65):
-        with pytest.raises(Refused):
+        with pytest.raises(ChangeRefused):
             check_growth(SlotMap.even(2), refused)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from loadtest.cluster import figures as fig
-from loadtest.cluster.traffic import Attempt, Device, Sent
+from loadtest.cluster.traffic import Attempt, ClientDevice, Sent
 
 
 def _sent(sender: str, recipient: str, msg_id: int | None, at: float, status: int = 201,
@@ -12,7 +12,8 @@ def _sent(sender: str, recipient: str, msg_id: int | None, at: float, status: in
 
 
 def test_every_device_of_both_users_must_get_each_message_once():
-    devices = [Device("a", 0, None), Device("a", 1, None), Device("b", 0, None), Device("c", 0, None)]
+    devices = [ClientDevice("a", 0, None), ClientDevice("a", 1, None), ClientDevice("b", 0, None),
+               ClientDevice("c", 0, None)]
     sent = [_sent("a", "b", 1, 0.0), _sent("c", "a", 2, 0.1), _sent("b", "c", None, 0.2, status=503)]
     # Keys, not ids: b's copy of a message from another partition has another id.
     received = [["k1", "k2"], ["k1"], ["k1", "k1"], ["k2"]]  # a's 2nd device misses k2; b got k1 twice

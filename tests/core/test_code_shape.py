@@ -8,15 +8,21 @@
 - Every asyncio.Queue on the read path (daemon/, relay/, oplog/) has a bound:
   an unbounded one stops the stream's back-pressure and lets memory grow
   with a burst.
+- No two top-level classes or type aliases of shipped code share a name: a
+  reader (and a grep) takes one ``Message`` for the other, and an import
+  that picks the wrong one may still type-check where the two look alike.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("api", "writer", "db", "chat", "daemon", "oplog", "relay", "chatctl", "cluster", "harness", "loadtest")
+SHIPPED = ("api", "writer", "db", "chat", "daemon", "oplog", "relay", "pusher", "chatctl", "cluster", "harness",
+           "loadtest")
 READ_PATH = ("daemon", "relay", "oplog")
 RECORD_BASES = {"NamedTuple", "TypedDict", "Protocol", "Enum", "IntEnum", "StrEnum", "Flag", "BaseModel",
                 "BaseSettings"}
@@ -71,6 +77,44 @@ def unbounded_queues(tree: ast.AST) -> list[int]:
     return found
 
 
+# A type's name has a lower-case letter: ``Encoded``, not the constant ``LIMIT``.
+TYPE_NAME = re.compile(r"_*[A-Z]\w*[a-z]\w*")
+
+
+def _is_type(value: ast.expr) -> bool:
+    """``tuple[...]``, ``A | B`` or another type's name."""
+    return (isinstance(value, (ast.Subscript, ast.Name, ast.Attribute))
+            or isinstance(value, ast.BinOp) and isinstance(value.op, ast.BitOr))
+
+
+def top_level_types(tree: ast.AST) -> list[str]:
+    """The names of a module's top-level classes and type aliases: ``X = tuple[...]``
+    (a type's name bound to a subscript, a union or a name), ``X: TypeAlias = ...``
+    and ``type X = ...``. A TypeVar or a NewType is a call: not an alias here."""
+    found = []
+    for node in getattr(tree, "body", []):
+        if isinstance(node, ast.ClassDef):
+            found.append(node.name)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if TYPE_NAME.fullmatch(node.targets[0].id) and _is_type(node.value):
+                found.append(node.targets[0].id)
+        elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+              and _name(node.annotation) == "TypeAlias"):
+            found.append(node.target.id)
+        elif type(node).__name__ == "TypeAlias":  # ``type X = ...`` (Python 3.12)
+            found.append(node.name.id)
+    return found
+
+
+def shared_type_names(trees: dict[str, ast.AST]) -> dict[str, list[str]]:
+    """Each class or type alias name that more than one definition takes, with where they are."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for module, tree in trees.items():
+        for name in top_level_types(tree):
+            where[name].append(module)
+    return {name: modules for name, modules in where.items() if len(modules) > 1}
+
+
 def modules(packages: tuple[str, ...]) -> dict[str, ast.AST]:
     return {str(p.relative_to(ROOT)): ast.parse(p.read_text(), str(p))
             for package in packages for p in sorted((ROOT / package).rglob("*.py"))}
@@ -93,3 +137,20 @@ def test_the_checks_see_a_borrowing_mixin_and_an_unbounded_queue():
     queues = ast.parse("import asyncio\na = asyncio.Queue()\nb = asyncio.Queue(0)\nc = asyncio.Queue(maxsize=8)\n"
                        "d = asyncio.Queue(LIMIT)\ne = asyncio.Queue(maxsize=0)\n")
     assert unbounded_queues(queues) == [2, 3, 6]
+
+
+def test_no_two_classes_or_type_aliases_of_shipped_code_share_a_name():
+    assert shared_type_names(modules(SHIPPED)) == {}
+
+
+def test_the_check_sees_a_class_or_a_type_alias_named_twice():
+    trees = {
+        "a.py": ast.parse("class Message:\n    pass\nEncoded = tuple[int, bytes]\nLIMIT = 3\nT = TypeVar('T')\n"
+                          "Limit = 1 + 2\n"),
+        "b.py": ast.parse("class Message(NamedTuple):\n    data: bytes\nLIMIT = 4\nT = TypeVar('T')\n"
+                          "Item: TypeAlias = int | str\nRoute = Callable[[int], None]\n"),
+        "c.py": ast.parse("Encoded = dict[str, int] | None\nclass Item:\n    pass\nname = str\nLimit = 2 * 3\n"
+                          "def f():\n    class Route:\n        pass\n"),
+    }
+    assert shared_type_names(trees) == {"Message": ["a.py", "b.py"], "Encoded": ["a.py", "c.py"],
+                                        "Item": ["b.py", "c.py"]}

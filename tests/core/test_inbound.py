@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from daemon.inbound import FRAGMENT, Control, Ending, Inbound, Message
+from daemon.inbound import FRAGMENT, Control, Ending, Inbound, DataMessage
 from daemon.wire import Opcode
 
 TEXT, BINARY, CONT, CLOSE, PING, PONG = 0x1, 0x2, 0x0, 0x8, 0x9, 0xA
@@ -50,8 +50,8 @@ def code_of(events: list) -> int:
 
 def test_a_whole_text_message_is_reported_and_kept_only_when_asked():
     data = frame(TEXT, "héllo".encode())
-    assert fed(data) == [Message(Opcode.TEXT, b"")]
-    assert fed(data, keep=True) == [Message(Opcode.TEXT, "héllo".encode())]
+    assert fed(data) == [DataMessage(Opcode.TEXT, b"")]
+    assert fed(data, keep=True) == [DataMessage(Opcode.TEXT, "héllo".encode())]
 
 
 @pytest.mark.parametrize("chunk", [None, 1, 3, 7])
@@ -60,7 +60,8 @@ def test_fragments_reassemble_with_a_ping_answered_between_them_however_the_byte
     data = frame(TEXT, word[:3], fin=False) + frame(PING, b"p") + frame(CONT, word[3:7], fin=False) + \
         frame(CONT, word[7:]) + frame(BINARY, b"\x00\xff")
     assert fed(data, keep=True, chunk=chunk) == [
-        FRAGMENT, Control(Opcode.PING, b"p"), FRAGMENT, Message(Opcode.TEXT, word), Message(Opcode.BINARY, b"\x00\xff")]
+        FRAGMENT, Control(Opcode.PING, b"p"), FRAGMENT, DataMessage(Opcode.TEXT, word),
+        DataMessage(Opcode.BINARY, b"\x00\xff")]
 
 
 def test_invalid_utf8_fails_with_1007_at_its_fragment_before_the_message_ends():
@@ -110,7 +111,7 @@ def test_a_frame_over_the_limit_fails_with_1009_on_its_header_alone():
 def test_a_kept_message_over_its_limit_fails_with_1009():
     data = frame(BINARY, b"x" * 600, fin=False) + frame(CONT, b"x" * 600)
     assert fed(data, keep=True, max_message=1000)[-1] == Ending(1009, "message too big", "frame_too_big")
-    assert fed(data, keep=False, max_message=1000)[-1] == Message(Opcode.BINARY, b"")  # not kept: no bound
+    assert fed(data, keep=False, max_message=1000)[-1] == DataMessage(Opcode.BINARY, b"")  # not kept: no bound
 
 
 @pytest.mark.parametrize("payload, answer", [

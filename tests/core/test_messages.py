@@ -4,7 +4,7 @@ import orjson
 
 from bson.int64 import Int64
 
-from chat.messages import Message, encode_doc, inserted_docs, rfc3339, shown_digest, shown_digest_of
+from chat.messages import Kind, Message, encode_doc, inserted_docs, rfc3339, shown_digest, shown_digest_of
 
 NS = "chat.messages"
 
@@ -30,6 +30,43 @@ def test_what_pymongo_may_hand_back_is_encoded_the_same():
     encoded = encode_doc(doc)
     assert encoded == (7, "a", "b", m.created_at, orjson.dumps(m.to_public()))
     assert type(encoded[0]) is int and encoded[3].tzinfo is UTC
+
+
+AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+EVERY_SHAPE = (
+    Message(1, "alice", "bob", "hi <b>é😀", AT, "c1"),
+    Message(2, "alice", "bob", "no key", AT),
+    Message(3, "bob", "alice", "hé!", AT, "c2", kind=Kind.EDIT, ref_id=1),
+    Message(4, "bob", "alice", "", AT, "c3", kind=Kind.DELETE, ref_id=1),
+    Message(5, "alice", "bob", "", AT, None, kind=Kind.READ, ref_id=3),
+    Message(6, "alice", "bob", "", AT, None, kind=Kind.DELIVERED, ref_id=4),
+    Message(7, "alice", "bob", "copied", AT, "c4", origin_part=2, origin_id=2**40),  # a copy names its original
+    Message(8, "alice", "bob", "", AT, None, origin_part=1, origin_id=9, kind=Kind.READ, ref_id=7),
+    Message(9, "alice", "bob", "second", AT, "c5", edited_at=AT.replace(second=59)),
+    Message(10, "alice", "bob", "", AT, "c6", deleted=True),
+)
+
+
+def test_every_shape_of_row_comes_back_from_its_document():
+    for m in EVERY_SHAPE:
+        assert Message.from_doc(m.to_doc()) == m
+
+
+def test_a_document_as_pymongo_hands_it_back_is_the_same_message():
+    # naive datetimes (pymongo's default, in UTC) and Int64 numbers
+    for m in EVERY_SHAPE:
+        doc = {k: Int64(v) if type(v) is int else v.replace(tzinfo=None) if isinstance(v, datetime) else v
+               for k, v in m.to_doc().items()}
+        back = Message.from_doc(doc)
+        assert back == m
+        assert type(back.id) is int and back.created_at.tzinfo is UTC
+        assert back.edited_at is None or back.edited_at.tzinfo is UTC
+
+
+def test_the_daemons_encoding_of_a_document_is_the_frame_of_its_message():
+    # encode_doc reads the document itself (the hot path): it must frame each shape as Message does
+    for m in EVERY_SHAPE:
+        assert encode_doc(m.to_doc())[4] == orjson.dumps(Message.from_doc(m.to_doc()).to_public()), m
 
 
 def test_naive_datetimes_are_utc():

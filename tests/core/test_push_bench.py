@@ -5,7 +5,7 @@ published section. No server runs."""
 from __future__ import annotations
 
 from loadtest import push
-from loadtest.clients.lean_processes import Job
+from loadtest.clients.lean_processes import LeanJob
 from loadtest.push import Acker, Push, StreamRow, expected_pushes, in_windows, match, parse_received
 from loadtest.report.push_table import HEADING, push_table, push_tables
 
@@ -42,7 +42,8 @@ def test_a_row_outside_the_recipient_s_own_partition_or_before_the_pusher_s_star
 
 
 def test_parse_received_names_each_push_by_its_key():
-    [p] = parse_received([[12.5, "2:41:user:one:phone", "41", "pk", 3]])
+    [p] = parse_received([{"arrival": 12.5, "key": "2:41:user:one:phone",
+                            "notification": {"event_id": "41", "devices": [{"pushkey": "pk"}]}}])
     assert (p.arrival, p.partition, p.event_id, p.user, p.device) == (12.5, 2, 41, "user:one", "phone")
 
 
@@ -94,7 +95,7 @@ class FakeClient:
 
 
 def test_an_online_client_acks_every_message_frame_and_times_it_by_its_send_stamp():
-    side = Acker(Job(["b"], "127.0.0.1", 1, "s", "127.0.0.2", "/dev/null"))
+    side = Acker(LeanJob(["b"], "127.0.0.1", 1, "s", "127.0.0.2", "/dev/null"))
     side.clients["b"] = FakeClient()  # type: ignore[assignment]
     side.on_frame("b", {"type": "message", "id": "7", "from": "a", "to": "b", "body": "100.000000 load"}, 100.25)
     side.on_frame("b", {"type": "delivered", "id": "8", "from": "a", "to": "b", "upto": "7"}, 100.5)

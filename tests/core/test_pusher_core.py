@@ -5,14 +5,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from chat.messages import Kind
-from pusher.core import Device, Row, due, gives_up, missed, notifications, pause, rejected_pushkeys, retry_in
+from chat.messages import Kind, Message
+from pusher.core import Device, due, gives_up, missed, notifications, pause, rejected_pushkeys, retry_in
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
 
-def row(msg_id: int, sender: str = "ann", recipient: str = "ben", seconds: float = 0, **kw) -> Row:
-    return Row(msg_id, sender, recipient, f"m{msg_id}", T0 + timedelta(seconds=seconds), **kw)
+def row(msg_id: int, sender: str = "ann", recipient: str = "ben", seconds: float = 0, **kw) -> Message:
+    return Message(msg_id, sender, recipient, f"m{msg_id}", T0 + timedelta(seconds=seconds), **kw)
 
 
 def test_rows_are_decided_in_id_order_up_to_the_first_still_within_its_delay():

@@ -5,8 +5,8 @@ No server runs."""
 from __future__ import annotations
 
 from loadtest import receipts
-from loadtest.clients.lean_processes import Job, kb_per_connection
-from loadtest.receipts import ACKING, BASELINE, QUIET, READING, Side
+from loadtest.clients.lean_processes import LeanJob, kb_per_connection
+from loadtest.receipts import ACKING, BASELINE, QUIET, READING, ReceiptsClients
 from loadtest.report.receipts_table import receipts_table
 
 
@@ -26,8 +26,8 @@ class FakeClient:
         self.transport = FakeTransport()
 
 
-def side_of(*users: str) -> Side:
-    side = Side(Job(list(users), "127.0.0.1", 1, "s", "127.0.0.2", "/dev/null"))
+def side_of(*users: str) -> ReceiptsClients:
+    side = ReceiptsClients(LeanJob(list(users), "127.0.0.1", 1, "s", "127.0.0.2", "/dev/null"))
     for user in users:
         side.clients[user] = FakeClient()  # type: ignore[assignment]
     return side
@@ -37,7 +37,7 @@ def message(msg_id: str, sender: str, to: str, sent_at: float = 100.0) -> dict:
     return {"type": "message", "id": msg_id, "from": sender, "to": to, "body": f"{sent_at:.6f} load"}
 
 
-def payloads(side: Side, user: str) -> list[bytes]:
+def payloads(side: ReceiptsClients, user: str) -> list[bytes]:
     return [frame[6:] for frame in side.clients[user].transport.written]  # type: ignore[attr-defined]
 
 

@@ -10,7 +10,7 @@ import orjson
 
 from loadtest import signals
 from loadtest.report.signals_table import signals_table
-from loadtest.signals import BOTH, MESSAGES, PAIR_GAP, STORM_PHASE, TYPING_ALONE, Job, Side
+from loadtest.signals import BOTH, MESSAGES, PAIR_GAP, STORM_PHASE, TYPING_ALONE, SignalsJob, SignalsClients
 
 
 class FakeTransport:
@@ -33,15 +33,17 @@ class FakeClient:
         self.transport = FakeTransport()
 
 
-def side_of(clients: int, indices: list[int], typing_rate: float = 0.0, storm: int = 0, window: int = 2) -> Side:
-    job = Job("u", indices, clients, 3, storm, typing_rate, window, "127.0.0.1", 1, "s", "127.0.0.2", "/dev/null")
-    side = Side(job, random.Random(1))
+def side_of(clients: int, indices: list[int], typing_rate: float = 0.0, storm: int = 0,
+            window: int = 2) -> SignalsClients:
+    job = SignalsJob("u", indices, clients, 3, storm, typing_rate, window, "127.0.0.1", 1, "s", "127.0.0.2",
+                     "/dev/null")
+    side = SignalsClients(job, random.Random(1))
     for user in side.users:
         side.clients[user] = FakeClient()  # type: ignore[assignment]
     return side
 
 
-def frames(side: Side, user: str) -> list[dict]:
+def frames(side: SignalsClients, user: str) -> list[dict]:
     """The client frames written to ``user``'s socket, unmasked."""
     out = []
     for raw in side.clients[user].transport.written:  # type: ignore[attr-defined]
@@ -60,7 +62,7 @@ def test_a_watch_list_is_distinct_others_the_same_each_time():
     assert sorted(signals.watch_list(0, 3, 50)) == [1, 2]
 
 
-def written(side: Side) -> list[int]:
+def written(side: SignalsClients) -> list[int]:
     return [len(side.clients[u].transport.written) for u in side.users]  # type: ignore[attr-defined]
 
 

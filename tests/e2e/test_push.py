@@ -1,6 +1,6 @@
 """Offline push (docs/push.md), end to end: the API's device registrations, the
-pusher process, MySQL, and a push gateway of the tests' own in its own process
-(tests/push/gateway.py), which answers as the Matrix Push Gateway API says or
+pusher process, MySQL, and a push gateway of our own in its own process
+(harness/push_gateway.py), which answers as the Matrix Push Gateway API says or
 fails, stalls and rejects when told.
 
 No test waits for the delay to pass by sleeping. A push that must come is
@@ -15,18 +15,18 @@ import contextlib
 import os
 from datetime import UTC, datetime, timedelta
 import signal
-import subprocess
-import sys
 import uuid
 
 import httpx
 import orjson
 import pytest
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
-from harness.servers import ROOT
+from harness.push_gateway import PushGateway
 from pusher.process import SEND_BATCH
+from pusher.store import lease_name
 from harness.system import System, running_system
 from tests.e2e.helpers import post
 from harness.waiting import eventually_sync
@@ -35,34 +35,9 @@ from tests.timing import PATIENCE, eventually
 DELAY = "0.5"  # CHAT_PUSH_DELAY_SECONDS here: short, as nothing waits for it but the pusher
 
 
-class Gateway:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.push.gateway"], cwd=ROOT, stdout=subprocess.PIPE,
-                                     text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        assert line.startswith("gateway listening on "), line
-        self.url = line.rsplit(" ", 1)[1].strip()
-
-    def received(self) -> list[dict]:
-        return httpx.get(f"{self.url}/_test/received", timeout=PATIENCE).json()["received"]
-
-    def refused(self) -> int:
-        return httpx.get(f"{self.url}/_test/received", timeout=PATIENCE).json()["refused"]
-
-    def mode(self, mode: str, reject: list[str] | None = None) -> None:
-        httpx.post(f"{self.url}/_test/mode", json={"mode": mode, "reject": reject or []}, timeout=PATIENCE)
-
-    def to(self, pushkey: str) -> list[dict]:
-        return [r for r in self.received() if r["notification"]["devices"][0]["pushkey"] == pushkey]
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def gateway():
-    g = Gateway()
+    g = PushGateway()
     yield g
     g.close()
 
@@ -123,7 +98,7 @@ async def sent(system: System, sender: str, to: str, body: str) -> dict:
     return r.json()
 
 
-async def barrier(system: System, gateway: Gateway) -> None:
+async def barrier(system: System, gateway: PushGateway) -> None:
     """Every message sent before now is decided: a marker message to an offline
     user of the same partition is pushed only after them."""
     tag = uuid.uuid4().hex[:8]
@@ -213,12 +188,12 @@ async def test_a_gateway_that_fails_loses_nothing_and_pushes_nothing_twice(pushi
     alice = users("alice")
     people = [users(f"bob{i}") for i in range(3)]
     phones = [await register(pushing, bob, "phone") for bob in people]
-    refused_before = gateway.refused()
+    refused_before = gateway.state()["refused"]
     gateway.mode("fail")
     try:
         for bob in people:
             await send(pushing, alice, bob, "while the gateway is down")
-        await eventually(lambda: gateway.refused() >= refused_before + 2 * len(people), "retries refused")
+        await eventually(lambda: gateway.state()["refused"] >= refused_before + 2 * len(people), "retries refused")
     finally:
         gateway.mode("ok")
     await eventually(lambda: all(gateway.to(p) for p in phones), "every push once the gateway is back")
@@ -243,10 +218,9 @@ async def test_a_killed_pusher_pushes_what_it_had_not_after_its_restart(pushing,
         for bob in people:
             await send(pushing, alice, bob, "before the kill")
         await eventually(lambda: outbox(attempted=True) == len(people), "every push decided and tried")
-        stalled = httpx.get(f"{gateway.url}/_test/received", timeout=PATIENCE).json()["stalled"]
+        stalled = gateway.state()["stalled"]
         gateway.mode("stall")  # the next tries hang: the pusher dies with requests in flight
-        await eventually(lambda: httpx.get(f"{gateway.url}/_test/received", timeout=PATIENCE).json()["stalled"]
-                         > stalled, "a request in flight")
+        await eventually(lambda: gateway.state()["stalled"] > stalled, "a request in flight")
         pushing.stop("pusher", signal.SIGKILL)
     finally:
         gateway.mode("ok")  # the held requests are taken now, and their pusher is gone
@@ -258,6 +232,54 @@ async def test_a_killed_pusher_pushes_what_it_had_not_after_its_restart(pushing,
     # Sent twice, under the same key, at most the batch in hand at the kill: a gateway that honours
     # Idempotency-Key shows them once.
     assert sum(len(gateway.to(p)) for p in phones) - len(people) <= SEND_BATCH
+
+
+def outbox_size(system: System) -> int:
+    return sql(system, "SELECT COUNT(*) FROM push_outbox WHERE `partition` = 0")[0][0]
+
+
+def held_steps(system: System) -> float:
+    """chat_pusher_decisions_held_total of partition 0, from the pusher's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{system.pusher_metrics_ports['pusher']}/metrics", timeout=PATIENCE).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "chat_pusher_decisions_held_total" and sample.labels == {"partition": "0"}:
+                return sample.value
+    return 0.0
+
+
+async def test_past_its_outbox_bound_the_pusher_decides_nothing_until_the_gateway_takes_some(pushing, gateway, users):
+    bound = 3  # CHAT_PUSH_OUTBOX_MAX here, for a pusher of its own: 10,000 as deployed
+    await eventually(lambda: outbox_size(pushing) == 0, "the outbox of the tests before emptied")
+    pushing.stop("pusher")
+    pushing.start("pusher", CHAT_PUSH_OUTBOX_MAX=str(bound))
+    try:
+        alice = users("alice")
+        people = [users(f"bob{i}") for i in range(bound + 1)]
+        phones = [await register(pushing, bob, "phone") for bob in people]
+        gateway.mode("fail")  # nothing leaves the outbox
+        for bob in people[:bound]:
+            await send(pushing, alice, bob, "while the gateway is down")
+        await eventually(lambda: outbox_size(pushing) == bound, "the outbox at its bound")
+        last = await sent(pushing, alice, people[-1], "past the bound")
+        await eventually(lambda: due(last["created_at"]), "the last message past the delay")
+        held = held_steps(pushing)
+        # a step that looked after the last message was due, and decided nothing
+        await eventually(lambda: held_steps(pushing) > held, "a step held back by the full outbox")
+        assert sql(pushing, "SELECT upto FROM push_state WHERE id = 0")[0][0] < int(last["id"])
+        assert outbox_size(pushing) == bound
+        gateway.mode("ok")
+        # the outbox drains as retries come due, and the last message is decided once it has room
+        await eventually(lambda: all(gateway.to(p) for p in phones), "every push, the last one's too")
+        assert [r["notification"]["event_id"] for r in gateway.to(phones[-1])] == [last["id"]]
+        assert [len(gateway.to(p)) for p in phones] == [1] * len(phones)
+        await eventually(lambda: outbox_size(pushing) == 0, "the outbox emptied")
+    finally:
+        gateway.mode("ok")
+        pushing.stop("pusher")
+        pushing.start("pusher")  # the module's, with the deployed bound
+        eventually_sync(lambda: sql(pushing, "SELECT IS_USED_LOCK(:n)", n=lease_name(0))[0][0] is not None,
+                        "the lease taken again")
 
 
 async def test_device_registrations_have_their_limits_and_documented_refusals(pushing, users):
@@ -305,7 +327,6 @@ def two_pushers(tmp_path_factory, gateway):
 
 def lease_holders(system: System) -> dict[int, int | None]:
     """partition -> the MySQL connection id that holds its pusher lock."""
-    from pusher.store import lease_name
     return {k: sql(system, "SELECT IS_USED_LOCK(:n)", n=lease_name(k))[0][0] for k in (0, 1)}
 
 
