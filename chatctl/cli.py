@@ -2,7 +2,7 @@
 
     chatctl token alice --ttl 1h
     chatctl send --as alice bob "hello"
-    chatctl listen --as bob [--since CURSOR] [--format text] [--watch alice,carol]
+    chatctl listen --as bob [--since CURSOR] [--format text] [--watch alice,carol] [--api URL]
     chatctl typing --as alice bob [--stop]
     chatctl presence --as bob alice carol
     chatctl read --as bob alice 12        (bob has read alice's messages up to 12)
@@ -231,17 +231,22 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
            output: Format = typer.Option(Format.json, "--format",
                                          help="json: each frame as it came; text: a line a person reads, and "
                                               "the unread count on each connection"),
-           watch: str = typer.Option(None, help="Users whose presence to follow, by commas: alice,carol")) -> None:
+           watch: str = typer.Option(None, help="Users whose presence to follow, by commas: alice,carol"),
+           api: str = typer.Option(None, help="API base URL, asked for the user's partition after a 421 or a 1012 "
+                                              "(default from settings)")) -> None:
     """Print incoming messages and events (edits, deletes, read markers, delivery receipts), typing, and the
     presence of the users it watches, as JSON lines, or as text; reconnects and resumes with the last
-    cursor, follows a 421 to the user's partition, and mints a new token when the daemon closes with 4001
-    (token expired) or refuses one with 401 (it expired while away), saying so on stderr. `--count`
+    cursor, and mints a new token when the daemon closes with 4001 (token expired) or refuses one with 401
+    (it expired while away). Refused with 421, or closed with 1012 (after the backoff), it asks the API
+    for the user's partition and reconnects there (or where the 421 says when the API cannot tell), so
+    that it follows the user's slot when it moves. Renewals and new routes are said on stderr. `--count`
     counts messages and events only."""
     from chatctl import render
-    from chatctl.client import Inbox, listen as run_listen
+    from chatctl.client import Inbox, listen as run_listen, partition_from_api
 
     settings = signing_settings()
     base = url or f"ws://{settings.daemon.host}:{settings.daemon.port}"
+    api_base = api or f"http://{settings.api.host}:{settings.api.port}"
     ttl = parse_ttl(token_ttl)
     inbox = Inbox(since)
 
@@ -251,6 +256,12 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
     def renew(why: str) -> str:
         typer.echo(f"chatctl listen: token {why}: minted a new one, resuming from {inbox.since}", err=True)
         return mint()
+
+    async def ask_partition(token: str) -> int | None:
+        return await partition_from_api(api_base, token)
+
+    def routed(partition: int | None, why: str) -> None:
+        typer.echo(f"chatctl listen: partition {partition} (from {why}), resuming from {inbox.since}", err=True)
 
     def write(text: str) -> None:
         sys.stdout.write(text + "\n")
@@ -268,7 +279,8 @@ def listen(user: str = typer.Option(..., "--as", help="Listen as this user"),
         raise typer.BadParameter(str(exc), param_hint="--as") from None
     watching = None if watch is None else [name for name in watch.split(",") if name]
     asyncio.run(run_listen(base, tok, since, show, count or None, inbox=inbox, renew=renew,
-                           on_hello=greet if output is Format.text else None, watch=watching))
+                           on_hello=greet if output is Format.text else None, watch=watching,
+                           ask_partition=ask_partition, on_route=routed))
 
 
 @partitions_app.command("show")

@@ -36,6 +36,13 @@ class ClusterDaemon:
     def name(self) -> str:
         return f"{self.host}/daemon_{self.index}"
 
+    def serves(self, partition: int) -> bool:
+        """Whether it serves ``partition``, one of today's or one a grow adds (by its rule)."""
+        if not self.rule:
+            return partition in self.partitions
+        modulus, remainder = (int(x) for x in self.rule[1:].split("="))
+        return partition % modulus == remainder
+
 
 def daemon_partitions(index: int, daemons_per_host: int, partitions: int) -> tuple[int, ...]:
     """Daemon ``index`` of every host serves the partitions k with k = index (mod min(P, daemons per host)),

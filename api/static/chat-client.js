@@ -23,9 +23,15 @@
 //   are forgotten (after a slot move the new partition's ids may equal old ones).
 // - Partitions: `/v1/ws` and `/v1/poll` carry `partition=k` when the client knows the
 //   user's partition (`GET /v1/client-config` with the token says it). A daemon of another
-//   partition refuses with 421 and names the user's: the poll reads it; a refused WebSocket
+//   partition refuses with 421 and names the user's: the poll reads it, a WebSocket whose
+//   auth frame named such a user is closed with 4421 and the partition; a refused WebSocket
 //   handshake does not show its status to a page, so a client with a partition then asks
-//   the poll endpoint once (`timeout=0`) and, told another partition, connects there at once.
+//   the poll endpoint once (`timeout=0`). Told 421, the client asks client-config again and
+//   connects at once to the first of its answer and the 421's that is another partition
+//   (`nextRoute`); else it backs off as after any failure. A client that routes by partition
+//   also asks client-config before reconnecting after a 1012 (after the usual backoff): a
+//   daemon closes a user's socket so when its slot moves, and the user's new partition is
+//   served by other daemons.
 // - Reconnect with exponential backoff and full jitter; after `wsFailuresBeforePoll`
 //   WebSocket attempts in a row that never reached hello (or with no WebSocket at
 //   all) use the long-poll endpoint, and try the WebSocket again now and then.
@@ -55,11 +61,13 @@
 //   the client asks GET /v1/presence instead, when the list changes and every
 //   `presencePollMs`.
 
-import { SeenIds, backoffDelay, compareIds, partitionOf, partitionOfClose } from "./connection-rules.js";
+import {
+  SeenIds, backoffDelay, compareIds, nextRoute, partitionOf, partitionOfClose, partitionOfConfig,
+} from "./connection-rules.js";
 import { StoredOutbox } from "./stored-outbox.js";
 import { sameUsers, watchList } from "./signals.js";
 
-export { SeenIds, backoffDelay, compareIds, partitionOf, partitionOfClose };
+export { SeenIds, backoffDelay, compareIds, nextRoute, partitionOf, partitionOfClose, partitionOfConfig };
 
 // An entry only moves right, or to "failed". "echoed": seen on the stream (stored, like
 // "stored"; whether the peer has it is told by `delivered` and `read` events).
@@ -67,6 +75,7 @@ const STATES = ["sending", "retrying", "stored", "echoed"];
 const TOKEN_EXPIRED = 4001; // the daemon's close when a socket's token passes its exp
 const UNAUTHORIZED = 4401; // the auth frame's token was refused (expired, or not valid)
 const WRONG_PARTITION = 4421; // the user is served by another partition's daemons: the reason names it
+const RESTARTING = 1012; // the daemon restarts, or the user's slot moved to another partition's daemons
 // Receipt frames per flush (an ack and read markers): the rest waits for the next flush, so a
 // client that read many conversations stays well under the daemon's inbound frame rate (1008).
 const RECEIPT_FRAMES_PER_FLUSH = 4;
@@ -76,6 +85,7 @@ export class ChatClient extends EventTarget {
     apiUrl = "", wsUrl, pollUrl, token, user, since = null, partition = null, transport = "auto",
     wsFailuresBeforePoll = 4, wsRetryFromPollMs = 30000, helloTimeoutMs = 10000,
     backoffBaseMs = 300, backoffMaxMs = 10000, offlineRetryMs = 30000, pollTimeoutSeconds = null,
+    configTimeoutMs = 2000,
     WebSocketImpl = globalThis.WebSocket, fetchImpl = globalThis.fetch?.bind(globalThis),
     eventSource = globalThis.window, storage = globalThis.localStorage ?? null, renewToken = null,
     device = null, receiptDelayMs = 100, receiptIntervalMs = 1000, watchIntervalMs = 1000, presencePollMs = 30000,
@@ -83,7 +93,8 @@ export class ChatClient extends EventTarget {
     super();
     Object.assign(this, {
       apiUrl, wsUrl, pollUrl, token, user, since, partition, wsFailuresBeforePoll, wsRetryFromPollMs, helloTimeoutMs,
-      backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, WebSocketImpl, fetchImpl, eventSource,
+      backoffBaseMs, backoffMaxMs, offlineRetryMs, pollTimeoutSeconds, configTimeoutMs, WebSocketImpl, fetchImpl,
+      eventSource,
       storage, renewToken, // async () => a fresh token from the app's identity provider
       device, receiptDelayMs, receiptIntervalMs, watchIntervalMs, presencePollMs,
     });
@@ -94,6 +105,7 @@ export class ChatClient extends EventTarget {
     this.seen = new SeenIds();
     this.outbox = new Map(); // clientMsgId -> entry
     this.attempt = 0; // consecutive failures of the current transport
+    this.askRoute = false; // closed with 1012: ask client-config for the user's partition before the next connect
     this.wsFailures = 0; // consecutive WebSocket attempts that never reached hello
     this.pollSince = 0; // when the fallback to poll began (ms)
     this.running = false;
@@ -239,6 +251,11 @@ export class ChatClient extends EventTarget {
 
   connect() {
     if (!this.running || this.offline) return;
+    if (this.askRoute) {
+      this.askRoute = false;
+      this.rerouted(this.generation);
+      return;
+    }
     const wantPoll = this.forced === "poll" || !this.WebSocketImpl
       || (this.wsFailures >= this.wsFailuresBeforePoll
           && Date.now() - this.pollSince < this.wsRetryFromPollMs);
@@ -262,11 +279,45 @@ export class ChatClient extends EventTarget {
     return `${base}?${query}`;
   }
 
-  // Told the user's partition (a 421's): route there from now on, and connect at once.
-  // False when it is the one we already asked for (a stale route: back off as usual).
+  // After a 1012, before connecting: where client-config says the user is now (unchanged when it
+  // cannot say). Nothing else runs meanwhile: the backoff has passed, and no connection is open.
+  async rerouted(gen) {
+    const told = await this.askConfig();
+    if (gen !== this.generation) return; // stopped, or offline, while asking
+    this.partition = nextRoute(this.partition, told, null);
+    this.connect();
+  }
+
+  // Refused with a 421 (`told`: the partition it named, or null): ask client-config too, and
+  // follow the first answer that names another partition (nextRoute). False when neither does.
+  async followRefusal(told, gen) {
+    const fromApi = await this.askConfig();
+    return this.follow(nextRoute(this.partition, fromApi, told), gen);
+  }
+
+  // The user's partition as `GET /v1/client-config` says it with the user's token, else null
+  // (no answer within configTimeoutMs, or none that names one).
+  async askConfig() {
+    if (!this.fetchImpl) return null;
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), this.configTimeoutMs);
+    try {
+      const reply = await this.fetchImpl(`${this.apiUrl}/v1/client-config`, this.pollInit(abort));
+      return await partitionOfConfig(reply);
+    } catch {
+      return null;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  // Told the user's partition (a 421's, or client-config's): route there from now on, and
+  // connect at once. False when it is the one we already asked for (a stale route: back off
+  // as usual), or the client moved on meanwhile.
   follow(partition, gen) {
     if (partition === null || partition === this.partition || gen !== this.generation) return false;
     this.partition = partition;
+    this.askRoute = false; // just decided
     this.attempt = 0;
     this.wsFailures = 0;
     this.connect();
@@ -341,10 +392,19 @@ export class ChatClient extends EventTarget {
       this.ws = null;
       this.liveWs = null;
       if (event?.code === TOKEN_EXPIRED || event?.code === UNAUTHORIZED) this.renew(gen);
-      else if (event?.code === WRONG_PARTITION && this.follow(partitionOfClose(event.reason), gen)) return;
-      else if (!hello) this.wsRefused(gen);
-      else this.retryLater(); // 1012, 4008, 1011, a dropped network: resume with since
+      else if (event?.code === WRONG_PARTITION) this.wsWrongPartition(partitionOfClose(event.reason), gen);
+      else {
+        // The next connect first asks where the user is: its slot may have moved.
+        if (event?.code === RESTARTING && this.partition !== null) this.askRoute = true;
+        if (!hello) this.wsRefused(gen);
+        else this.retryLater(); // 1012, 4008, 1011, a dropped network: resume with since
+      }
     };
+  }
+
+  // Closed with 4421 after the auth frame (before any hello): told where the user is.
+  async wsWrongPartition(told, gen) {
+    if (!(await this.followRefusal(told, gen))) this.wsFailed(gen);
   }
 
   // The token expired (the daemon closed with 4001, or a poll was answered 401):
@@ -368,8 +428,9 @@ export class ChatClient extends EventTarget {
   }
 
   async wsRefused(gen) {
-    const partition = this.partition !== null && this.fetchImpl ? await this.askPartition() : null;
-    if (!this.follow(partition, gen)) this.wsFailed(gen);
+    const told = this.partition !== null && this.fetchImpl ? await this.askPartition() : null;
+    // Not refused for the partition (the poll said no 421): a daemon down, full or draining.
+    if (told === null || !(await this.followRefusal(told, gen))) this.wsFailed(gen);
   }
 
   wsFailed(gen) {
@@ -399,7 +460,7 @@ export class ChatClient extends EventTarget {
         if (gen === this.generation) this.renew(gen);
         return;
       }
-      if (reply.status === 421 && this.follow(await partitionOf(reply), gen)) return;
+      if (reply.status === 421 && await this.followRefusal(await partitionOf(reply), gen)) return;
       if (!reply.ok) throw new Error(`poll answered ${reply.status}`);
       const page = await reply.json();
       if (gen !== this.generation) return;

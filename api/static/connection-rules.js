@@ -1,5 +1,5 @@
-// The web client's pure rules of connection (chat-client.js): backoff, dedup, id order, and the partition
-// a daemon's 421 names. No I/O of their own.
+// The web client's pure rules of connection (chat-client.js): backoff, dedup, id order, the partition
+// a daemon's 421 or the API names, and which of them to follow. No I/O of their own.
 
 export function backoffDelay(attempt, baseMs, maxMs, random = Math.random) {
   // Full jitter: uniform in [cap/2, cap] so that reconnecting clients spread out.
@@ -40,6 +40,26 @@ export function partitionOfClose(reason) {
     return null;
   }
   return Number.isInteger(body?.partition) && body.partition >= 0 ? body.partition : null;
+}
+
+// The user's partition from a `GET /v1/client-config` answer (asked with the user's token), else null.
+export async function partitionOfConfig(reply) {
+  if (!reply?.ok) return null;
+  const body = await reply.json().catch(() => null);
+  return Number.isInteger(body?.partition) && body.partition >= 0 ? body.partition : null;
+}
+
+// Where to route next, refused with a 421 or closed with 1012 while routed to `route`: the
+// API's answer (`fromApi`), else the refusal's (`fromRefusal`), whichever first names another
+// partition than the one that just failed; else `route` (the caller backs off as usual). The
+// API first: it is what the page asked at start, and after a slot move a daemon still on the
+// old map names the old partition. The refusal when the API has no other answer (it cannot
+// be reached, or it still holds the old map while the daemons hold the new one).
+export function nextRoute(route, fromApi, fromRefusal) {
+  for (const told of [fromApi, fromRefusal]) {
+    if (told !== null && told !== undefined && told !== route) return told;
+  }
+  return route;
 }
 
 // Stream ids are decimal strings, in order: compared as numbers of any length, with no arithmetic.

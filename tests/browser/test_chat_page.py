@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import orjson
 from playwright.sync_api import expect
 
 from tests.browser.conftest import ARTIFACTS, web_system
@@ -107,6 +109,51 @@ def test_daemon_restart_mid_conversation_loses_nothing(dbs, open_page, users):
         expect(bodies(a)).to_have_text(expected)
         send(b, "still here")  # and the page works on after it
         expect(bodies(a)).to_have_text([*expected, "still here"])
+
+
+def test_after_a_1012_the_page_asks_its_partition_again_and_follows_where_it_is_served(dbs, open_page, users):
+    """A daemon closes with 1012 when it restarts or when the user's slot moves: the page asks
+    client-config for its partition before reconnecting. Here the answer is made up (partition 1,
+    which this one-partition system has not got), as from an API whose map is not the daemons':
+    the daemon refuses that route and names partition 0, the page asks again, gets the same
+    answer, and follows the daemon's. Nothing posted meanwhile is lost."""
+    alice, bob = users("alice"), users("bob")
+    with web_system(dbs, daemons=1, CHAT_DRAIN_SECONDS="0.5") as system:
+        a, b = open_page(system, alice), open_page(system, bob)
+        open_chat(a, bob)
+        open_chat(b, alice)
+        expect(b.locator("#status")).to_have_text("live")
+        sockets: list[str] = []  # the WebSockets that reached a daemon
+        b.on("websocket", lambda ws: sockets.append(ws.url))
+        polls: list[str] = []  # and the polls (while the daemon was away the page may fall back to them)
+        b.on("request", lambda request: polls.append(request.url) if "/v1/poll" in request.url else None)
+        asked: list[str] = []
+
+        def config(route):
+            if not route.request.headers.get("authorization"):
+                return route.continue_()
+            asked.append(route.request.url)
+            answer = {"ws_url": f"{system.ws_url}/v1/ws", "poll_url": f"{system.poll_url}", "dev_login": True,
+                      "partition": 1}
+            return route.fulfill(status=200, content_type="application/json", body=orjson.dumps(answer))
+
+        b.route("**/v1/client-config*", config)
+        send(a, "before")
+        expect(bodies(b)).to_have_text(["before"])
+        system.stop("daemon_0")  # SIGTERM: clients get 1012
+        expect(b.locator("#status")).not_to_have_text("live")
+        post(system, alice, bob, "while away")
+        system.start("daemon_0")
+        expect(b.locator("#status")).to_have_text("live")
+        expect(bodies(b), "every message once, in order").to_have_text(["before", "while away"])
+        def route(url: str) -> list[str] | None:
+            return parse_qs(urlsplit(url).query).get("partition")
+
+        assert ["1"] in [route(url) for url in sockets + polls], (sockets, polls)  # where client-config said, first
+        assert route(sockets[-1]) == ["0"], sockets  # then where the daemon said
+        assert len(asked) >= 2  # after the 1012, and after the daemon's refusal
+        send(b, "still here")
+        expect(bodies(a)).to_have_text(["before", "while away", "still here"])
 
 
 def test_markup_in_a_message_is_shown_as_text(web, open_page, users):

@@ -1,9 +1,11 @@
-"""The reference client's pure rules: what it resumes with, what it drops as a repeat, where a 421 sends it,
-what it does with signals (typing, presence) and whom it watches; how `chatctl listen --format text` shows
-each frame; and the requests `chatctl` makes of the write API (against a stand-in for httpx: what it sends,
-what it prints, its exit status)."""
+"""The reference client's pure rules: what it resumes with, what it drops as a repeat, where a 421 or a 1012
+sends it (asking the API's client-config too), what it does with signals (typing, presence) and whom it
+watches; how `chatctl listen --format text` shows each frame; and the requests `chatctl` makes of the write
+API (against a stand-in for httpx: what it sends, what it prints, its exit status)."""
 
 import asyncio
+from http import HTTPStatus
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import orjson
@@ -12,12 +14,13 @@ from typer.testing import CliRunner
 from websockets.datastructures import Headers
 from websockets.exceptions import InvalidStatus
 from websockets.asyncio.server import ServerConnection, serve
-from websockets.http11 import Response
+from websockets.http11 import Request, Response
 
 from chat import auth
 from chatctl import render
 from chatctl.cli import app
-from chatctl.client import Inbox, listen, partition_of_refusal
+from chatctl.client import (Inbox, listen, next_route, partition_from_api, partition_of_config,
+                            partition_of_refusal)
 from tests.timing import S
 
 AT = "2026-11-26T08:00:00.123Z"
@@ -60,6 +63,134 @@ def test_a_421_names_the_partition_to_route_to():
     assert partition_of_refusal(refusal(421, {"partition": "3"})) is None
     inbox = Inbox(partition=3)
     assert inbox.query() == "partition=3"
+
+
+def test_the_next_route_is_the_apis_answer_else_the_refusals_whichever_names_another_partition():
+    assert next_route(0, 2, 1) == 2
+    assert next_route(0, 0, 1) == 1  # the API names the route that failed: the refusal's
+    assert next_route(0, None, 1) == 1  # the API cannot tell
+    assert next_route(0, None, 0) == 0  # nothing new: the caller backs off
+    assert next_route(None, None, None) is None
+    assert next_route(None, 3, None) == 3  # a client that did not route learns its route
+
+
+def test_client_config_names_the_partition():
+    assert partition_of_config(200, b'{"ws_url": "ws://d/v1/ws", "partition": 2}') == 2
+    assert partition_of_config(200, b'{"ws_url": "ws://d/v1/ws"}') is None  # asked without a token
+    assert partition_of_config(401, b'{"error": "unauthorized", "partition": 2}') is None
+    assert partition_of_config(200, b'{"partition": "2"}') is None
+    assert partition_of_config(200, b'[2]') is None
+    assert partition_of_config(502, b"<html>bad gateway</html>") is None
+
+
+async def test_the_partition_is_asked_of_the_api_with_the_users_token():
+    asked: list[httpx.Request] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        return httpx.Response(200, json={"ws_url": "ws://d/v1/ws", "partition": 3})
+
+    assert await partition_from_api("http://api.test", "tok", transport=httpx.MockTransport(api)) == 3
+    assert [(str(r.url), r.headers["authorization"]) for r in asked] == [
+        ("http://api.test/v1/client-config", "Bearer tok")]
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    assert await partition_from_api("http://api.test", "tok", transport=httpx.MockTransport(down)) is None
+
+
+class PartitionedDaemon:
+    """Plays the daemons behind a proxy: a handshake whose ``partition`` is in ``refuse`` gets 421
+    naming ``refuse[k]`` (what that daemon's map says); any other gets a hello and the next
+    message after its ``since``, then a 1012 close while ``close_with_1012`` says so."""
+
+    def __init__(self, refuse: dict[str | None, int], close_with_1012: int = 0):
+        self.refuse = refuse
+        self.close_with_1012 = close_with_1012
+        self.events: list[tuple] = []  # ("handshake", partition) ..., in order with the client's asks and sleeps
+
+    def partition(self, request: Request) -> str | None:
+        return parse_qs(urlsplit(request.path).query).get("partition", [None])[0]
+
+    def process_request(self, connection: ServerConnection, request: Request):
+        partition = self.partition(request)
+        self.events.append(("handshake", partition))
+        if partition in self.refuse:
+            body = orjson.dumps({"error": "wrong_partition", "partition": self.refuse[partition]}).decode()
+            return connection.respond(HTTPStatus.MISDIRECTED_REQUEST, body)
+        return None
+
+    async def handler(self, connection: ServerConnection) -> None:
+        assert connection.request is not None
+        after = int(parse_qs(urlsplit(connection.request.path).query).get("since", ["0"])[0])
+        await connection.send(orjson.dumps({"type": "hello", "cursor": str(after), "recovered": True}).decode())
+        await connection.send(orjson.dumps(message(str(after + 1))).decode())
+        if self.close_with_1012 > 0:
+            self.close_with_1012 -= 1
+            await connection.close(1012, "restarting")
+        else:
+            await connection.wait_closed()
+
+
+async def listen_to(daemon: PartitionedDaemon, api_says, count: int, partition: int | None = None,
+                    ) -> tuple[list[dict], list[tuple]]:
+    """What ``listen`` printed, and the daemon's handshakes in order with the client's API asks
+    (``api_says()`` answers each) and backoff sleeps, and its route changes."""
+    printed: list[dict] = []
+
+    async def ask(token: str) -> int | None:
+        daemon.events.append(("asked the API", token))
+        return api_says()
+
+    async def sleep(seconds: float) -> None:
+        daemon.events.append(("slept",))
+
+    async with serve(daemon.handler, "127.0.0.1", 0, process_request=daemon.process_request) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with asyncio.timeout(10 * S):
+            await listen(f"ws://127.0.0.1:{port}", "t", None, printed.append, count, sleep=sleep,
+                         inbox=Inbox(partition=partition), ask_partition=ask,
+                         on_route=lambda k, why: daemon.events.append(("routed", k, why)))
+    return printed, daemon.events
+
+
+async def test_closed_with_1012_it_asks_the_api_after_the_backoff_and_reconnects_where_it_says():
+    # The user's slot moved from partition 0 to 1: its daemon closes its socket with 1012.
+    daemon = PartitionedDaemon(refuse={}, close_with_1012=1)
+    printed, events = await listen_to(daemon, lambda: 1, count=2, partition=0)
+    assert events == [("handshake", "0"), ("slept",), ("asked the API", "t"), ("routed", 1, "the API"),
+                      ("handshake", "1")]
+    assert [m["id"] for m in printed] == ["1", "2"]  # resumed after the first
+
+
+async def test_closed_with_1012_and_the_api_unreachable_or_unchanged_it_reconnects_to_its_route():
+    for says in (None, 0):
+        daemon = PartitionedDaemon(refuse={}, close_with_1012=1)
+        _, events = await listen_to(daemon, lambda says=says: says, count=2, partition=0)
+        assert events == [("handshake", "0"), ("slept",), ("asked the API", "t"), ("handshake", "0")]
+
+
+async def test_refused_with_421_it_follows_the_api_before_the_421_at_once():
+    # A daemon still on the old map names the route that failed; the API, on the new one, partition 2.
+    daemon = PartitionedDaemon(refuse={"0": 0})
+    _, events = await listen_to(daemon, lambda: 2, count=1, partition=0)
+    assert events == [("handshake", "0"), ("asked the API", "t"), ("routed", 2, "the API"), ("handshake", "2")]
+
+
+async def test_refused_with_421_and_the_api_unreachable_it_follows_the_421_at_once():
+    daemon = PartitionedDaemon(refuse={None: 1})
+    _, events = await listen_to(daemon, lambda: None, count=1)
+    assert events == [("handshake", None), ("asked the API", "t"), ("routed", 1, "a 421"), ("handshake", "1")]
+
+
+async def test_refused_with_421_naming_the_route_that_failed_with_the_api_agreeing_it_backs_off():
+    daemon = PartitionedDaemon(refuse={"1": 1})
+    answers = iter([1, 0])  # then the map moves the user to partition 0
+
+    _, events = await listen_to(daemon, lambda: next(answers), count=1, partition=1)
+    assert events == [("handshake", "1"), ("asked the API", "t"), ("slept",),
+                      ("handshake", "1"), ("asked the API", "t"), ("routed", 0, "the API"), ("handshake", "0")]
 
 
 EDIT = {"type": "edit", "id": "9", "from": "ann", "to": "ben", "ref": "7", "body": "y", "created_at": AT,

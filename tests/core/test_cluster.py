@@ -18,6 +18,7 @@ from cluster import nginx_conf, supervisor_conf, toxiproxy
 from cluster.partitions import assign, daemon_partitions, partition_of, serving, writer_lock_names
 from cluster.plan import PlanError, make_plan, overlaps
 from cluster.procs import cpu_by_role, cpu_ticks_from_stat, role_of
+from tests import nginx_checks
 
 
 # ---- plan ------------------------------------------------------------------------------------
@@ -146,7 +147,10 @@ def test_nginx_routes_each_partition_to_its_daemons_on_every_host(tmp_path):
     assert len(ups["chat_daemons_all"]) == 6
     assert ups["chat_api"] == ["10.0.0.11:8000", "10.0.0.12:8000", "10.0.0.13:8000"]
     mapping = re.search(r"map \$arg_partition \$chat_daemons \{(.*?)\}", config, re.S).group(1)
-    assert re.findall(r'"(\d+)" (\w+);', mapping) == [(str(k), f"chat_daemons_p{k}") for k in range(4)]
+    routes = re.findall(r'"(\d+)" (\w+);', mapping)
+    assert routes[:4] == [(str(k), f"chat_daemons_p{k}") for k in range(4)]
+    # the partitions a grow adds are routed already, to the daemons whose rule serves them
+    assert routes[4:] == [(str(k), f"chat_daemons_p{k % 2}") for k in range(4, 64)]
     assert "default chat_daemons_all;" in mapping
     assert config.count("proxy_pass http://$chat_daemons;") == 2  # /v1/ws and /v1/poll
     assert "listen 10.0.0.3:80" in config and f"pid {tmp_path}/nginx.pid;" in config
@@ -165,6 +169,36 @@ def test_nginx_refuses_a_partition_without_daemons(tmp_path):
         nginx_conf.render("10.0.0.3:80", ["10.0.0.11:8000"], daemons, 3, nginx_conf.EdgePaths(tmp_path))
     with pytest.raises(ValueError, match="no API"):
         nginx_conf.render("10.0.0.3:80", [], daemons, 2, nginx_conf.EdgePaths(tmp_path))
+
+
+def test_nginx_never_shuts_a_daemon_out_and_passes_a_failed_connect_on(tmp_path):
+    """docs/decisions/proxy-health-for-websockets.md: after every daemon restarted at once,
+    passive health checks shut WebSocket clients out for minutes."""
+    config = _config(tmp_path, 4)
+    assert nginx_checks.ejecting_daemon_servers(config) == []
+    for path in ("/v1/ws", "/v1/poll"):
+        location = nginx_checks.block(config, f"location = {path}")
+        assert nginx_checks.daemon_location_problems(location) == [], path
+    # The API's requests end within seconds: its passive check takes a host back at once.
+    api = nginx_checks.servers(nginx_checks.upstreams(config)["chat_api"])
+    assert [params for _, params in api] == [{"max_fails": "1", "fail_timeout": "10s"}] * 3
+
+
+def test_the_check_finds_every_daemon_server_nginx_may_shut_out(tmp_path):
+    hosts = [("chat-h1", "10.0.0.11"), ("chat-h2", "10.0.0.12"), ("chat-h3", "10.0.0.13")]
+    daemons = assign(hosts, 2, 2, 8100)
+    ejecting = nginx_conf.render("10.0.0.3:80", ["10.0.0.11:8000"], daemons, 2, nginx_conf.EdgePaths(tmp_path),
+                                 daemon_server="max_fails=1 fail_timeout=10s")
+    found = nginx_checks.ejecting_daemon_servers(ejecting)
+    assert len(found) == 12  # 6 in chat_daemons_all, 3 in each partition's
+    assert found[0] == "upstream chat_daemons_all: server 10.0.0.11:8100 max_fails=1"
+    # a server line without max_fails has nginx's default, 1
+    defaulted = nginx_conf.render("10.0.0.3:80", ["10.0.0.11:8000"], daemons, 2, nginx_conf.EdgePaths(tmp_path),
+                                  daemon_server="weight=1")
+    assert nginx_checks.ejecting_daemon_servers(defaulted)[0].endswith("max_fails=1 (the default)")
+    assert nginx_checks.daemon_location_problems("proxy_next_upstream error http_503;") == [
+        "proxy_next_upstream ['error', 'http_503'] lacks error, timeout or http_503", "no proxy_next_upstream_tries",
+        "proxy_next_upstream_timeout not in (0, 5.0] s", "proxy_connect_timeout unset (60 s) or above 1.0 s"]
 
 
 def test_nginx_t_accepts_the_generated_config(tmp_path):

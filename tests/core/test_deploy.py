@@ -28,6 +28,8 @@ import yaml
 
 from chat.serve import reuseport_socket
 from chat.settings import Settings, env_names
+from tests.nginx_checks import (block, blocks, daemon_location_problems, directive, ejecting_daemon_servers, servers,
+                                upstreams)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -555,29 +557,6 @@ def test_env_example_is_valid_settings(monkeypatch):
 
 # ---- nginx ----------------------------------------------------------------------------------
 
-def blocks(text: str, header: str) -> list[str]:
-    """The bodies of every `header { ... }` block (nested braces allowed)."""
-    found, pos = [], 0
-    while (at := text.find(header + " {", pos)) != -1:
-        start = i = at + len(header) + 2
-        depth = 1
-        while depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        found.append(text[start:i - 1])
-        pos = i
-    return found
-
-
-def block(text: str, header: str) -> str:
-    (body,) = blocks(text, header)
-    return body
-
-
-def directive(body: str, name: str) -> str:
-    return re.search(rf"^\s*{name}\s+([^;]+);", body, re.M).group(1)
-
-
 def seconds(value: str) -> int:
     assert value.endswith("s"), value
     return int(value[:-1])
@@ -617,6 +596,22 @@ def test_nginx_site_matches_the_code():
     assert seconds(directive(poll, "proxy_read_timeout")) > default("daemon.poll_max_timeout_seconds")
 
     assert "proxy_pass http://chat_api;" in block(tls, "location /")
+    assert directive(block(tls, "location /"), "proxy_next_upstream") == "error timeout"  # never a POST sent
+
+
+def test_nginx_site_never_shuts_a_daemon_out_and_passes_a_failed_connect_on():
+    """docs/decisions/proxy-health-for-websockets.md: after every daemon restarted at once,
+    passive health checks shut WebSocket clients out for minutes."""
+    conf = (NGINX / "chat.conf").read_text()
+    daemon_upstreams = [name for name in upstreams(conf) if name.startswith("chat_daemons")]
+    assert daemon_upstreams == ["chat_daemons", "chat_daemons_p0", "chat_daemons_p1"]
+    assert ejecting_daemon_servers(conf) == []
+    (tls,) = [body for body in blocks(conf, "server") if re.search(r"^\s*listen 443 ssl;", body, re.M)]
+    for path in ("/v1/ws", "/v1/poll"):
+        assert daemon_location_problems(block(tls, f"location = {path}")) == [], path
+    # The API's requests end within seconds, so its passive check takes a host back at once.
+    assert all(params.get("max_fails") != "0" and "fail_timeout" in params
+               for _, params in servers(upstreams(conf)["chat_api"]))
     # No query strings in the access log: they carry tokens.
     log_format = conf[conf.index("log_format chat"):conf.index(";", conf.index("log_format chat"))]
     assert "$request " not in log_format and "$args" not in log_format and "$uri" in log_format

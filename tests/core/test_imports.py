@@ -13,7 +13,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("api", "writer", "db", "chat", "daemon", "oplog", "relay", "pusher", "chatctl", "cluster", "harness", "loadtest")
+PACKAGES = ("api", "writer", "db", "chat", "daemon", "oplog", "relay", "pusher",
+            "chatctl", "cluster", "harness", "loadtest")
 
 
 def module_name(path: Path) -> str:

@@ -258,6 +258,8 @@ def test_chatctl_listen_follows_a_421_to_its_partition_and_resumes_with_cursors(
     # From partition 1's start (epoch 0, position 0): ben's two, whatever else the partition holds.
     listened = chatctl(front, "listen", "--as", ben, "--url", url, "--since", "1.0.0", "--count", "2")
     assert listened.returncode == 0, listened.stderr
+    # Refused by partition 0's daemon, it asked the API too, which named the same partition as the 421.
+    assert listened.stderr == "chatctl listen: partition 1 (from the API), resuming from 1.0.0\n"
     frames = [orjson.loads(line) for line in listened.stdout.splitlines()]
     assert [(f["from"], f["to"], f["body"]) for f in frames] == [(ann, ben, "one"), (ann, ben, "two")]
     assert [f["cursor"] for f in frames] == [f"1.0.{f['id']}" for f in frames]

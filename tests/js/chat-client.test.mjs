@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { once } from "node:events";
 import { test } from "node:test";
 
-import { ChatClient, backoffDelay } from "../../api/static/chat-client.js";
+import { ChatClient, backoffDelay, nextRoute } from "../../api/static/chat-client.js";
 
 class FakeSocket {
   static all = [];
@@ -297,17 +297,33 @@ test("resumes with the last frame's cursor, routed to its partition", async () =
   client.stop();
 });
 
+// A fake of the poll endpoint and of the API's client-config: `poll` answers each poll (a reply, or
+// null for one that waits), `config` is the partition client-config names (null: it cannot say).
+function fakeServers({ poll = () => null, config = null } = {}) {
+  const asked = { polls: [], configs: [] };
+  const fetchImpl = async (url, init) => {
+    if (new URL(url, "http://app").pathname === "/v1/client-config") {
+      asked.configs.push({ url, init });
+      if (config === null) throw new TypeError("API down");
+      return { ok: true, status: 200, json: async () => ({ ws_url: "ws://d/v1/ws", partition: config }) };
+    }
+    asked.polls.push(url);
+    return poll(url) ?? new Promise(() => {}); // a poll that waits
+  };
+  return { asked, fetchImpl, setConfig: (k) => { config = k; } };
+}
+
 test("a refused handshake asks the poll once; told another partition, it connects there at once", async () => {
-  const asked = [];
-  const fetchImpl = async (url) => { asked.push(url); return refusal(1); };
+  const { asked, fetchImpl } = fakeServers({ poll: () => refusal(1) });
   const { client, got } = makeClient({ partition: 0, since: "0.0.4", fetchImpl, backoffBaseMs: 5000, backoffMaxMs: 5000 });
   client.start();
   FakeSocket.all[0].drop(); // refused before hello: a page cannot see the 421
   await tick();
-  assert.equal(asked.length, 1);
-  assert.equal(param(asked[0], "partition"), "0");
-  assert.equal(param(asked[0], "timeout"), "0");
-  assert.equal(since(asked[0]), null); // it only asks
+  assert.equal(asked.polls.length, 1);
+  assert.equal(param(asked.polls[0], "partition"), "0");
+  assert.equal(param(asked.polls[0], "timeout"), "0");
+  assert.equal(since(asked.polls[0]), null); // it only asks
+  assert.equal(asked.configs.length, 1); // told 421, it asks the API too (here down: the 421's answer stands)
   assert.equal(FakeSocket.all.length, 2); // at once, not after the 5 s backoff
   const second = FakeSocket.all[1];
   assert.equal(param(second.url, "partition"), "1");
@@ -319,34 +335,129 @@ test("a refused handshake asks the poll once; told another partition, it connect
 });
 
 test("told the partition it asked for already (a stale route), it backs off as after any failure", async () => {
-  const asked = [];
-  const fetchImpl = async (url) => { asked.push(url); return refusal(1); };
+  const { asked, fetchImpl } = fakeServers({ poll: () => refusal(1), config: 1 });
   const { client } = makeClient({ partition: 1, fetchImpl, backoffBaseMs: 5000, backoffMaxMs: 5000 });
   client.start();
   FakeSocket.all[0].drop();
   await tick();
-  assert.equal(asked.length, 1);
+  assert.equal(asked.polls.length, 1);
+  assert.equal(asked.configs.length, 1); // the API agrees: nowhere else to go
   assert.equal(FakeSocket.all.length, 1); // no loop: the next try waits for the backoff
   assert.equal(client.wsFailures, 1);
   assert.equal(client.partition, 1);
   client.stop();
 });
 
-test("a poll answered 421 polls again at once where the 421 says, with since", async () => {
-  const urls = [];
-  const fetchImpl = async (url) => {
-    urls.push(url);
-    if (urls.length === 1) return refusal(2);
-    return new Promise(() => {}); // the next poll waits
-  };
+test("told by a 421 the route it took, and by client-config another partition, it connects there at once", async () => {
+  // A daemon still on the old slot map names the old partition; the API, on the new one, the new.
+  const { asked, fetchImpl } = fakeServers({ poll: () => refusal(0), config: 2 });
+  const { client } = makeClient({ partition: 0, since: "0.0.9", fetchImpl, backoffBaseMs: 5000, backoffMaxMs: 5000 });
+  client.start();
+  FakeSocket.all[0].drop();
+  await tick();
+  assert.equal(asked.configs.length, 1);
+  assert.deepEqual(asked.configs[0].init.headers, { Authorization: "Bearer t" }); // the user's own partition
+  assert.equal(FakeSocket.all.length, 2);
+  assert.equal(param(FakeSocket.all[1].url, "partition"), "2");
+  assert.equal(since(FakeSocket.all[1].url), "0.0.9");
+  client.stop();
+});
+
+test("a poll answered 421 asks client-config and polls again at once where they say, with since", async () => {
+  let polls = 0;
+  const { asked, fetchImpl } = fakeServers({ poll: () => (++polls === 1 ? refusal(2) : null), config: 3 });
   const { client } = makeClient({ transport: "poll", fetchImpl, since: "0.0.7" });
   client.start();
   await tick();
-  assert.equal(urls.length, 2);
-  assert.equal(param(urls[0], "partition"), null);
-  assert.equal(param(urls[1], "partition"), "2");
-  assert.equal(since(urls[1]), "0.0.7");
+  assert.equal(asked.polls.length, 2);
+  assert.equal(param(asked.polls[0], "partition"), null);
+  assert.equal(asked.configs.length, 1);
+  assert.equal(param(asked.polls[1], "partition"), "3"); // the API's answer before the 421's
+  assert.equal(since(asked.polls[1]), "0.0.7");
   client.stop();
+});
+
+test("a poll answered 421 with the API down polls again at once where the 421 says", async () => {
+  let polls = 0;
+  const { asked, fetchImpl } = fakeServers({ poll: () => (++polls === 1 ? refusal(2) : null) });
+  const { client } = makeClient({ transport: "poll", fetchImpl, since: "0.0.7" });
+  client.start();
+  await tick();
+  assert.equal(asked.configs.length, 1);
+  assert.equal(param(asked.polls[1], "partition"), "2");
+  client.stop();
+});
+
+test("closed with 1012 (its slot moved), it asks client-config after the backoff and reconnects where it says", async () => {
+  const { asked, fetchImpl, setConfig } = fakeServers({ config: 0 });
+  const { client, got } = makeClient({ partition: 0, fetchImpl });
+  client.start();
+  const first = FakeSocket.all[0];
+  first.hello("0.0.5");
+  first.frame(msg("6", { cursor: "0.0.6" }));
+  assert.equal(asked.configs.length, 0); // the page asked at start: nothing to ask while live
+  setConfig(1); // the user's slot moves to partition 1; its daemon closes the socket
+  first.drop();
+  assert.equal(asked.configs.length, 0); // not at once: after the usual backoff
+  await tick();
+  assert.equal(asked.configs.length, 1);
+  assert.equal(FakeSocket.all.length, 2);
+  const second = FakeSocket.all[1];
+  assert.equal(param(second.url, "partition"), "1");
+  assert.equal(since(second.url), "0.0.6"); // the new partition's daemon says recovered: false
+  second.hello("1.1.0", false);
+  second.frame(msg("1", { cursor: "1.1.1" }));
+  assert.deepEqual(got, ["6", "1"]);
+  client.stop();
+});
+
+test("closed with 1012 and client-config unreachable or unchanged, it reconnects to its route", async () => {
+  for (const config of [null, 0]) {
+    const { asked, fetchImpl } = fakeServers({ config });
+    const { client } = makeClient({ partition: 0, fetchImpl });
+    client.start();
+    FakeSocket.all[0].hello("0.0.5");
+    FakeSocket.all[0].drop();
+    await tick();
+    assert.equal(asked.configs.length, 1);
+    assert.equal(FakeSocket.all.length, 2);
+    assert.equal(param(FakeSocket.all[1].url, "partition"), "0");
+    client.stop();
+  }
+});
+
+test("a client that does not route by partition asks nothing after a 1012, nor after other closes", async () => {
+  const { asked, fetchImpl } = fakeServers({ config: 1 });
+  const { client } = makeClient({ fetchImpl });
+  client.start();
+  FakeSocket.all[0].hello("5");
+  FakeSocket.all[0].drop();
+  await tick();
+  assert.equal(FakeSocket.all.length, 2);
+  client.stop();
+  const routed = makeClient({ partition: 0, fetchImpl }).client;
+  routed.start();
+  FakeSocket.all[0].hello("0.0.5");
+  FakeSocket.all[0].closed = true;
+  FakeSocket.all[0].onclose({ code: 1011 }); // a server error, not a move
+  await tick();
+  assert.equal(asked.configs.length, 0);
+  assert.equal(param(FakeSocket.all[1].url, "partition"), "0");
+  routed.stop();
+});
+
+test("stopped while asking client-config after a 1012, it connects nowhere", async () => {
+  let answer;
+  const fetchImpl = () => new Promise((resolve) => { answer = resolve; });
+  const { client } = makeClient({ partition: 0, fetchImpl });
+  client.start();
+  FakeSocket.all[0].hello("0.0.5");
+  FakeSocket.all[0].drop();
+  await tick();
+  client.stop();
+  answer({ ok: true, status: 200, json: async () => ({ partition: 1 }) });
+  await tick();
+  assert.equal(FakeSocket.all.length, 1);
 });
 
 test("after recovered: false the ids seen before are new messages (a slot moved)", async () => {
@@ -396,14 +507,39 @@ test("a refused auth frame (close 4401) renews the token and reconnects", async 
 });
 
 test("told by a 4421 close which partition serves the user, it connects there at once", async () => {
-  const { client } = makeClient({ partition: 0, backoffBaseMs: 5000, backoffMaxMs: 5000 });
+  for (const [config, expected] of [[null, "1"], [2, "2"], [0, "1"]]) { // API down; it names another; it names ours
+    const { asked, fetchImpl } = fakeServers({ config });
+    const { client } = makeClient({ partition: 0, fetchImpl, backoffBaseMs: 5000, backoffMaxMs: 5000 });
+    client.start();
+    FakeSocket.all[0].closed = true;
+    FakeSocket.all[0].onclose({ code: 4421, reason: JSON.stringify({ partition: 1 }) });
+    await tick();
+    assert.equal(asked.configs.length, 1);
+    assert.equal(FakeSocket.all.length, 2); // at once: not after the 5 s backoff
+    assert.equal(param(FakeSocket.all[1].url, "partition"), expected);
+    client.stop();
+  }
+});
+
+test("a 4421 naming the route it took, with the API agreeing, backs off as a failed attempt", async () => {
+  const { fetchImpl } = fakeServers({ config: 0 });
+  const { client } = makeClient({ partition: 0, fetchImpl, backoffBaseMs: 5000, backoffMaxMs: 5000 });
   client.start();
   FakeSocket.all[0].closed = true;
-  FakeSocket.all[0].onclose({ code: 4421, reason: JSON.stringify({ partition: 1 }) });
+  FakeSocket.all[0].onclose({ code: 4421, reason: JSON.stringify({ partition: 0 }) });
   await tick();
-  assert.equal(FakeSocket.all.length, 2); // at once: not after the 5 s backoff
-  assert.equal(param(FakeSocket.all[1].url, "partition"), "1");
+  assert.equal(FakeSocket.all.length, 1);
+  assert.equal(client.wsFailures, 1);
   client.stop();
+});
+
+test("the next route: the API's answer, else the refusal's, whichever names another partition", () => {
+  assert.equal(nextRoute(0, 2, 1), 2);
+  assert.equal(nextRoute(0, 0, 1), 1); // the API names the route that failed: the refusal's
+  assert.equal(nextRoute(0, null, 1), 1);
+  assert.equal(nextRoute(0, null, 0), 0); // nothing new: back off
+  assert.equal(nextRoute(null, null, null), null);
+  assert.equal(nextRoute(null, 0, null), 0); // a client that did not route learns its route
 });
 
 // ---- receipts (docs/receipts.md) ----------------------------------------------------
