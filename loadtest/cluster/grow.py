@@ -95,8 +95,11 @@ def grow_figures(run: dict, devices: list[ClientDevice], before: SlotMap, after:
     data = run["_client"]
     moved = {u for u in {d.user for d in devices} if before.partition_of(u) != after.partition_of(u)}
     cut = fault.cut_over_at
-    refused_unmoved = sum(1 for s in sent if s.sender not in moved
-                          for a in s.attempts if a.status == 0 or a.status >= 500)
+    refusals = [a for s in sent if s.sender not in moved for a in s.attempts if a.status == 0 or a.status >= 500]
+    refused_unmoved = len(refusals)
+    why: dict[str, int] = {}
+    for a in refusals:
+        why[a.error or str(a.status)] = why.get(a.error or str(a.status), 0) + 1
     moving_posts = [s for s in sent if s.sender in moved and s.msg_id is not None and cut is not None
                     and s.attempts and abs(s.attempts[0].at - cut) < 10]
     longest = max(((s.attempts[-1].at + s.attempts[-1].seconds - s.attempts[0].at) for s in moving_posts),
@@ -119,7 +122,7 @@ def grow_figures(run: dict, devices: list[ClientDevice], before: SlotMap, after:
         "stored": stored, "stranded": stranded,
         "unmoved_lost": live.lost, "unmoved_duplicated": live.duplicated, "moved_duplicated": moved_dup,
         "lost": live.lost + stranded, "duplicated": live.duplicated + moved_dup,
-        "unmoved_refused_posts": refused_unmoved,
+        "unmoved_refused_posts": refused_unmoved, "unmoved_refusals_by_error": why,
         "moving_longest_post_ms": None if longest is None else round(longest * 1000, 1),
         "cutover_pause_ms": fault.pause_ms,
         "last_device_back_s": None if last_back is None else round(last_back, 2),

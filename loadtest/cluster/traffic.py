@@ -156,6 +156,7 @@ class Attempt:
     status: int  # 0: no answer (connection error, timeout)
     seconds: float
     upstream: str  # the API that answered (nginx's X-Chat-Upstream), "" if none
+    error: str = ""  # a refusal's `error` (README, "Errors"), "" otherwise
 
 
 @dataclass
@@ -188,7 +189,7 @@ async def send(url: str, secret: str, users: list[str], rate: float, seconds: fl
                                  "client_msg_id": record.key})
             for attempt in range(5):
                 t0 = time.time()
-                status, upstream = 0, ""
+                status, upstream, answer = 0, "", b""
                 try:
                     async with gate, session.post(f"{url}/v1/messages", data=body, headers=headers) as r:
                         answer = await r.read()
@@ -196,7 +197,11 @@ async def send(url: str, secret: str, users: list[str], rate: float, seconds: fl
                         upstream = r.headers.get("X-Chat-Upstream", "").split(",")[-1].strip()
                 except (aiohttp.ClientError, TimeoutError):
                     pass
-                record.attempts.append(Attempt(t0, status, time.time() - t0, upstream))
+                error = ""
+                if status >= 400:
+                    with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                        error = str(orjson.loads(answer).get("error", ""))
+                record.attempts.append(Attempt(t0, status, time.time() - t0, upstream, error))
                 if status in (200, 201):
                     record.msg_id = int(orjson.loads(answer)["id"])
                     return
