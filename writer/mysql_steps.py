@@ -129,7 +129,9 @@ class MySQLSteps:
         try:
             return await self._threads.run(fn, *args)
         except SQLAlchemyError as exc:
-            raise WriteUnavailable(f"mysql: {exc.__class__.__name__}") from None
+            # the server's error number (1969: a statement past max_statement_time; 2013: the link lost)
+            code = getattr(getattr(exc, "orig", None), "args", (None,))[:1]
+            raise WriteUnavailable(f"mysql: {exc.__class__.__name__}{' ' + str(code[0]) if code else ''}") from None
 
     # --- the statements, run in the thread ---------------------------------------
     def _lock_and_read_state(self, conn: Connection) -> tuple[int, int, SlotMap | None]:

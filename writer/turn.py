@@ -94,6 +94,9 @@ class Turn:
                         committed, last_id = await sql.commit_batch(conn, batch, last_id,
                                                                     core.handover_check_due(time.monotonic()))
                     except WriteUnavailable as exc:
+                        # answered 503 and nothing stored: an operator sees why (a statement's time-out, a lost link)
+                        log.warning("event=batch_failed partition=%d requests=%d error=%s kind=%s", self._partition,
+                                    len(batch), exc, exc.kind)
                         fail(batch, exc)
                         break
                     except CommitFailed as failed:

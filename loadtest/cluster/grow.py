@@ -100,6 +100,17 @@ def grow_figures(run: dict, devices: list[ClientDevice], before: SlotMap, after:
     why: dict[str, int] = {}
     for a in refusals:
         why[a.error or str(a.status)] = why.get(a.error or str(a.status), 0) + 1
+    began = fault.lines[0][0] if fault.lines else None
+    phases = {"before_the_move": 0, "copying": 0, "cutover_and_2s_after": 0, "later": 0}
+    for a in refusals:
+        if began is None or a.at < began:
+            phases["before_the_move"] += 1
+        elif cut is None or a.at < cut - (fault.pause_ms or 0) / 1000 - 1:
+            phases["copying"] += 1
+        elif a.at < cut + 2:
+            phases["cutover_and_2s_after"] += 1
+        else:
+            phases["later"] += 1
     moving_posts = [s for s in sent if s.sender in moved and s.msg_id is not None and cut is not None
                     and s.attempts and abs(s.attempts[0].at - cut) < 10]
     longest = max(((s.attempts[-1].at + s.attempts[-1].seconds - s.attempts[0].at) for s in moving_posts),
@@ -123,6 +134,7 @@ def grow_figures(run: dict, devices: list[ClientDevice], before: SlotMap, after:
         "unmoved_lost": live.lost, "unmoved_duplicated": live.duplicated, "moved_duplicated": moved_dup,
         "lost": live.lost + stranded, "duplicated": live.duplicated + moved_dup,
         "unmoved_refused_posts": refused_unmoved, "unmoved_refusals_by_error": why,
+        "unmoved_refusals_by_phase": phases,
         "moving_longest_post_ms": None if longest is None else round(longest * 1000, 1),
         "cutover_pause_ms": fault.pause_ms,
         "last_device_back_s": None if last_back is None else round(last_back, 2),
