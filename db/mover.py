@@ -34,18 +34,20 @@ import pymongo
 from pymongo.errors import BulkWriteError, PyMongoError
 from sqlalchemy import func, or_, select, text, tuple_
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
 from chat.messages import Kind, Message
 from chat.moves import MovePlan, Progress, copy_targets, origin_of
 from chat.partitions import SLOTS, SlotMap, collection_name, lock_name
 from db.mongo import expired_before
 from db.partition_map import read_slot_map, tables_of, write_slot_map
-from db.sql import conversation_key, device_acks, echoes, partition_map, read_markers
+from db.sql import conversation_key, device_acks, echoes, is_deadlock, partition_map, read_markers
 
 log = logging.getLogger("chat.mover")
 
 MOVE_ROW = 2  # the row of partition_map that holds the move in progress (row 1 is the map)
 PAGE = 500  # rows of a source read, and copied, per step
+DEADLOCK_RETRIES = 3  # a step InnoDB rolled back as a deadlock's victim is done again this many times at most
 LOCK_WAIT_SECONDS = 30.0  # a writer's turn ends once it sees the mover queued: this is for a MySQL that is slow
 
 
@@ -189,8 +191,15 @@ class Mover:
         if not locked:
             _take_writer_lock(conn, target)
         try:
-            made, skipped, docs, mirrored, before = self._insert_copies(conn, source, target, msgs)
-            conn.commit()
+            for attempt in range(DEADLOCK_RETRIES + 1):
+                try:
+                    made, skipped, docs, mirrored, before = self._insert_copies(conn, source, target, msgs)
+                    conn.commit()
+                    break
+                except OperationalError as exc:  # a writer of another partition met it in `echoes`
+                    conn.rollback()
+                    if not is_deadlock(exc) or attempt == DEADLOCK_RETRIES:
+                        raise
             if docs:
                 self._mirror(conn, target, docs, mirrored, before)
             return made, skipped
@@ -281,16 +290,14 @@ class Mover:
                         last += page.copies
                         if page.scanned < self._page:
                             break
-                moved = _moved_users(conn, plan)
-                markers = _translate_markers(conn, plan, moved)
-                acks = _translate_acks(conn, plan, moved)
-                echoed = _retarget_echoes(conn, plan)
-                current = read_slot_map(conn)
-                if current != plan.before:
-                    raise MoveRefused("the slot map changed during the move: nothing was cut over")
-                write_slot_map(conn, plan.after)
-                conn.execute(partition_map.delete().where(partition_map.c.id == MOVE_ROW))
-                conn.commit()
+                for attempt in range(DEADLOCK_RETRIES + 1):
+                    try:
+                        moved, markers, acks, echoed = self._switch(conn, plan)
+                        break
+                    except OperationalError as exc:  # a writer of another partition met it in `echoes`
+                        conn.rollback()
+                        if not is_deadlock(exc) or attempt == DEADLOCK_RETRIES:
+                            raise
                 paused = time.monotonic() - with_locks
             finally:
                 _release_writer_locks(conn)
@@ -300,6 +307,21 @@ class Mover:
                      f"(locks taken in {(with_locks - started) * 1000:.0f} ms)")
         log.info("event=move_cut_over epoch=%d users=%d paused_ms=%.0f", plan.after.epoch, len(moved), paused * 1000)
         return plan.after
+
+
+    @staticmethod
+    def _switch(conn: Connection, plan: MovePlan) -> tuple[dict[str, tuple[int, int]], int, int, int]:
+        """The cutover's one transaction: markers, positions and owed copies translated, the new map."""
+        moved = _moved_users(conn, plan)
+        markers = _translate_markers(conn, plan, moved)
+        acks = _translate_acks(conn, plan, moved)
+        echoed = _retarget_echoes(conn, plan)
+        if read_slot_map(conn) != plan.before:
+            raise MoveRefused("the slot map changed during the move: nothing was cut over")
+        write_slot_map(conn, plan.after)
+        conn.execute(partition_map.delete().where(partition_map.c.id == MOVE_ROW))
+        conn.commit()
+        return moved, markers, acks, echoed
 
 
 def _row_of(m: Message) -> dict:

@@ -21,6 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.mysql import DATETIME
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import QueuePool
 
 
@@ -228,3 +229,12 @@ def pool_size_of(engine: Engine) -> int:
     (a QueuePool's), else 1: one connection at a time is always safe."""
     pool = engine.pool
     return pool.size() if isinstance(pool, QueuePool) else 1
+
+
+_ER_LOCK_DEADLOCK = 1213
+
+
+def is_deadlock(exc: OperationalError) -> bool:
+    """InnoDB chose this statement's transaction as a deadlock's victim and rolled it back whole."""
+    args: tuple = getattr(exc.orig, "args", ())
+    return bool(args) and args[0] == _ER_LOCK_DEADLOCK

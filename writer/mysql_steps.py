@@ -25,7 +25,7 @@ from chat.messages import Kind, Message, now_ms
 from chat.partitions import LiveMap, SlotMap, lock_name
 from chat.write_errors import CopyDeferred, EventRefused, PartitionBusy, WriteUnavailable
 from db.partition_map import read_slot_map, tables_of
-from db.sql import conversation_key, partition_map
+from db.sql import conversation_key, is_deadlock, partition_map
 from db.threads import Threads
 from writer import echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
@@ -54,6 +54,7 @@ def next_lock_name(partition: int) -> str:
 
 
 NEXT_LOCK_NAME = next_lock_name(0)
+DEADLOCK_RETRIES = 3  # InnoDB's victim of a deadlock, rolled back: written again this many times at most
 
 
 class MySQLSteps:
@@ -173,14 +174,25 @@ class MySQLSteps:
     def _commit_batch(self, conn: Connection, batch: list[Pending], last_id: int,
                       ask_others: bool) -> tuple[Committed, int]:
         started = time.perf_counter()
-        try:
-            # A retry of a stored message is rare (a client that lost an
-            # answer), so the batch goes in without looking for them first, one
-            # round trip fewer per batch: the unique (sender, client_msg_id)
-            # refuses the INSERT if it holds one, and only then are they looked up.
-            return self._write_batch(conn, batch, last_id, started, Known.nothing(), ask_others)
-        except IntegrityError:
-            return self._write_batch(conn, batch, last_id, started, self._existing(conn, batch), ask_others)
+        for attempt in range(DEADLOCK_RETRIES + 1):
+            try:
+                try:
+                    # A retry of a stored message is rare (a client that lost an
+                    # answer), so the batch goes in without looking for them first, one
+                    # round trip fewer per batch: the unique (sender, client_msg_id)
+                    # refuses the INSERT if it holds one, and only then are they looked up.
+                    return self._write_batch(conn, batch, last_id, started, Known.nothing(), ask_others)
+                except IntegrityError:
+                    return self._write_batch(conn, batch, last_id, started, self._existing(conn, batch), ask_others)
+            except OperationalError as exc:
+                # Writers of two partitions meet in `echoes` (each records the copies it owes the
+                # other and clears those it made), and InnoDB may pick one as a deadlock's victim:
+                # its transaction is rolled back whole, nothing of it is answered yet, so it is
+                # written again, as InnoDB's manual says to.
+                if not is_deadlock(exc) or attempt == DEADLOCK_RETRIES:
+                    raise
+                log.info("event=batch_deadlock_retried partition=%d attempt=%d", self._partition, attempt + 1)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _write_batch(self, conn: Connection, batch: list[Pending], last_id: int, started: float,
                      known: Known, ask_others: bool) -> tuple[Committed, int]:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import OperationalError
 
 from api.app import read_threads
 from chat.drafts import Draft
-from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown
+from chat.write_errors import ClientIdConflict, WriteOutcomeUnknown, WriteUnavailable
 from db import mongo
 from db.sql import make_engine
 from db.threads import Threads
@@ -23,7 +23,7 @@ from tests.e2e.helpers import running_writer
 from harness.system import databases
 from tests.timing import PATIENCE, eventually
 from writer.message_writer import MessageWriter
-from writer.mysql_steps import MySQLSteps
+from writer.mysql_steps import DEADLOCK_RETRIES, MySQLSteps
 
 
 class _CommitLost(MySQLSteps):
@@ -253,3 +253,46 @@ async def test_a_writer_cancelled_mid_call_releases_its_lock_after_that_call_and
     async with running_writer(own_dbs) as (writer, engine, _db):
         msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "after the shutdown")), PATIENCE)
         assert created and _bodies(engine, sender) == ["after the shutdown"]
+
+
+class _DeadlockVictim(MySQLSteps):
+    """Its batch's transaction is chosen as a deadlock's victim ``times`` times, as InnoDB does it: the
+    statements ran, then the server rolled the whole transaction back and answered 1213."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.times = 0
+
+    def _write_batch(self, conn, batch, last_id, started, known, ask_others):
+        if self.times:
+            self.times -= 1
+            conn.execute(text("SELECT 1"))
+            conn.rollback()
+            raise OperationalError("INSERT", {}, Exception(1213, "Deadlock found when trying to get lock"))
+        return super()._write_batch(conn, batch, last_id, started, known, ask_others)
+
+
+class _LosesDeadlocks(MessageWriter):
+    mysql_steps = _DeadlockVictim
+
+    def __init__(self, *args, times: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._sql.times = times
+
+
+async def test_a_deadlock_s_victim_is_written_again_and_answered_once(own_dbs):
+    sender = f"s{uuid.uuid4().hex[:8]}"
+    async with running_writer(own_dbs, _LosesDeadlocks, times=2) as (writer, engine, _db):
+        msgs = await asyncio.gather(*(writer.submit(Draft(sender, "r", f"m{i}", f"c{i}")) for i in range(3)))
+        assert all(created for _msg, created in msgs)
+        assert _bodies(engine, sender) == ["m0", "m1", "m2"]  # once each, in order
+
+
+async def test_a_deadlock_past_the_retries_is_a_503_and_nothing_is_stored(own_dbs):
+    sender = f"s{uuid.uuid4().hex[:8]}"
+    async with running_writer(own_dbs, _LosesDeadlocks, times=DEADLOCK_RETRIES + 1) as (writer, engine, _db):
+        with pytest.raises(WriteUnavailable, match="1213"):
+            await writer.submit(Draft(sender, "r", "lost to deadlocks", "c1"))
+        assert _bodies(engine, sender) == []
+        msg, created = await writer.submit(Draft(sender, "r", "lost to deadlocks", "c1"))  # the client's retry
+        assert created and _bodies(engine, sender) == ["lost to deadlocks"]
