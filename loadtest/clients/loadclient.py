@@ -158,6 +158,7 @@ class Running:
         self.proc = subprocess.Popen(command(opts, binary), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         self.latest: dict = {}
+        self.history: list[dict] = []  # every progress line: the client's own CPU and frames over time
         self._out = b""
         # Both pipes read as they fill: a large result (every device's counts) must not block the client.
         self._readers = [threading.Thread(target=self._read, daemon=True),
@@ -178,6 +179,7 @@ class Running:
                 sys.stderr.flush()
             else:
                 self.latest = doc
+                self.history.append(doc)
 
     @property
     def pid(self) -> int:
@@ -211,3 +213,16 @@ class Running:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def own_cpu_per_frame(history: list[dict], start: float, end: float) -> float | None:
+    """The client's CPU µs per frame between two wall-clock times, from its own progress lines
+    (getrusage, to the µs: finer than /proc's 10 ms ticks over a step of a few seconds): the
+    first and last lines inside the window, its CPU over the frames it read meanwhile."""
+    inside = [h for h in history if "t" in h and start <= h["t"] <= end]
+    if len(inside) < 2:
+        return None
+    frames = inside[-1]["frames"] - inside[0]["frames"]
+    if frames <= 0:
+        return None
+    return round((inside[-1]["cpu_seconds"] - inside[0]["cpu_seconds"]) / frames * 1e6, 2)

@@ -84,3 +84,13 @@ def test_first_arrivals_read_back_as_the_python_clients_write_them(tmp_path: Pat
     lat_path.write_bytes(array("f", [1.0]).tobytes())
     with pytest.raises(ValueError, match="3 ids but 1 latencies"):
         loadclient.read_arrivals(tmp_path / "c0.json")
+
+
+def test_the_clients_own_cpu_per_frame_is_read_from_its_progress_lines_inside_a_window():
+    history = [{"t": 10.0, "cpu_seconds": 1.0, "frames": 0, "connected": 2},
+               {"t": 11.0, "cpu_seconds": 1.1, "frames": 10_000, "connected": 2},
+               {"t": 12.0, "cpu_seconds": 1.3, "frames": 20_000, "connected": 2},
+               {"t": 13.0, "cpu_seconds": 1.3, "frames": 20_000, "connected": 2}]
+    assert loadclient.own_cpu_per_frame(history, 10.5, 12.5) == 20.0  # 0.2 s over 10,000 frames
+    assert loadclient.own_cpu_per_frame(history, 10.5, 11.5) is None  # one line inside: nothing to measure
+    assert loadclient.own_cpu_per_frame(history, 12.5, 13.5) is None  # no frames in it

@@ -308,14 +308,16 @@ func (cl *client) run() map[string]any {
 	}
 	tick := time.NewTicker(cl.cfg.progress)
 	reason := ""
+	var complete <-chan struct{}
+	if cl.cfg.untilComplete {
+		complete = cl.complete // else never ready: a closed channel would be, at every turn
+	}
 	for reason == "" {
 		select {
 		case <-ctx.Done():
 			reason = "signal"
-		case <-cl.complete:
-			if cl.cfg.untilComplete {
-				reason = "complete"
-			}
+		case <-complete:
+			reason = "complete"
 		case <-limit:
 			reason = "max-seconds"
 		case <-tick.C:
@@ -335,8 +337,11 @@ func (cl *client) run() map[string]any {
 }
 
 func (cl *client) report() {
+	user, system := cpuSeconds()
 	line, _ := json.Marshal(map[string]any{
-		"seconds": round(time.Since(cl.started).Seconds(), 1), "connected": cl.connected.Load(),
+		"t": round(float64(time.Now().UnixNano())/1e9, 3), "seconds": round(time.Since(cl.started).Seconds(), 3),
+		"cpu_seconds": round(user+system, 4),
+		"connected": cl.connected.Load(),
 		"open": cl.open.Load(), "frames": cl.frames.Load(), "received": cl.received.Load(),
 		"duplicated": cl.duplicated.Load(), "incomplete": cl.incomplete.Load()})
 	os.Stderr.Write(append(line, '\n'))
@@ -729,6 +734,13 @@ func (h *histogram) summary() map[string]any {
 		"buckets_le_ms": buckets}
 }
 
+// cpuSeconds is this process's user and system CPU time so far, every thread's.
+func cpuSeconds() (float64, float64) {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return float64(ru.Utime.Sec) + float64(ru.Utime.Usec)/1e6, float64(ru.Stime.Sec) + float64(ru.Stime.Usec)/1e6
+}
+
 func round(v float64, digits int) float64 {
 	p := math.Pow(10, float64(digits))
 	return math.Round(v*p) / p
@@ -737,8 +749,7 @@ func round(v float64, digits int) float64 {
 func (cl *client) result(reason string) map[string]any {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	user := float64(ru.Utime.Sec) + float64(ru.Utime.Usec)/1e6
-	system := float64(ru.Stime.Sec) + float64(ru.Stime.Usec)/1e6
+	user, system := cpuSeconds()
 	frames := cl.frames.Load()
 	var lost, unexpected, reconnects, failures, lossy, dupes int64
 	known := cl.cfg.expectFile != ""
