@@ -73,6 +73,7 @@ type config struct {
 	inFlight      int
 	progress      time.Duration
 	readBuffer    int
+	reactors      int
 	perDevice     bool
 }
 
@@ -113,17 +114,25 @@ type client struct {
 	once       sync.Once
 	allAt      atomic.Int64 // ns since start when the last device first connected
 	started    time.Time
+	reactors   []*reactor
+	next       atomic.Uint32
 	mu         sync.Mutex
+	stopping   bool // the run is ending: no connection is handed to a reactor any more
 	conns      map[*conn]struct{}
 	closeCodes map[string]int
 }
 
-// conn is one open WebSocket of a device.
+// conn is one open WebSocket of a device: read by its dialing goroutine until it is open,
+// then by a reactor (reactor.go) from its own descriptor fd.
 type conn struct {
 	cl      *client
 	d       *device
 	nc      net.Conn
 	r       *bufio.Reader
+	fd      int    // -1 until handed over
+	pending []byte // an unfinished frame the reactor read the start of
+	done    chan struct{}
+	endOnce sync.Once
 	payload []byte // the frame being read, reused
 	message []byte // a fragmented message's parts so far
 	fragOp  ws.OpCode
@@ -175,7 +184,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.latOut, "lat-out", "", "each first arrival's latency in ms, float32 (NaN: no send time)")
 	fs.IntVar(&cfg.inFlight, "in-flight", 200, "handshakes under way at once (under the listen backlog)")
 	fs.DurationVar(&cfg.progress, "progress", 500*time.Millisecond, "how often a progress line goes to stderr")
-	fs.IntVar(&cfg.readBuffer, "read-buffer", 4096, "bytes of read buffer per connection")
+	fs.IntVar(&cfg.readBuffer, "read-buffer", 4096, "bytes of read buffer per connection while it opens")
+	fs.IntVar(&cfg.reactors, "reactors", 1, "epoll loops reading the open connections")
 	fs.BoolVar(&cfg.perDevice, "per-device", false, "every device's counts in the result, not only anomalies")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -204,9 +214,7 @@ func parseFlags(args []string) (config, error) {
 			cfg.sources = append(cfg.sources, ip)
 		}
 	}
-	if cfg.inFlight < 1 {
-		cfg.inFlight = 1
-	}
+	cfg.inFlight, cfg.reactors = max(1, cfg.inFlight), max(1, cfg.reactors)
 	return cfg, nil
 }
 
@@ -294,6 +302,16 @@ func (cl *client) run() map[string]any {
 	if cl.cfg.untilComplete && cl.incomplete.Load() == 0 {
 		cl.once.Do(func() { close(cl.complete) })
 	}
+	stopReactors := make(chan struct{})
+	for range cl.cfg.reactors {
+		r, err := newReactor()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadclient:", err)
+			os.Exit(1)
+		}
+		cl.reactors = append(cl.reactors, r)
+		go r.run(stopReactors)
+	}
 	var wg sync.WaitGroup
 	for i, d := range cl.devices {
 		wg.Add(1)
@@ -327,8 +345,15 @@ func (cl *client) run() map[string]any {
 	tick.Stop()
 	cancel()
 	cl.mu.Lock()
+	cl.stopping = true
+	cl.mu.Unlock()
+	close(stopReactors)
+	for _, r := range cl.reactors {
+		<-r.stopped // no reactor reads a connection while it is closed below
+	}
+	cl.mu.Lock()
 	for c := range cl.conns {
-		c.nc.Close()
+		c.end()
 	}
 	cl.mu.Unlock()
 	wg.Wait()
@@ -341,8 +366,8 @@ func (cl *client) report() {
 	line, _ := json.Marshal(map[string]any{
 		"t": round(float64(time.Now().UnixNano())/1e9, 3), "seconds": round(time.Since(cl.started).Seconds(), 3),
 		"cpu_seconds": round(user+system, 4),
-		"connected": cl.connected.Load(),
-		"open": cl.open.Load(), "frames": cl.frames.Load(), "received": cl.received.Load(),
+		"connected":   cl.connected.Load(),
+		"open":        cl.open.Load(), "frames": cl.frames.Load(), "received": cl.received.Load(),
 		"duplicated": cl.duplicated.Load(), "incomplete": cl.incomplete.Load()})
 	os.Stderr.Write(append(line, '\n'))
 }
@@ -371,7 +396,10 @@ func (cl *client) hold(ctx context.Context, d *device, rng *rand.Rand) {
 			}
 		}
 		cl.open.Add(1)
-		c.readLoop()
+		select {
+		case <-c.done: // the server closed it, or the reactor found it broken
+		case <-ctx.Done():
+		}
 		cl.open.Add(-1)
 		cl.forget(c)
 		if ctx.Err() != nil {
@@ -426,14 +454,14 @@ func (cl *client) dial(ctx context.Context, d *device) (*conn, error) {
 	if br == nil {
 		br = bufio.NewReaderSize(nc, cl.cfg.readBuffer)
 	}
-	c := &conn{cl: cl, d: d, nc: nc, r: br}
+	c := &conn{cl: cl, d: d, nc: nc, r: br, fd: -1, done: make(chan struct{})}
 	if !cl.remember(c, ctx) {
 		nc.Close()
 		return nil, ctx.Err()
 	}
 	fail := func(err error) (*conn, error) {
 		cl.forget(c)
-		nc.Close()
+		c.end()
 		return nil, err
 	}
 	if cl.proto == protoCentrifugo {
@@ -453,7 +481,22 @@ func (cl *client) dial(ctx context.Context, d *device) (*conn, error) {
 	if !c.ok {
 		return fail(errRefused)
 	}
+	if err := c.handOver(cl.reactors[int(cl.next.Add(1))%len(cl.reactors)]); err != nil {
+		return fail(err)
+	}
 	return c, nil
+}
+
+// end closes the connection once, whoever finds it over first.
+func (c *conn) end() {
+	c.endOnce.Do(func() {
+		if c.fd >= 0 {
+			syscall.Close(c.fd)
+		} else {
+			c.nc.Close()
+		}
+		close(c.done)
+	})
 }
 
 // remember registers an open connection, so that the end of the run can close it.
@@ -473,15 +516,9 @@ func (cl *client) forget(c *conn) {
 	cl.mu.Unlock()
 }
 
-func (c *conn) readLoop() {
-	for c.readFrame() == nil {
-	}
-	c.nc.Close()
-}
-
 var errClosed = errors.New("closed by the server")
 
-// readFrame reads one frame and acts on it; an error ends the connection.
+// readFrame reads one frame while the connection opens and acts on it; an error ends the connection.
 func (c *conn) readFrame() error {
 	h, err := ws.ReadHeader(c.r)
 	if err != nil {
@@ -502,10 +539,14 @@ func (c *conn) readFrame() error {
 		c.code = "none"
 		return err
 	}
+	return c.frame(h, p, time.Now())
+}
+
+// frame acts on one whole frame, however it was read.
+func (c *conn) frame(h ws.Header, p []byte, now time.Time) error {
 	if h.Masked { // a server's frames are not masked; undo it if one is
 		ws.Cipher(p, h.Mask, 0)
 	}
-	now := time.Now()
 	switch {
 	case h.OpCode == ws.OpPing:
 		return c.send(ws.OpPong, p)
@@ -653,6 +694,9 @@ func (c *conn) send(op ws.OpCode, payload []byte) error {
 		return err
 	}
 	c.out = append(buf.b, payload...)
+	if c.fd >= 0 {
+		return writeAll(c.fd, c.out)
+	}
 	_, err := c.nc.Write(c.out)
 	return err
 }
@@ -789,7 +833,7 @@ func (cl *client) result(reason string) map[string]any {
 		"lost": nil, "unexpected": nil, "complete": nil,
 		"devices_with_loss": lossy, "devices_with_duplicates": dupes,
 		"reconnects": reconnects, "connect_failures": failures, "close_codes": cl.closeCodes,
-		"cpu_seconds": map[string]float64{"user": round(user, 3), "system": round(system, 3)},
+		"cpu_seconds":      map[string]float64{"user": round(user, 3), "system": round(system, 3)},
 		"cpu_us_per_frame": cpuPerFrame, "max_rss_kb": ru.Maxrss,
 		"wall_seconds": round(time.Since(cl.started).Seconds(), 3), "latency_ms": cl.hist.summary(),
 		"devices": listed,

@@ -2,9 +2,16 @@ package main
 
 import (
 	"math"
+	"net"
+	"strings"
 	"testing"
 	"time"
 )
+
+// discard is a connection whose writes go nowhere (the close frame's answer).
+type discard struct{ net.Conn }
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 func TestFieldSkipsNestedValuesAndStrings(t *testing.T) {
 	doc := []byte(`{"body":"say \"id\":9 {", "meta": {"id": 8, "x": [1, {"id": 7}]}, "id": 42, "cursor":"1.0.42"}`)
@@ -73,5 +80,56 @@ func TestRecordCountsDuplicatesAndCompletion(t *testing.T) {
 	}
 	if q := cl.hist.quantile(0.5).(float64); q < 9.9 || q > 10.7 {
 		t.Fatalf("p50 %v ms", q)
+	}
+}
+
+// serverFrame is an unmasked frame as a server sends it.
+func serverFrame(op byte, fin bool, payload string) []byte {
+	first := op
+	if fin {
+		first |= 0x80
+	}
+	out := []byte{first}
+	switch n := len(payload); {
+	case n < 126:
+		out = append(out, byte(n))
+	case n < 1<<16:
+		out = append(out, 126, byte(n>>8), byte(n))
+	default:
+		out = append(out, 127, 0, 0, 0, 0, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+	return append(out, payload...)
+}
+
+func TestConsumeReadsFramesCutAnywhereAndFragmented(t *testing.T) {
+	cl := &client{proto: protoOurs, keepTally: true, complete: make(chan struct{})}
+	d := &device{owed: -1}
+	c := &conn{cl: cl, d: d, fd: -1}
+	long := `{"id":3,"body":"` + strings.Repeat("x", 70000) + `"}`
+	var stream []byte
+	stream = append(stream, serverFrame(0x1, true, `{"id":1,"body":"1.5 a"}`)...)
+	stream = append(stream, serverFrame(0x1, false, `{"id":2,`)...)
+	stream = append(stream, serverFrame(0x0, true, `"body":"2.5 b"}`)...)
+	stream = append(stream, serverFrame(0x1, true, long)...)
+	stream = append(stream, serverFrame(0x1, true, `{"id":3,"body":"x"}`)...) // a repeat
+	for _, cut := range []int{1, 2, 3, 7, 100, len(stream)} {
+		*d = device{owed: -1}
+		c.pending = nil
+		for at := 0; at < len(stream); at += cut {
+			if err := c.consume(stream[at:min(at+cut, len(stream))], time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d.received != 3 || d.duplicated != 1 || len(c.pending) != 0 || d.since != "3" {
+			t.Fatalf("cut %d: received %d duplicated %d pending %d since %q", cut, d.received, d.duplicated,
+				len(c.pending), d.since)
+		}
+	}
+}
+
+func TestAServersCloseFrameEndsTheConnectionWithItsCode(t *testing.T) {
+	c := &conn{cl: &client{proto: protoOurs}, d: &device{owed: -1}, fd: -1, nc: discard{}}
+	if err := c.consume(serverFrame(0x8, true, "\x03\xe9bye"), time.Now()); err != errClosed || c.code != "1001" {
+		t.Fatalf("err %v code %q", err, c.code)
 	}
 }
