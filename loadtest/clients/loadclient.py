@@ -129,7 +129,14 @@ def peer_tally(res: dict) -> dict:
             "connect_failures": res["connect_failures"], "close_codes": dict(res["close_codes"] or {}),
             "lost": res["lost"], "received": res["received"], "devices_with_loss": res["devices_with_loss"],
             "client_cpu_seconds": round(sum(res["cpu_seconds"].values()), 3),
-            "client_cpu_us_per_frame": res["cpu_us_per_frame"], "client_max_rss_kb": res["max_rss_kb"]}
+            "client_cpu_us_per_frame": res["cpu_us_per_frame"], "client_max_rss_kb": res["max_rss_kb"],
+            # how many frames a read and a wake-up carried: what the kernel's cost per frame depends on
+            "client_frames_per_read": ratio(res["frames"], res.get("reads")),
+            "client_frames_per_wake": ratio(res["frames"], res.get("wakes"))}
+
+
+def ratio(a: float, b: float | None) -> float | None:
+    return round(a / b, 2) if b else None
 
 
 def read_arrivals(base: Path) -> tuple[array, array]:

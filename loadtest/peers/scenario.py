@@ -256,7 +256,9 @@ def _client_own(tallies: list[Tally]) -> dict:
         return {}
     return {"client_lost": sum(t["lost"] for t in own),
             "client_devices_with_loss": sum(t["devices_with_loss"] for t in own),
-            "client_cpu_us_per_frame_whole_run": own[0]["client_cpu_us_per_frame"] if len(own) == 1 else None}
+            "client_cpu_us_per_frame_whole_run": own[0]["client_cpu_us_per_frame"] if len(own) == 1 else None,
+            "client_frames_per_read": own[0]["client_frames_per_read"] if len(own) == 1 else None,
+            "client_frames_per_wake": own[0]["client_frames_per_wake"] if len(own) == 1 else None}
 
 
 def _merge(dicts: Iterable[dict[str, int]]) -> dict[str, int]:

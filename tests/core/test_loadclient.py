@@ -16,7 +16,7 @@ RESULT = {"client": "go", "protocol": "centrifugo", "ended_by": "signal", "conne
           "open_at_end": 3, "frames": 12, "received": 10, "duplicated": 2, "lost": 1, "unexpected": 0,
           "complete": False, "devices_with_loss": 1, "devices_with_duplicates": 1, "reconnects": 1,
           "connect_failures": 4, "close_codes": {"1001": 1}, "cpu_seconds": {"user": 0.002, "system": 0.004},
-          "cpu_us_per_frame": 500.0, "max_rss_kb": 9000, "wall_seconds": 3.2,
+          "cpu_us_per_frame": 500.0, "max_rss_kb": 9000, "wall_seconds": 3.2, "reads": 6, "wakes": 3,
           "latency_ms": {"count": 10, "p50": 1.2, "p90": 2.0, "p99": 3.1, "p999": 3.1, "max": 3.1,
                          "buckets_le_ms": [[1.2, 6], [3.1, 4]]},
           "devices": [{"user": "p1", "received": 2, "duplicated": 2, "lost": 1, "owed": 3}]}
@@ -53,6 +53,8 @@ def test_the_result_is_the_last_line_and_becomes_a_peers_tally():
     assert (tally["duplicates"], tally["frames"], tally["reconnects"], tally["connect_failures"]) == (2, 12, 1, 4)
     assert tally["close_codes"] == {"1001": 1}
     assert (tally["lost"], tally["client_cpu_seconds"], tally["client_cpu_us_per_frame"]) == (1, 0.006, 500.0)
+    assert (tally["client_frames_per_read"], tally["client_frames_per_wake"]) == (2.0, 4.0)
+    assert loadclient.peer_tally({**res, "reads": 0})["client_frames_per_read"] is None
     with pytest.raises(ValueError, match="no result"):
         loadclient.result(b"")
     with pytest.raises(ValueError, match="not a load client result"):

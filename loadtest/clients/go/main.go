@@ -368,7 +368,7 @@ func (cl *client) report() {
 		"cpu_seconds": round(user+system, 4),
 		"connected":   cl.connected.Load(),
 		"open":        cl.open.Load(), "frames": cl.frames.Load(), "received": cl.received.Load(),
-		"duplicated": cl.duplicated.Load(), "incomplete": cl.incomplete.Load()})
+		"duplicated": cl.duplicated.Load(), "incomplete": cl.incomplete.Load(), "reads": cl.reads()})
 	os.Stderr.Write(append(line, '\n'))
 }
 
@@ -778,6 +778,21 @@ func (h *histogram) summary() map[string]any {
 		"buckets_le_ms": buckets}
 }
 
+// reads is how many reads the reactors made of open connections (the opening ones' not counted).
+func (cl *client) reads() (n int64) {
+	for _, r := range cl.reactors {
+		n += r.reads.Load()
+	}
+	return n
+}
+
+func (cl *client) wakes() (n int64) {
+	for _, r := range cl.reactors {
+		n += r.wakes.Load()
+	}
+	return n
+}
+
 // cpuSeconds is this process's user and system CPU time so far, every thread's.
 func cpuSeconds() (float64, float64) {
 	var ru syscall.Rusage
@@ -834,7 +849,7 @@ func (cl *client) result(reason string) map[string]any {
 		"devices_with_loss": lossy, "devices_with_duplicates": dupes,
 		"reconnects": reconnects, "connect_failures": failures, "close_codes": cl.closeCodes,
 		"cpu_seconds":      map[string]float64{"user": round(user, 3), "system": round(system, 3)},
-		"cpu_us_per_frame": cpuPerFrame, "max_rss_kb": ru.Maxrss,
+		"cpu_us_per_frame": cpuPerFrame, "max_rss_kb": ru.Maxrss, "reads": cl.reads(), "wakes": cl.wakes(),
 		"wall_seconds": round(time.Since(cl.started).Seconds(), 3), "latency_ms": cl.hist.summary(),
 		"devices": listed,
 	}

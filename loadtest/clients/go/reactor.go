@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,6 +26,8 @@ type reactor struct {
 	conns   map[int32]*conn
 	buf     []byte
 	stopped chan struct{}
+	wakes   atomic.Int64 // epoll_waits that returned sockets: the fewer per frame, the more each one carried
+	reads   atomic.Int64
 }
 
 func newReactor() (*reactor, error) {
@@ -50,6 +53,9 @@ func (r *reactor) run(stop <-chan struct{}) {
 		if err != nil && !errors.Is(err, syscall.EINTR) {
 			return
 		}
+		if n > 0 {
+			r.wakes.Add(1)
+		}
 		for i := 0; i < n; i++ {
 			r.mu.Lock()
 			c := r.conns[events[i].Fd]
@@ -62,6 +68,7 @@ func (r *reactor) run(stop <-chan struct{}) {
 }
 
 func (r *reactor) readable(c *conn) {
+	r.reads.Add(1)
 	n, err := syscall.Read(c.fd, r.buf)
 	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EINTR) {
 		return // a stale event: the descriptor was reused, or another read took the bytes
