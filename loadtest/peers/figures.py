@@ -90,9 +90,10 @@ def client_bound(cpu_us_per_frame: dict[str, float]) -> bool | None:
 
 def client_cost(client: str, steps: list[dict], best: float | None, knee: float | None) -> dict:
     """The load client beside the server: both CPU per frame at the sustained rate, and whether
-    the run was bound by the client: at the sustained rate or at the knee (the step that failed
-    may have failed for the client's want of CPU), or at any step below them."""
-    measured = [s for s in steps if s["rate"] <= max(best or 0, knee or 0)]
+    the run was bound by the client there or at the knee (the step that failed may have failed
+    for the client's want of CPU). Steps below them are not the rate's limit: at a low rate a
+    wake-up carries fewer frames, and the client's share is higher where nothing is short."""
+    measured = [s for s in steps if s["rate"] in (best, knee)]
     at_best = next((s for s in steps if s["rate"] == best), None)
     cpu = (at_best or {}).get("cpu_us_per_frame") or {}
     marks = [s.get("client_bound") for s in measured]

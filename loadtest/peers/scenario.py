@@ -13,7 +13,8 @@ Each side in turn (ours, Centrifugo; the next round the other way round):
 3. per step: delivered, lost, duplicated, latency p50/p99 from the feed's
    clock to the client, and CPU per message of the server, of its feed and of the
    load clients. The clients share the server's cores: a side whose clients cost more
-   than half the server's CPU per frame is marked ``client_bound``.
+   than half the server's CPU per frame at its sustained rate or its knee is marked
+   ``client_bound``.
 The sustained rate is the highest step with p99 < 100 ms and nothing lost,
 every step below it passing too. Steps past it are the overload: ours must
 lose nothing there either (what a daemon sheds is read back from MySQL).
