@@ -71,8 +71,8 @@ DEFAULT_STEPS = "5000x4,10000x4,15000x4,20000x4,25000x4,30000x4,40000x4"
 # Messages/s with 50 devices per user (50 frames each), the last steps past the knee and longer.
 OVERLOAD_STEPS = "200x4,400x4,600x4,800x4,1200x8,1800x8"
 # Who holds the connections: "go", the compiled client (loadtest/clients/go), whose CPU per frame
-# is a fraction of either server's; "python", loadtest.clients.peers, which costs about what
-# the server does on the same cores (and so measured both servers near the same rate).
+# is a third to a half of either server's here; "python", loadtest.clients.peers, which costs
+# about what the server does on the same cores (and so measured both servers near the same rate).
 CLIENTS = ("go", "python")
 DEFAULT_CLIENT = "go"
 WHO = {"go": "the compiled Go client", "python": "Python"}
