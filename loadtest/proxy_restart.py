@@ -94,7 +94,7 @@ class StandIn:
 
 
 @dataclass
-class Tally:
+class RestartTally:
     clients: int
     connected: set[int] = field(default_factory=set)
     restarted_at: float | None = None
@@ -103,7 +103,7 @@ class Tally:
     errors: int = 0  # no answer at all from nginx (never expected)
 
 
-async def keep_connected(url: str, i: int, tally: Tally) -> None:
+async def keep_connected(url: str, i: int, tally: RestartTally) -> None:
     attempt = 0
     while True:
         try:
@@ -164,7 +164,7 @@ async def measure_restart(daemon_server: str, clients: int, daemons: int, down: 
     stand_ins = [StandIn(free_port()) for _ in range(daemons)]
     for s in stand_ins:
         await s.start()
-    tally = Tally(clients)
+    tally = RestartTally(clients)
     with edge([s.port for s in stand_ins], daemon_server) as url:
         tasks = [asyncio.create_task(keep_connected(url, i, tally)) for i in range(clients)]
         await until(lambda: len(tally.connected) == clients, budget)
@@ -195,7 +195,7 @@ async def measure_silent_peer(daemon_server: str, holders: int, daemons: int, pr
     for s in stand_ins:
         await s.start()
     listener, queued = silent_listener()
-    tally = Tally(holders)
+    tally = RestartTally(holders)
     seconds: list[float] = []
     failed = 0
     try:

@@ -72,3 +72,33 @@ def sustained(steps: list[dict], p99_limit_ms: float = 100.0) -> tuple[float | N
 
 def ratio(ours: float | None, theirs: float | None) -> float | None:
     return round(ours / theirs, 2) if ours and theirs else None
+
+
+# The load clients run on the same cores as the server: past this share of the server's CPU
+# per frame, what a step measures is as much the client as the server.
+CLIENT_BOUND_SHARE = 0.5
+
+
+def client_bound(cpu_us_per_frame: dict[str, float]) -> bool | None:
+    """Whether the clients' CPU per frame is over ``CLIENT_BOUND_SHARE`` of the server's;
+    None without both figures."""
+    client, server = cpu_us_per_frame.get("clients"), cpu_us_per_frame.get("server")
+    if not client or not server:
+        return None
+    return client > CLIENT_BOUND_SHARE * server
+
+
+def client_cost(client: str, steps: list[dict], best: float | None, knee: float | None) -> dict:
+    """The load client beside the server: both CPU per frame at the sustained rate, and whether
+    the run was bound by the client there or at the knee (the step that failed may have failed
+    for the client's want of CPU). Steps below them are not the rate's limit: at a low rate a
+    wake-up carries fewer frames, and the client's share is higher where nothing is short."""
+    measured = [s for s in steps if s["rate"] in (best, knee)]
+    at_best = next((s for s in steps if s["rate"] == best), None)
+    cpu = (at_best or {}).get("cpu_us_per_frame") or {}
+    marks = [s.get("client_bound") for s in measured]
+    return {"client": client, "client_cpu_us_per_frame": cpu.get("clients"),
+            "server_cpu_us_per_frame": cpu.get("server"),
+            "client_share_of_server": round(cpu["clients"] / cpu["server"], 2)
+            if cpu.get("clients") and cpu.get("server") else None,
+            "client_bound": True if any(marks) else (False if marks and None not in marks else None)}

@@ -27,14 +27,37 @@ def _r(ratio: float | None) -> str:
 
 
 def steps_table(run: dict) -> list[str]:
+    # Runs that name their load client also show its CPU per frame beside the server's
+    # (results from before it was measured keep their table as published).
+    clients = "client" in run
     lines = ["| msg/s offered | frames | lost | duplicated over the run | p50 / p99 ms | server µs per msg | "
-             "feed µs per msg |", "|---|---|---|---|---|---|---|"]
+             "feed µs per msg |" + (" server / clients µs per frame |" if clients else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if clients else "")]
     for step in run["steps"]:
         cpu = step.get("cpu_us_per_msg") or {}
-        lines.append(f"| {_v(step.get('offered_per_s'))} (asked {_v(step['rate'])}) | {_v(step['frames'])} | "
-                     f"{_v(step['lost'])} | {_v(run['duplicated'])} | {_v(step['p50_ms'])} / {_v(step['p99_ms'])} | "
-                     f"{_v(cpu.get('server'))} | {_v(cpu.get('feed'))} |")
+        line = (f"| {_v(step.get('offered_per_s'))} (asked {_v(step['rate'])}) | {_v(step['frames'])} | "
+                f"{_v(step['lost'])} | {_v(run['duplicated'])} | {_v(step['p50_ms'])} / {_v(step['p99_ms'])} | "
+                f"{_v(cpu.get('server'))} | {_v(cpu.get('feed'))} |")
+        if clients:
+            frame = step.get("cpu_us_per_frame") or {}
+            line += (f" {_v(frame.get('server'))} / {_v(frame.get('clients'))}"
+                     f"{' (client-bound)' if step.get('client_bound') else ''} |")
+        lines.append(line)
     return lines
+
+
+def client_rows(data: dict) -> list[str]:
+    """The load client's CPU per frame beside each server's, for runs that measured it."""
+    if not data.get("client"):
+        return []
+
+    def bound(key: str) -> str:
+        return " (client-bound)" if data.get(key) else ""
+
+    return [f"| load clients' CPU per frame at that rate ({data['client']}), µs; server's | "
+            f"{_v(data.get('ours_client_cpu_us_per_frame'))}; {_v(data.get('ours_server_cpu_us_per_frame'))}"
+            f"{bound('ours_client_bound')} | {_v(data.get('peer_client_cpu_us_per_frame'))}; "
+            f"{_v(data.get('peer_server_cpu_us_per_frame'))}{bound('peer_client_bound')} | |"]
 
 
 def peers_tables(results: Path) -> list[str]:
@@ -53,7 +76,7 @@ def peers_tables(results: Path) -> list[str]:
              f"| server CPU per message at that rate, µs | {_v(data['ours_cpu_us_per_msg'])} | "
              f"{_v(data['peer_cpu_us_per_msg'])} | {_r(data['cpu_ratio'])} |",
              f"| its feed's CPU per message, µs | {_v(data['ours_feed_cpu_us_per_msg'])} | "
-             f"{_v(data['peer_feed_cpu_us_per_msg'])} | |", "",
+             f"{_v(data['peer_feed_cpu_us_per_msg'])} | |", *client_rows(data), "",
              "Medians over the rounds. Round by round, each step of the schedule:", ""]
     for i, one in enumerate(data["rounds"], 1):
         for side, label in SIDES:

@@ -95,3 +95,44 @@ def test_a_busy_sender_takes_what_queued_meanwhile_as_one_group_and_sees_the_end
         return await take_all(q)
 
     assert asyncio.run(run()) == ([[1], [2]], True)
+
+
+def test_a_step_is_client_bound_when_the_clients_cost_over_half_the_servers_cpu_per_frame():
+    assert pf.client_bound({"server": 30.0, "clients": 15.1}) is True
+    assert pf.client_bound({"server": 30.0, "clients": 15.0}) is False
+    assert pf.client_bound({"server": 30.0}) is None and pf.client_bound({}) is None
+
+
+def test_a_run_names_both_cpu_per_frame_at_its_sustained_rate_and_is_bound_if_that_step_or_the_knees_was():
+    def step(rate, server, clients):
+        cpu = {"server": server, "clients": clients}
+        return {"rate": rate, "cpu_us_per_frame": cpu, "client_bound": pf.client_bound(cpu)}
+
+    steps = [step(10, 10.0, 8.0), step(20, 30.0, 9.0), step(30, 20.0, 12.0), step(40, 10.0, 9.0)]
+    assert steps[0]["client_bound"]  # below the sustained rate: not what limits it
+    cost = pf.client_cost("go", steps, best=20, knee=None)  # the rest never measured as passing
+    assert cost == {"client": "go", "client_cpu_us_per_frame": 9.0, "server_cpu_us_per_frame": 30.0,
+                    "client_share_of_server": 0.3, "client_bound": False}
+    # the knee's step was bound by the client: the rate it failed at may be the client's
+    assert pf.client_cost("go", steps, best=20, knee=30)["client_bound"] is True
+    assert pf.client_cost("python", steps, best=None, knee=10)["client_cpu_us_per_frame"] is None
+    unmeasured = [{"rate": 10}]
+    assert pf.client_cost("go", unmeasured, best=10, knee=None)["client_bound"] is None
+
+
+def test_the_tables_show_the_clients_cpu_per_frame_beside_the_servers_once_a_run_names_its_client():
+    from loadtest.peers.report import client_rows, steps_table
+
+    step = {"rate": 10, "offered_per_s": 10.0, "frames": 10, "lost": 0, "p50_ms": 1.0, "p99_ms": 2.0,
+            "cpu_us_per_msg": {"server": 30.0, "feed": 5.0}, "cpu_us_per_frame": {"server": 30.0, "clients": 20.0},
+            "client_bound": True}
+    old = steps_table({"duplicated": 0, "steps": [step]})
+    assert "clients" not in old[0] and old[2].endswith("| 30.0 | 5.0 |")  # as published before
+    new = steps_table({"duplicated": 0, "client": "go", "steps": [step]})
+    assert new[0].endswith("server / clients µs per frame |") and new[2].endswith("| 30.0 / 20.0 (client-bound) |")
+    assert client_rows({}) == []
+    row = client_rows({"client": "go", "ours_client_cpu_us_per_frame": 4.0, "ours_server_cpu_us_per_frame": 30.0,
+                       "peer_client_cpu_us_per_frame": 5.0, "peer_server_cpu_us_per_frame": 8.0,
+                       "peer_client_bound": True})
+    assert row == ["| load clients' CPU per frame at that rate (go), µs; server's | 4.0; 30.0 | 5.0; 8.0 "
+                   "(client-bound) | |"]

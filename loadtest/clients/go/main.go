@@ -1,0 +1,930 @@
+// Command loadclient holds WebSocket connections to one server, ours (/v1/ws) or
+// Centrifugo's (its JSON protocol), and counts what each device receives: the
+// compiled load client of the peers comparison (loadtest/peers, --client go).
+//
+// Python clients cost 15-35 µs of CPU per frame, as much as the server they
+// measure on the same two cores; this one costs what the kernel does and little
+// more, so a comparison measures the servers. Both protocols go through the same
+// code (dial, read loop, accounting); they differ only in the upgrade's target,
+// what is sent once it is open, and how a frame gives a message's id and send time.
+//
+//	loadclient -protocol ours -url ws://127.0.0.1:8765 -users users.txt -secret S \
+//	    -expect owed.txt -until-complete -ids-out run.ids -lat-out run.lat
+//
+// Every message id is for one user and reaches each of the user's devices in id
+// order, so a device keeps only its last id: one at or below it is a duplicate.
+// Lost = what the device was owed (-expect) less what it received. The result is
+// one JSON object on stdout at the end (SIGTERM/SIGINT, -until-complete, or
+// -max-seconds); a progress line of JSON goes to stderr every -progress-ms.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/gobwas/ws"
+)
+
+const (
+	protoOurs       = "ours"
+	protoCentrifugo = "centrifugo"
+	centrifugoPing  = "{}" // a server ping, and equally the client's answer
+	maxPayload      = 1 << 24
+	openTimeout     = 30 * time.Second // the upgrade and the hello (or connect reply)
+	anomaliesListed = 100              // devices with loss or duplicates named in the result
+)
+
+type config struct {
+	protocol      string
+	url           string
+	path          string
+	usersFile     string
+	tokensFile    string
+	secret        string
+	tokenTTL      time.Duration
+	sources       []net.IP
+	expectFile    string
+	untilComplete bool
+	maxSeconds    float64
+	idsOut        string
+	latOut        string
+	inFlight      int
+	progress      time.Duration
+	readBuffer    int
+	reactors      int
+	perDevice     bool
+}
+
+// device is one connection's user and what it has had, across its reconnects.
+// Only its own goroutine writes it until the run ends.
+type device struct {
+	user       string
+	token      string
+	source     net.IP
+	since      string // ours: the resume cursor
+	last       int64
+	received   int64
+	duplicated int64
+	owed       int64 // -1: not known
+	reconnects int
+	failures   int
+	ids        []int64
+	lat        []float32
+}
+
+type client struct {
+	cfg        config
+	proto      string
+	addr       string
+	path       string
+	secret     []byte
+	devices    []*device
+	gate       chan struct{}
+	hist       histogram
+	keepTally  bool
+	connected  atomic.Int64 // devices that connected at least once
+	open       atomic.Int64
+	frames     atomic.Int64 // message frames, duplicates included
+	received   atomic.Int64
+	duplicated atomic.Int64
+	incomplete atomic.Int64 // devices still owed something (with -expect)
+	complete   chan struct{}
+	once       sync.Once
+	allAt      atomic.Int64 // ns since start when the last device first connected
+	started    time.Time
+	reactors   []*reactor
+	next       atomic.Uint32
+	mu         sync.Mutex
+	stopping   bool // the run is ending: no connection is handed to a reactor any more
+	conns      map[*conn]struct{}
+	closeCodes map[string]int
+}
+
+// conn is one open WebSocket of a device: read by its dialing goroutine until it is open,
+// then by a reactor (reactor.go) from its own descriptor fd.
+type conn struct {
+	cl      *client
+	d       *device
+	nc      net.Conn
+	r       *bufio.Reader
+	fd      int    // -1 until handed over
+	pending []byte // an unfinished frame the reactor read the start of
+	done    chan struct{}
+	endOnce sync.Once
+	payload []byte // the frame being read, reused
+	message []byte // a fragmented message's parts so far
+	fragOp  ws.OpCode
+	out     []byte // a frame being written, reused
+	settled bool
+	ok      bool
+	code    string // the close code the server sent
+}
+
+var errRefused = errors.New("refused")
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadclient:", err)
+		os.Exit(2)
+	}
+	cl, err := newClient(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadclient:", err)
+		os.Exit(2)
+	}
+	result := cl.run()
+	if err := writeTally(cl, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "loadclient:", err)
+		os.Exit(1)
+	}
+	out, _ := json.Marshal(result)
+	os.Stdout.Write(append(out, '\n'))
+}
+
+func parseFlags(args []string) (config, error) {
+	var cfg config
+	var sources string
+	fs := flag.NewFlagSet("loadclient", flag.ContinueOnError)
+	fs.StringVar(&cfg.protocol, "protocol", protoOurs, "ours or centrifugo")
+	fs.StringVar(&cfg.url, "url", "", "the server, ws://HOST:PORT")
+	fs.StringVar(&cfg.path, "path", "", "the upgrade's path (default /v1/ws, or /connection/websocket)")
+	fs.StringVar(&cfg.usersFile, "users", "", "a user per line, one connection each (a user's devices: its lines)")
+	fs.StringVar(&cfg.tokensFile, "tokens", "", "'user token' per line; else tokens are minted with -secret")
+	fs.StringVar(&cfg.secret, "secret", "", "the HS256 secret to mint each user's token with")
+	fs.DurationVar(&cfg.tokenTTL, "token-ttl", 4*time.Hour, "minted tokens' lifetime: longer than the run")
+	fs.StringVar(&sources, "sources", "", "local addresses, comma-separated, dealt out to the connections "+
+		"(each has its own ephemeral ports)")
+	fs.StringVar(&cfg.expectFile, "expect", "", "'user count' per line: messages owed to each device of the user")
+	fs.BoolVar(&cfg.untilComplete, "until-complete", false, "end once every device has what -expect owes it")
+	fs.Float64Var(&cfg.maxSeconds, "max-seconds", 0, "end after this long in any case (0: no bound)")
+	fs.StringVar(&cfg.idsOut, "ids-out", "", "each first arrival's id, int64 little-endian")
+	fs.StringVar(&cfg.latOut, "lat-out", "", "each first arrival's latency in ms, float32 (NaN: no send time)")
+	fs.IntVar(&cfg.inFlight, "in-flight", 200, "handshakes under way at once (under the listen backlog)")
+	fs.DurationVar(&cfg.progress, "progress", 500*time.Millisecond, "how often a progress line goes to stderr")
+	fs.IntVar(&cfg.readBuffer, "read-buffer", 4096, "bytes of read buffer per connection while it opens")
+	fs.IntVar(&cfg.reactors, "reactors", 1, "epoll loops reading the open connections")
+	fs.BoolVar(&cfg.perDevice, "per-device", false, "every device's counts in the result, not only anomalies")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if cfg.protocol != protoOurs && cfg.protocol != protoCentrifugo {
+		return cfg, fmt.Errorf("-protocol is ours or centrifugo, got %q", cfg.protocol)
+	}
+	if cfg.url == "" || cfg.usersFile == "" {
+		return cfg, errors.New("-url and -users are required")
+	}
+	if cfg.secret == "" && cfg.tokensFile == "" {
+		return cfg, errors.New("-secret or -tokens is required")
+	}
+	if cfg.untilComplete && cfg.expectFile == "" {
+		return cfg, errors.New("-until-complete needs -expect")
+	}
+	if (cfg.idsOut == "") != (cfg.latOut == "") {
+		return cfg, errors.New("-ids-out and -lat-out go together")
+	}
+	for _, s := range strings.Split(sources, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			ip := net.ParseIP(s)
+			if ip == nil {
+				return cfg, fmt.Errorf("-sources: %q is no IP address", s)
+			}
+			cfg.sources = append(cfg.sources, ip)
+		}
+	}
+	cfg.inFlight, cfg.reactors = max(1, cfg.inFlight), max(1, cfg.reactors)
+	return cfg, nil
+}
+
+func newClient(cfg config) (*client, error) {
+	u, err := url.Parse(cfg.url)
+	if err != nil || u.Scheme != "ws" || u.Host == "" {
+		return nil, fmt.Errorf("-url must be ws://HOST:PORT, got %q", cfg.url)
+	}
+	cl := &client{cfg: cfg, proto: cfg.protocol, addr: u.Host, path: cfg.path, secret: []byte(cfg.secret),
+		gate: make(chan struct{}, cfg.inFlight), keepTally: cfg.idsOut != "", complete: make(chan struct{}),
+		conns: map[*conn]struct{}{}, closeCodes: map[string]int{}}
+	if cl.path == "" {
+		cl.path = "/v1/ws"
+		if cl.proto == protoCentrifugo {
+			cl.path = "/connection/websocket"
+		}
+	}
+	users, err := readLines(cfg.usersFile)
+	if err != nil {
+		return nil, err
+	}
+	tokens := map[string]string{}
+	if cfg.tokensFile != "" {
+		if tokens, err = readPairs(cfg.tokensFile); err != nil {
+			return nil, err
+		}
+	}
+	owed := map[string]string{}
+	if cfg.expectFile != "" {
+		if owed, err = readPairs(cfg.expectFile); err != nil {
+			return nil, err
+		}
+	}
+	now := time.Now()
+	minted := map[string]string{}
+	for i, user := range users {
+		d := &device{user: user, owed: -1}
+		if t, ok := tokens[user]; ok {
+			d.token = t
+		} else if cfg.secret != "" {
+			if minted[user] == "" {
+				minted[user] = mint(cl.secret, user, now, cfg.tokenTTL)
+			}
+			d.token = minted[user]
+		} else {
+			return nil, fmt.Errorf("no token for user %q", user)
+		}
+		if len(cfg.sources) > 0 {
+			d.source = cfg.sources[i%len(cfg.sources)]
+		}
+		if cfg.expectFile != "" {
+			n, err := strconv.ParseInt(owed[user], 10, 64)
+			if owed[user] == "" {
+				n, err = 0, nil // owed nothing: not in the file
+			}
+			if err != nil {
+				return nil, fmt.Errorf("-expect: %q for %s", owed[user], user)
+			}
+			d.owed = n
+			if n > 0 {
+				cl.incomplete.Add(1)
+			}
+		}
+		cl.devices = append(cl.devices, d)
+	}
+	return cl, nil
+}
+
+// mint makes an HS256 JWT with sub, iat and exp, as chat.auth.mint does; Centrifugo
+// reads the same claims (sub is the user).
+func mint(secret []byte, user string, now time.Time, ttl time.Duration) string {
+	enc := base64.RawURLEncoding
+	head := enc.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`))
+	claims, _ := json.Marshal(map[string]any{"sub": user, "iat": now.Unix(), "exp": now.Add(ttl).Unix()})
+	signed := head + "." + enc.EncodeToString(claims)
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(signed))
+	return signed + "." + enc.EncodeToString(mac.Sum(nil))
+}
+
+func (cl *client) run() map[string]any {
+	cl.started = time.Now()
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	if cl.cfg.untilComplete && cl.incomplete.Load() == 0 {
+		cl.once.Do(func() { close(cl.complete) })
+	}
+	stopReactors := make(chan struct{})
+	for range cl.cfg.reactors {
+		r, err := newReactor()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadclient:", err)
+			os.Exit(1)
+		}
+		cl.reactors = append(cl.reactors, r)
+		go r.run(stopReactors)
+	}
+	var wg sync.WaitGroup
+	for i, d := range cl.devices {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl.hold(ctx, d, rand.New(rand.NewPCG(uint64(i), 7)))
+		}()
+	}
+	var limit <-chan time.Time
+	if cl.cfg.maxSeconds > 0 {
+		limit = time.After(time.Duration(cl.cfg.maxSeconds * float64(time.Second)))
+	}
+	tick := time.NewTicker(cl.cfg.progress)
+	reason := ""
+	var complete <-chan struct{}
+	if cl.cfg.untilComplete {
+		complete = cl.complete // else never ready: a closed channel would be, at every turn
+	}
+	for reason == "" {
+		select {
+		case <-ctx.Done():
+			reason = "signal"
+		case <-complete:
+			reason = "complete"
+		case <-limit:
+			reason = "max-seconds"
+		case <-tick.C:
+			cl.report()
+		}
+	}
+	tick.Stop()
+	cancel()
+	cl.mu.Lock()
+	cl.stopping = true
+	cl.mu.Unlock()
+	close(stopReactors)
+	for _, r := range cl.reactors {
+		<-r.stopped // no reactor reads a connection while it is closed below
+	}
+	cl.mu.Lock()
+	for c := range cl.conns {
+		c.end()
+	}
+	cl.mu.Unlock()
+	wg.Wait()
+	cl.report()
+	return cl.result(reason)
+}
+
+func (cl *client) report() {
+	user, system := cpuSeconds()
+	line, _ := json.Marshal(map[string]any{
+		"t": round(float64(time.Now().UnixNano())/1e9, 3), "seconds": round(time.Since(cl.started).Seconds(), 3),
+		"cpu_seconds": round(user+system, 4),
+		"connected":   cl.connected.Load(),
+		"open":        cl.open.Load(), "frames": cl.frames.Load(), "received": cl.received.Load(),
+		"duplicated": cl.duplicated.Load(), "incomplete": cl.incomplete.Load(), "reads": cl.reads()})
+	os.Stderr.Write(append(line, '\n'))
+}
+
+// hold keeps the device connected until ctx ends: a failed attempt is tried again after
+// a growing jittered pause, a closed connection after a short jittered one (a closed
+// server's clients do not all come back at once), ours resuming from its cursor.
+func (cl *client) hold(ctx context.Context, d *device, rng *rand.Rand) {
+	attempt, first := 0, true
+	for ctx.Err() == nil {
+		c, err := cl.dial(ctx, d)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			attempt++
+			d.failures++
+			pause(ctx, min(5.0, 0.2*math.Pow(2, float64(attempt)))*(0.5+rng.Float64()))
+			continue
+		}
+		attempt = 0
+		if first {
+			first = false
+			if cl.connected.Add(1) == int64(len(cl.devices)) {
+				cl.allAt.Store(int64(time.Since(cl.started)))
+			}
+		}
+		cl.open.Add(1)
+		select {
+		case <-c.done: // the server closed it, or the reactor found it broken
+		case <-ctx.Done():
+		}
+		cl.open.Add(-1)
+		cl.forget(c)
+		if ctx.Err() != nil {
+			return
+		}
+		cl.mu.Lock()
+		cl.closeCodes[c.code]++
+		cl.mu.Unlock()
+		d.reconnects++
+		pause(ctx, 0.1+0.9*rng.Float64())
+	}
+}
+
+func pause(ctx context.Context, seconds float64) {
+	t := time.NewTimer(time.Duration(seconds * float64(time.Second)))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// dial opens the device's WebSocket within the gate, through the upgrade and the
+// protocol's opening (ours: the hello; Centrifugo: the reply to the connect command).
+func (cl *client) dial(ctx context.Context, d *device) (*conn, error) {
+	select {
+	case cl.gate <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-cl.gate }()
+	target, header := cl.path, ""
+	if cl.proto == protoOurs {
+		// The token in a header, as the daemons require by default: a URL lands in proxies' logs.
+		header = "Authorization: Bearer " + d.token + "\r\n"
+		if d.since != "" {
+			target += "?since=" + url.QueryEscape(d.since)
+		}
+	}
+	dialer := ws.Dialer{Timeout: openTimeout, Header: ws.HandshakeHeaderString(header), ReadBufferSize: cl.cfg.readBuffer,
+		NetDial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			nd := net.Dialer{}
+			if d.source != nil {
+				nd.LocalAddr = &net.TCPAddr{IP: d.source}
+				nd.Control = bindAddressNoPort
+			}
+			return nd.DialContext(ctx, network, addr)
+		}}
+	nc, br, _, err := dialer.Dial(ctx, "ws://"+cl.addr+target)
+	if err != nil {
+		return nil, err
+	}
+	if br == nil {
+		br = bufio.NewReaderSize(nc, cl.cfg.readBuffer)
+	}
+	c := &conn{cl: cl, d: d, nc: nc, r: br, fd: -1, done: make(chan struct{})}
+	if !cl.remember(c, ctx) {
+		nc.Close()
+		return nil, ctx.Err()
+	}
+	fail := func(err error) (*conn, error) {
+		cl.forget(c)
+		c.end()
+		return nil, err
+	}
+	if cl.proto == protoCentrifugo {
+		// No subs: the server subscribes the user to its personal channel.
+		cmd, _ := json.Marshal(map[string]any{"id": 1, "connect": map[string]string{"token": d.token}})
+		if err := c.send(ws.OpText, cmd); err != nil {
+			return fail(err)
+		}
+	}
+	nc.SetReadDeadline(time.Now().Add(openTimeout))
+	for !c.settled {
+		if err := c.readFrame(); err != nil {
+			return fail(err)
+		}
+	}
+	nc.SetReadDeadline(time.Time{})
+	if !c.ok {
+		return fail(errRefused)
+	}
+	if err := c.handOver(cl.reactors[int(cl.next.Add(1))%len(cl.reactors)]); err != nil {
+		return fail(err)
+	}
+	return c, nil
+}
+
+// end closes the connection once, whoever finds it over first.
+func (c *conn) end() {
+	c.endOnce.Do(func() {
+		if c.fd >= 0 {
+			syscall.Close(c.fd)
+		} else {
+			c.nc.Close()
+		}
+		close(c.done)
+	})
+}
+
+// ipBindAddressNoPort is Linux's IP_BIND_ADDRESS_NO_PORT (not in package syscall).
+const ipBindAddressNoPort = 24
+
+// bindAddressNoPort leaves the local port to connect(), which picks it for the 4-tuple: a
+// bind to an address with port 0 must pick a port no other socket on that address holds,
+// a search that grows with every connection (10,000 from one address cost 22 s of CPU).
+func bindAddressNoPort(_, _ string, raw syscall.RawConn) error {
+	var err error
+	if cerr := raw.Control(func(fd uintptr) {
+		err = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, ipBindAddressNoPort, 1)
+	}); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// remember registers an open connection, so that the end of the run can close it.
+func (cl *client) remember(c *conn, ctx context.Context) bool {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if ctx.Err() != nil {
+		return false
+	}
+	cl.conns[c] = struct{}{}
+	return true
+}
+
+func (cl *client) forget(c *conn) {
+	cl.mu.Lock()
+	delete(cl.conns, c)
+	cl.mu.Unlock()
+}
+
+var errClosed = errors.New("closed by the server")
+
+// readFrame reads one frame while the connection opens and acts on it; an error ends the connection.
+func (c *conn) readFrame() error {
+	h, err := ws.ReadHeader(c.r)
+	if err != nil {
+		if c.code == "" {
+			c.code = "none" // gone without a close frame
+		}
+		return err
+	}
+	if h.Length > maxPayload {
+		c.code = "too-big"
+		return errors.New("frame too big")
+	}
+	if int64(cap(c.payload)) < h.Length {
+		c.payload = make([]byte, h.Length)
+	}
+	p := c.payload[:h.Length]
+	if _, err := io.ReadFull(c.r, p); err != nil {
+		c.code = "none"
+		return err
+	}
+	return c.frame(h, p, time.Now())
+}
+
+// frame acts on one whole frame, however it was read.
+func (c *conn) frame(h ws.Header, p []byte, now time.Time) error {
+	if h.Masked { // a server's frames are not masked; undo it if one is
+		ws.Cipher(p, h.Mask, 0)
+	}
+	switch {
+	case h.OpCode == ws.OpPing:
+		return c.send(ws.OpPong, p)
+	case h.OpCode == ws.OpClose:
+		c.code = "1005"
+		if len(p) >= 2 {
+			c.code = strconv.Itoa(int(binary.BigEndian.Uint16(p)))
+			c.send(ws.OpClose, p[:2])
+		}
+		return errClosed
+	case h.OpCode.IsControl():
+		return nil // a pong
+	case h.OpCode == ws.OpContinuation:
+		c.message = append(c.message, p...)
+		if h.Fin {
+			if c.fragOp == ws.OpText {
+				c.text(c.message, now)
+			}
+			c.message = c.message[:0]
+		}
+		return nil
+	case !h.Fin:
+		c.fragOp, c.message = h.OpCode, append(c.message[:0], p...)
+		return nil
+	case h.OpCode == ws.OpText:
+		c.text(p, now)
+	}
+	return nil
+}
+
+// text reads one text message: the only code that differs between the protocols after the opening.
+func (c *conn) text(p []byte, now time.Time) {
+	if c.cl.proto == protoOurs {
+		c.oursText(p, now)
+	} else {
+		c.centrifugoText(p, now)
+	}
+}
+
+// oursText: a hello ({"type":"hello","recovered":..,"cursor":..}) or a message frame whose
+// body starts with the feed's wall-clock time; frames without an id (errors, signals) are not
+// positions in the stream.
+func (c *conn) oursText(p []byte, now time.Time) {
+	id := field(p, "id")
+	if id == nil {
+		if string(unquote(field(p, "type"))) == "hello" {
+			// Keep our own resume point unless the server could not serve it.
+			if c.d.since == "" || string(field(p, "recovered")) != "true" {
+				c.d.since = string(unquote(field(p, "cursor")))
+			}
+			c.settle(true)
+		}
+		return
+	}
+	n, ok := asInt(id)
+	if !ok {
+		return
+	}
+	if cursor := field(p, "cursor"); cursor != nil {
+		c.d.since = string(unquote(cursor))
+	} else {
+		c.d.since = string(id)
+	}
+	sent, has := leadingFloat(unquote(field(p, "body")))
+	c.record(n, sent, has, now)
+}
+
+// centrifugoText: a frame holds one reply per line; a publication's data carries id and t,
+// an empty object is a ping, the reply with id 1 answers the connect command.
+func (c *conn) centrifugoText(p []byte, now time.Time) {
+	for len(p) > 0 {
+		line := p
+		if k := indexByte(p, '\n'); k >= 0 {
+			line, p = p[:k], p[k+1:]
+		} else {
+			p = nil
+		}
+		if len(line) == 0 {
+			continue
+		}
+		if string(line) == centrifugoPing {
+			c.send(ws.OpText, []byte(centrifugoPing))
+			continue
+		}
+		if data := path(line, "push", "pub", "data"); data != nil {
+			if n, ok := asInt(field(data, "id")); ok {
+				sent, has := asFloat(field(data, "t"))
+				c.record(n, sent, has, now)
+			}
+			continue
+		}
+		if string(field(line, "id")) == "1" {
+			c.settle(field(line, "connect") != nil && field(line, "error") == nil)
+		}
+	}
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+func (c *conn) settle(ok bool) {
+	if !c.settled {
+		c.settled, c.ok = true, ok
+	}
+}
+
+// record counts one message frame of the device: a first arrival, or a duplicate.
+func (c *conn) record(id int64, sent float64, hasSent bool, now time.Time) {
+	cl, d := c.cl, c.d
+	cl.frames.Add(1)
+	if id <= d.last {
+		d.duplicated++
+		cl.duplicated.Add(1)
+		return
+	}
+	d.last = id
+	d.received++
+	cl.received.Add(1)
+	lat := math.NaN()
+	if hasSent {
+		lat = (float64(now.UnixNano())/1e9 - sent) * 1000
+		cl.hist.add(lat)
+	}
+	if cl.keepTally {
+		d.ids = append(d.ids, id)
+		d.lat = append(d.lat, float32(lat))
+	}
+	if d.received == d.owed && cl.incomplete.Add(-1) == 0 {
+		cl.once.Do(func() { close(cl.complete) })
+	}
+}
+
+// send writes one masked client frame. The mask key is zero (valid, RFC 6455 section 5.3):
+// the payload goes as it is, without a pass over it.
+func (c *conn) send(op ws.OpCode, payload []byte) error {
+	h := ws.Header{Fin: true, OpCode: op, Masked: true, Length: int64(len(payload))}
+	buf := bytesWriter{c.out[:0]}
+	if err := ws.WriteHeader(&buf, h); err != nil {
+		return err
+	}
+	c.out = append(buf.b, payload...)
+	if c.fd >= 0 {
+		return writeAll(c.fd, c.out)
+	}
+	_, err := c.nc.Write(c.out)
+	return err
+}
+
+type bytesWriter struct{ b []byte }
+
+func (w *bytesWriter) Write(p []byte) (int, error) {
+	w.b = append(w.b, p...)
+	return len(p), nil
+}
+
+// histogram of latencies in µs: exact below 32, then 16 buckets per power of two (within 6 %).
+type histogram struct {
+	counts [64 * 16]atomic.Int64
+	max    atomic.Int64
+	count  atomic.Int64
+}
+
+func bucketOf(us uint64) int {
+	if us < 32 {
+		return int(us)
+	}
+	s := bits.Len64(us) - 5 // us>>s is in [16, 32)
+	return 32 + (s-1)*16 + int(us>>s) - 16
+}
+
+// upperOf is the largest value in bucket i.
+func upperOf(i int) uint64 {
+	if i < 32 {
+		return uint64(i)
+	}
+	k := i - 32
+	s, m := k/16+1, uint64(k%16+16)
+	return (m+1)<<s - 1
+}
+
+func (h *histogram) add(ms float64) {
+	us := uint64(0)
+	if ms > 0 {
+		us = uint64(ms * 1000)
+	}
+	i := min(bucketOf(us), len(h.counts)-1)
+	h.counts[i].Add(1)
+	h.count.Add(1)
+	for {
+		old := h.max.Load()
+		if int64(us) <= old || h.max.CompareAndSwap(old, int64(us)) {
+			break
+		}
+	}
+}
+
+// quantile is the upper bound (ms) of the bucket holding the q-quantile (nearest rank).
+func (h *histogram) quantile(q float64) any {
+	n := h.count.Load()
+	if n == 0 {
+		return nil
+	}
+	rank := min(n-1, int64(q*float64(n)))
+	var seen int64
+	for i := range h.counts {
+		seen += h.counts[i].Load()
+		if seen > rank {
+			return round(float64(upperOf(i))/1000, 3)
+		}
+	}
+	return round(float64(h.max.Load())/1000, 3)
+}
+
+func (h *histogram) summary() map[string]any {
+	var buckets [][2]float64
+	for i := range h.counts {
+		if n := h.counts[i].Load(); n > 0 {
+			buckets = append(buckets, [2]float64{round(float64(upperOf(i))/1000, 3), float64(n)})
+		}
+	}
+	return map[string]any{"count": h.count.Load(), "p50": h.quantile(0.5), "p90": h.quantile(0.9),
+		"p99": h.quantile(0.99), "p999": h.quantile(0.999), "max": round(float64(h.max.Load())/1000, 3),
+		"buckets_le_ms": buckets}
+}
+
+// reads is how many reads the reactors made of open connections (the opening ones' not counted).
+func (cl *client) reads() (n int64) {
+	for _, r := range cl.reactors {
+		n += r.reads.Load()
+	}
+	return n
+}
+
+func (cl *client) wakes() (n int64) {
+	for _, r := range cl.reactors {
+		n += r.wakes.Load()
+	}
+	return n
+}
+
+// cpuSeconds is this process's user and system CPU time so far, every thread's.
+func cpuSeconds() (float64, float64) {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return float64(ru.Utime.Sec) + float64(ru.Utime.Usec)/1e6, float64(ru.Stime.Sec) + float64(ru.Stime.Usec)/1e6
+}
+
+func round(v float64, digits int) float64 {
+	p := math.Pow(10, float64(digits))
+	return math.Round(v*p) / p
+}
+
+func (cl *client) result(reason string) map[string]any {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	user, system := cpuSeconds()
+	frames := cl.frames.Load()
+	var lost, unexpected, reconnects, failures, lossy, dupes int64
+	known := cl.cfg.expectFile != ""
+	var listed []map[string]any
+	for _, d := range cl.devices {
+		reconnects += int64(d.reconnects)
+		failures += int64(d.failures)
+		dl := int64(0)
+		if known {
+			dl = max(0, d.owed-d.received)
+			lost += dl
+			unexpected += max(0, d.received-d.owed)
+		}
+		if dl > 0 {
+			lossy++
+		}
+		if d.duplicated > 0 {
+			dupes++
+		}
+		if cl.cfg.perDevice || ((dl > 0 || d.duplicated > 0) && len(listed) < anomaliesListed) {
+			one := map[string]any{"user": d.user, "received": d.received, "duplicated": d.duplicated,
+				"reconnects": d.reconnects, "connect_failures": d.failures}
+			if known {
+				one["owed"], one["lost"] = d.owed, dl
+			}
+			listed = append(listed, one)
+		}
+	}
+	cpuPerFrame := any(nil)
+	if frames > 0 {
+		cpuPerFrame = round((user+system)/float64(frames)*1e6, 2)
+	}
+	out := map[string]any{
+		"client": "go", "protocol": cl.proto, "ended_by": reason, "connections": len(cl.devices),
+		"connected": cl.connected.Load(), "open_at_end": cl.open.Load(),
+		"frames": frames, "received": cl.received.Load(), "duplicated": cl.duplicated.Load(),
+		"lost": nil, "unexpected": nil, "complete": nil,
+		"devices_with_loss": lossy, "devices_with_duplicates": dupes,
+		"reconnects": reconnects, "connect_failures": failures, "close_codes": cl.closeCodes,
+		"cpu_seconds":      map[string]float64{"user": round(user, 3), "system": round(system, 3)},
+		"cpu_us_per_frame": cpuPerFrame, "max_rss_kb": ru.Maxrss, "reads": cl.reads(), "wakes": cl.wakes(),
+		"wall_seconds": round(time.Since(cl.started).Seconds(), 3), "latency_ms": cl.hist.summary(),
+		"devices": listed,
+	}
+	if at := cl.allAt.Load(); at > 0 {
+		out["all_connected_seconds"] = round(time.Duration(at).Seconds(), 3)
+	}
+	if known {
+		out["lost"], out["unexpected"], out["complete"] = lost, unexpected, lost == 0
+	}
+	return out
+}
+
+// writeTally writes every first arrival's id and latency, device after device, in the
+// layout Python's array("q") and array("f") read (loadtest.clients.peers.read_tally).
+func writeTally(cl *client, cfg config) error {
+	if cfg.idsOut == "" {
+		return nil
+	}
+	var ids, lat []byte
+	for _, d := range cl.devices {
+		for i, id := range d.ids {
+			ids = binary.LittleEndian.AppendUint64(ids, uint64(id))
+			lat = binary.LittleEndian.AppendUint32(lat, math.Float32bits(d.lat[i]))
+		}
+	}
+	if err := os.WriteFile(cfg.idsOut, ids, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(cfg.latOut, lat, 0o644)
+}
+
+func readLines(name string) ([]string, error) {
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			out = append(out, line)
+		}
+	}
+	return out, nil
+}
+
+// readPairs reads 'key value' lines.
+func readPairs(name string) (map[string]string, error) {
+	lines, err := readLines(name)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(lines))
+	for _, line := range lines {
+		k, v, ok := strings.Cut(line, " ")
+		if !ok {
+			return nil, fmt.Errorf("%s: %q is not 'key value'", name, line)
+		}
+		out[k] = strings.TrimSpace(v)
+	}
+	return out, nil
+}

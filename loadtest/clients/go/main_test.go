@@ -1,0 +1,135 @@
+package main
+
+import (
+	"math"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// discard is a connection whose writes go nowhere (the close frame's answer).
+type discard struct{ net.Conn }
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func TestFieldSkipsNestedValuesAndStrings(t *testing.T) {
+	doc := []byte(`{"body":"say \"id\":9 {", "meta": {"id": 8, "x": [1, {"id": 7}]}, "id": 42, "cursor":"1.0.42"}`)
+	if got := string(field(doc, "id")); got != "42" {
+		t.Fatalf("id = %q", got)
+	}
+	if got := string(unquote(field(doc, "cursor"))); got != "1.0.42" {
+		t.Fatalf("cursor = %q", got)
+	}
+	if field(doc, "absent") != nil {
+		t.Fatal("an absent key was found")
+	}
+	if field([]byte(`{"id":`), "id") != nil {
+		t.Fatal("a cut frame gave a value")
+	}
+}
+
+func TestCentrifugoPublicationData(t *testing.T) {
+	line := []byte(`{"push":{"channel":"#p3","pub":{"data":{"id":17,"t":1700000000.25,"body":"x"}}}}`)
+	data := path(line, "push", "pub", "data")
+	if n, ok := asInt(field(data, "id")); !ok || n != 17 {
+		t.Fatalf("id = %d %v", n, ok)
+	}
+	if f, ok := asFloat(field(data, "t")); !ok || f != 1700000000.25 {
+		t.Fatalf("t = %v %v", f, ok)
+	}
+}
+
+func TestLeadingFloatOfOurBody(t *testing.T) {
+	if f, ok := leadingFloat([]byte("1700000000.123456 feed")); !ok || math.Abs(f-1700000000.123456) > 1e-6 {
+		t.Fatalf("%v %v", f, ok)
+	}
+	if _, ok := leadingFloat([]byte("hello there")); ok {
+		t.Fatal("a body without a time gave one")
+	}
+}
+
+func TestBucketsCoverEveryValueWithinTheirBounds(t *testing.T) {
+	prev := -1
+	for us := uint64(0); us < 1<<20; us++ {
+		b := bucketOf(us)
+		if b < prev || b > prev+1 || us > upperOf(b) || (b > 0 && us <= upperOf(b-1)) {
+			t.Fatalf("%d µs in bucket %d (upper %d)", us, b, upperOf(b))
+		}
+		prev = b
+	}
+}
+
+func TestRecordCountsDuplicatesAndCompletion(t *testing.T) {
+	cl := &client{keepTally: true, complete: make(chan struct{})}
+	d := &device{owed: 2}
+	cl.incomplete.Store(1)
+	c := &conn{cl: cl, d: d}
+	now := time.Now()
+	c.record(5, 0, false, now)
+	c.record(5, 0, false, now)
+	c.record(3, 0, false, now)
+	c.record(9, float64(now.UnixNano())/1e9-0.010, true, now)
+	if d.received != 2 || d.duplicated != 2 || len(d.ids) != 2 || !math.IsNaN(float64(d.lat[0])) {
+		t.Fatalf("received %d duplicated %d ids %v lat %v", d.received, d.duplicated, d.ids, d.lat)
+	}
+	select {
+	case <-cl.complete:
+	default:
+		t.Fatal("a device with all it was owed did not complete the run")
+	}
+	if q := cl.hist.quantile(0.5).(float64); q < 9.9 || q > 10.7 {
+		t.Fatalf("p50 %v ms", q)
+	}
+}
+
+// serverFrame is an unmasked frame as a server sends it.
+func serverFrame(op byte, fin bool, payload string) []byte {
+	first := op
+	if fin {
+		first |= 0x80
+	}
+	out := []byte{first}
+	switch n := len(payload); {
+	case n < 126:
+		out = append(out, byte(n))
+	case n < 1<<16:
+		out = append(out, 126, byte(n>>8), byte(n))
+	default:
+		out = append(out, 127, 0, 0, 0, 0, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+	return append(out, payload...)
+}
+
+func TestConsumeReadsFramesCutAnywhereAndFragmented(t *testing.T) {
+	cl := &client{proto: protoOurs, keepTally: true, complete: make(chan struct{})}
+	d := &device{owed: -1}
+	c := &conn{cl: cl, d: d, fd: -1}
+	long := `{"id":3,"body":"` + strings.Repeat("x", 70000) + `"}`
+	var stream []byte
+	stream = append(stream, serverFrame(0x1, true, `{"id":1,"body":"1.5 a"}`)...)
+	stream = append(stream, serverFrame(0x1, false, `{"id":2,`)...)
+	stream = append(stream, serverFrame(0x0, true, `"body":"2.5 b"}`)...)
+	stream = append(stream, serverFrame(0x1, true, long)...)
+	stream = append(stream, serverFrame(0x1, true, `{"id":3,"body":"x"}`)...) // a repeat
+	for _, cut := range []int{1, 2, 3, 7, 100, len(stream)} {
+		*d = device{owed: -1}
+		c.pending = nil
+		for at := 0; at < len(stream); at += cut {
+			if err := c.consume(stream[at:min(at+cut, len(stream))], time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d.received != 3 || d.duplicated != 1 || len(c.pending) != 0 || d.since != "3" {
+			t.Fatalf("cut %d: received %d duplicated %d pending %d since %q", cut, d.received, d.duplicated,
+				len(c.pending), d.since)
+		}
+	}
+}
+
+func TestAServersCloseFrameEndsTheConnectionWithItsCode(t *testing.T) {
+	c := &conn{cl: &client{proto: protoOurs}, d: &device{owed: -1}, fd: -1, nc: discard{}}
+	if err := c.consume(serverFrame(0x8, true, "\x03\xe9bye"), time.Now()); err != errClosed || c.code != "1001" {
+		t.Fatalf("err %v code %q", err, c.code)
+	}
+}
