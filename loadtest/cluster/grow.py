@@ -115,6 +115,12 @@ def grow_figures(run: dict, devices: list[ClientDevice], before: SlotMap, after:
                     and s.attempts and abs(s.attempts[0].at - cut) < 10]
     longest = max(((s.attempts[-1].at + s.attempts[-1].seconds - s.attempts[0].at) for s in moving_posts),
                   default=None)
+    longest_answer = max((a.seconds for s in moving_posts for a in s.attempts), default=None)
+    moving_why: dict[str, int] = {}
+    for s in moving_posts:
+        for a in s.attempts:
+            if a.status == 0 or a.status >= 500:
+                moving_why[a.error or str(a.status)] = moving_why.get(a.error or str(a.status), 0) + 1
     handed_over = [i for i, d in enumerate(devices) if d.user in moved]
     back = [data["back_at"][i] for i in handed_over]
     not_back = sum(1 for b in back if b is None or (cut is not None and b < cut))
@@ -136,6 +142,8 @@ def grow_figures(run: dict, devices: list[ClientDevice], before: SlotMap, after:
         "unmoved_refused_posts": refused_unmoved, "unmoved_refusals_by_error": why,
         "unmoved_refusals_by_phase": phases,
         "moving_longest_post_ms": None if longest is None else round(longest * 1000, 1),
+        "moving_longest_answer_ms": None if longest_answer is None else round(longest_answer * 1000, 1),
+        "moving_refusals_by_error": moving_why,
         "cutover_pause_ms": fault.pause_ms,
         "last_device_back_s": None if last_back is None else round(last_back, 2),
         "devices_not_back": not_back, "relearned_partition": data.get("relearned", 0),
