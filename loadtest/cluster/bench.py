@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from multiprocessing.sharedctypes import Synchronized
 
 IDLE_SECONDS = 5.0  # the idle window before each run's traffic
+GROW_AFTER_SECONDS = 10.0  # the grow scenario's mover starts this far into its traffic
+AFTER_CUTOVER_SECONDS = 20.0  # and its traffic goes on this long past the cutover
 WHERE = ("FerretDB 1.24 (SQLite) and MariaDB 10.11 in one network namespace, 3 application hosts and nginx in "
          "namespaces of their own, Toxiproxy on every host-database link; all on 2 shared cores")
 
@@ -60,6 +62,7 @@ class Fault:
     stop: Callable[[], None] | None
     others: Callable[[Sent, fig.Attempt], bool]  # the traffic the fault should spare
     victim_host: str | None = None
+    until: Callable[[], bool] | None = None  # ends the traffic before its seconds (a grow: once cut over)
 
 
 def scrape(url: str, name: str) -> float | None:
@@ -154,7 +157,7 @@ async def _send_with_fault(cluster: Cluster, users: list[str], traffic: Traffic,
             print(f"    sent {i}, frames received {frames.value}", flush=True)
 
     sending = asyncio.create_task(send(cluster.plan.edge_url, cluster.secret, users, traffic.rate, traffic.seconds,
-                                       tick=tick))
+                                       tick=tick, until=None if fault is None else fault.until))
     if fault is not None:
         await asyncio.sleep(fault_at)
         print(f"    fault on: {fault.name}", flush=True)
@@ -226,8 +229,8 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
          grow_to: int = typer.Option(8, help="the grow scenario: from the largest of --partitions to this many, "
                                      "online, under traffic (0: skip it)"),
          grow_users: int = typer.Option(200), grow_rate: float = typer.Option(50.0),
-         grow_seconds: float = typer.Option(40.0, min=20.0, help="the grow scenario's traffic; the mover starts "
-                                            "at a quarter of it"),
+         grow_seconds: float = typer.Option(150.0, min=40.0, help="the grow scenario's traffic at most: the mover "
+                                            "starts 10 s in, and the traffic ends 20 s after its cutover"),
          budget: float = typer.Option(720.0, help="seconds before the watchdog ends the bench"),
          out: Path = typer.Option(RESULTS / "cluster-latest.json")) -> None:
     netns.require_root()
@@ -324,17 +327,21 @@ def run_grow(cluster: Cluster, partitions: int, to: int, traffic: Traffic) -> di
     """From ``partitions`` to ``to`` with `chatctl partitions grow`, online, a quarter into the traffic."""
     before = SlotMap.even(partitions)
     mover = GrowFault(cluster, to, [])
-    fault = Fault(f"grow {partitions} -> {to}", mover.start, None, lambda s, a: True)
+    # The traffic goes on until 20 s past the cutover (the copy takes as long as the history is big:
+    # every earlier run's users move too), at most ``traffic.seconds``.
+    fault = Fault(f"grow {partitions} -> {to}", mover.start, None, lambda s, a: True,
+                  until=lambda: (cut := mover.cut_over_at) is not None and time.time() > cut + AFTER_CUTOVER_SECONDS)
     cluster.start_hosts(partitions)
     print(f"grow {partitions} -> {to}, online", flush=True)
-    run = run_traffic(cluster, "g", partitions, True, traffic, fault, traffic.seconds / 4, 0.0)
+    run = run_traffic(cluster, "g", partitions, True, traffic, fault, GROW_AFTER_SECONDS, 0.0)
     mover.wait(120)
     after = before.grown(to)
     devices = [ClientDevice(f"g-u{i}", j, partition_of(f"g-u{i}", partitions))
                for i in range(traffic.users) for j in range(traffic.devices)]
     figures = {**grow_figures(run, devices, before, after, mover,
                               history_check(cluster.admin_mysql_url, run["_sent"], after)),
-               "offered_per_s": traffic.rate, "msgs_per_s": run["msgs_per_s"], "seconds": traffic.seconds,
+               "offered_per_s": traffic.rate, "msgs_per_s": run["msgs_per_s"],
+               "seconds": round(run["_sent"][-1].at - run["_sent"][0].at, 1) if run["_sent"] else 0.0,
                "delivery_p50_ms": run["delivery_p50_ms"], "delivery_p99_ms": run["delivery_p99_ms"]}
     cluster.stop_hosts()
     print(f"    {figures}", flush=True)

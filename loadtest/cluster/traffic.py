@@ -170,10 +170,11 @@ class Sent:
 
 
 async def send(url: str, secret: str, users: list[str], rate: float, seconds: float, seed: int = 1,
-               tick: Callable[[int], None] | None = None) -> list[Sent]:
+               tick: Callable[[int], None] | None = None, until: Callable[[], bool] | None = None) -> list[Sent]:
     """Posts ``rate`` messages/s for ``seconds`` between random pairs, each retried
     (the same client_msg_id) on 5xx or no answer for up to 5 attempts.
-    ``tick(i)`` is called once a second with the messages scheduled so far."""
+    ``tick(i)`` is called once a second with the messages scheduled so far.
+    ``until()``, if given, ends the sending early once it says so (``seconds`` bounds it)"""
     rng = random.Random(seed)
     run_tag = secrets.token_hex(4)
     tokens: dict[str, str] = {}
@@ -213,6 +214,8 @@ async def send(url: str, secret: str, users: list[str], rate: float, seconds: fl
         tasks = []
         total = int(rate * seconds)
         for i in range(total):
+            if until is not None and until():  # what the run waited for happened: it ends before ``seconds``
+                break
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
