@@ -47,7 +47,7 @@ cluster: bootstrap
 cluster-down:
 	.venv/bin/python -m cluster down
 
-# The cluster under load, P = 1, 2, 4 and the global lock, then three faults (under 10 min, as root).
+# The cluster under load, P = 1, 2, 4 and the global lock, three faults, then a grow to 8 partitions online (under 12 min, as root).
 bench-cluster: bootstrap
 	scripts/cluster/install-toxiproxy.sh
 	.venv/bin/python -m loadtest.cluster.bench

@@ -108,6 +108,24 @@ def _take_writer_lock(conn: Connection, partition: int) -> None:
     conn.commit()
 
 
+def _take_writer_locks(conn: Connection, partitions: list[int]) -> None:
+    """Every listed partition's writer lock, for the cutover: every queue lock (``.next``) first, so that
+    all their holders end their turns at once, then the locks, in partition order."""
+    nexts = [lock_name(k) + ".next" for k in partitions]
+    try:
+        for name in nexts:
+            if conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": name, "t": LOCK_WAIT_SECONDS}).scalar() != 1:
+                raise MoveRefused(f"{name}: not free within {LOCK_WAIT_SECONDS:g} s")
+        for k in partitions:
+            if conn.execute(text("SELECT GET_LOCK(:n, :t)"),
+                            {"n": lock_name(k), "t": LOCK_WAIT_SECONDS}).scalar() != 1:
+                raise MoveRefused(f"{lock_name(k)}: not free within {LOCK_WAIT_SECONDS:g} s")
+    finally:
+        for name in nexts:
+            conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": name})
+    conn.commit()
+
+
 def _release_writer_locks(conn: Connection) -> None:
     conn.rollback()
     conn.execute(text("SELECT RELEASE_ALL_LOCKS()"))
@@ -131,13 +149,16 @@ class Mover:
         self._mongo.close()
 
     def run(self, progress: Progress, catch_up_rows: int = 200, passes_max: int = 8) -> SlotMap:
-        """Copies, catches up until a pass copies fewer than ``catch_up_rows`` rows (or after
-        ``passes_max`` passes), then cuts over; returns the new map."""
+        """Copies, catches up until a pass copies fewer than ``catch_up_rows`` rows or no fewer than
+        the pass before (it no longer gains on the writers: the cutover copies the rest with the
+        locks held, and pays no turn's hand-over per page), then cuts over; returns the new map."""
+        before = None
         for n in range(1, passes_max + 1):
             copied = self.copy_pass(progress, locked=False)
             self._report(f"pass {n}: {copied} copies")
-            if copied < catch_up_rows:
+            if copied < catch_up_rows or (before is not None and copied >= before):
                 break
+            before = copied
         return self.cutover(progress)
 
     def copy_pass(self, progress: Progress, locked: bool) -> int:
@@ -280,8 +301,7 @@ class Mover:
         started = time.monotonic()
         with self._engine.connect() as conn:
             try:
-                for k in involved:
-                    _take_writer_lock(conn, k)
+                _take_writer_locks(conn, involved)
                 with_locks = time.monotonic()
                 last = 0
                 for source in plan.sources:
@@ -301,8 +321,8 @@ class Mover:
                 paused = time.monotonic() - with_locks
             finally:
                 _release_writer_locks(conn)
-        self._report(f"cut over to epoch {plan.after.epoch}: {last} last copies, {len(moved)} users moved, "
-                     f"{markers} read markers and {acks} device positions translated, {echoed} owed copies "
+        self._report(f"cut over to epoch {plan.after.epoch}: {last} last copies, {markers} read markers and "
+                     f"{acks} device positions of {len(moved)} moved users translated, {echoed} owed copies "
                      f"re-sent; writes of partitions {','.join(map(str, involved))} paused {paused * 1000:.0f} ms "
                      f"(locks taken in {(with_locks - started) * 1000:.0f} ms)")
         log.info("event=move_cut_over epoch=%d users=%d paused_ms=%.0f", plan.after.epoch, len(moved), paused * 1000)
@@ -376,15 +396,14 @@ def _apply_revision(conn: Connection, source: int, target: int, ref: int, event:
 
 
 def _moved_users(conn: Connection, plan: MovePlan) -> dict[str, tuple[int, int]]:
-    """Each moved user who has a row in their source: user -> (source, target)."""
+    """Each moved user with a read marker or a device position to translate: user -> (source, target).
+    Read from those two small tables, never from the messages: this runs while writes wait."""
+    moving = plan.moving
     moved: dict[str, tuple[int, int]] = {}
-    for source in plan.sources:
-        t = tables_of(source).messages
-        leaving = plan.leaving(source)
-        for col in (t.c.sender, t.c.recipient):
-            for user in conn.execute(select(col).distinct().where((func.crc32(col) % SLOTS).in_(leaving))).scalars():
-                if plan.moves(user):
-                    moved[user] = (source, plan.after.partition_of(user))
+    for col in (read_markers.c.reader, device_acks.c.user):
+        for user in conn.execute(select(col).distinct().where((func.crc32(col) % SLOTS).in_(moving))).scalars():
+            if plan.moves(user):
+                moved[user] = (plan.before.partition_of(user), plan.after.partition_of(user))
     return moved
 
 
