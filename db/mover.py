@@ -48,6 +48,7 @@ log = logging.getLogger("chat.mover")
 MOVE_ROW = 2  # the row of partition_map that holds the move in progress (row 1 is the map)
 PAGE = 500  # rows of a source read, and copied, per step
 DEADLOCK_RETRIES = 3  # a step InnoDB rolled back as a deadlock's victim is done again this many times at most
+MIRROR_SECONDS = 0.5  # how long a page's insert into the fast store may hold the target's writers
 LOCK_WAIT_SECONDS = 30.0  # a writer's turn ends once it sees the mover queued: this is for a MySQL that is slow
 
 
@@ -139,7 +140,11 @@ class Mover:
                  report: Callable[[str], None] = lambda line: None, page: int = PAGE):
         self._engine = engine
         self._mongo: pymongo.MongoClient = pymongo.MongoClient(
-            mongo_url, tz_aware=True, serverSelectionTimeoutMS=int(timeout_seconds * 1000))
+            mongo_url, tz_aware=True, serverSelectionTimeoutMS=int(timeout_seconds * 1000),
+            # A page's insert runs under the target's writer lock: a slow fast store must not hold
+            # that partition's writes for long. Past this the page is the outbox, which the
+            # writer's next turn copies with its own hand-over rules.
+            timeoutMS=int(MIRROR_SECONDS * 1000))
         self._db = mongo_db
         self._retention = retention_seconds
         self._report = report

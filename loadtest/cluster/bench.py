@@ -229,7 +229,7 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
          grow_to: int = typer.Option(8, help="the grow scenario: from the largest of --partitions to this many, "
                                      "online, under traffic (0: skip it)"),
          grow_users: int = typer.Option(200), grow_rate: float = typer.Option(50.0),
-         grow_seconds: float = typer.Option(150.0, min=40.0, help="the grow scenario's traffic at most: the mover "
+         grow_seconds: float = typer.Option(240.0, min=40.0, help="the grow scenario's traffic at most: the mover "
                                             "starts 10 s in, and the traffic ends 20 s after its cutover"),
          budget: float = typer.Option(720.0, help="seconds before the watchdog ends the bench"),
          out: Path = typer.Option(RESULTS / "cluster-latest.json")) -> None:
@@ -280,7 +280,7 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
             from loadtest.cluster.plot import plot
             print(f"wrote {plot(result, out.with_suffix('.png'))}")
     bad = [r for r in result["runs"] + result["faults"] + ([result["grow"]] if "grow" in result else [])
-           if r["lost"] or r["duplicated"] or r.get("unmoved_refused_posts")]
+           if r["lost"] or r["duplicated"] or r.get("unmoved_refused_posts") or r.get("mover_error")]
     if bad:
         raise SystemExit(f"FAILED: messages lost or duplicated in {len(bad)} run(s)")
     if result.get("tokens_in_logs"):
