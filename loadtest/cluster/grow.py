@@ -137,13 +137,20 @@ def grow_figures(run: dict, devices: list[ClientDevice], before: SlotMap, after:
     stayed = [i for i, d in enumerate(devices) if d.user not in moved]
     live = fig.check_delivery(sent, [devices[i] for i in stayed], [data["received"][i] for i in stayed],
                               [data["duplicates"][i] for i in stayed])
-    moved_dup = sum(data["duplicates"][i] + len(data["received"][i]) - len(set(data["received"][i]))
-                    for i in handed_over)
+    # A moved device is told `recovered: false` and reloads its history (README): frames before that
+    # are superseded by the history, which holds each message once, under the new partition's ids.
+    # What repeats after it is a duplicate; a message seen both before and after it is one the
+    # client finds in the history it reloaded (counted apart, as `moved_seen_again_after_reload`).
+    since_reload = [data["received"][i][data["reloaded_at"][i]:] for i in handed_over]
+    moved_dup = sum(data["duplicates"][i] for i in handed_over) + sum(len(a) - len(set(a)) for a in since_reload)
+    seen_again = sum(len(set(data["received"][i][:data["reloaded_at"][i]]) & set(a))
+                     for i, a in zip(handed_over, since_reload, strict=True))
     return {
         "partitions_before": before.partitions, "partitions_after": after.partitions,
         "moved_users": len(moved), "moved_devices": len(handed_over), "devices": len(devices),
         "stored": stored, "stranded": stranded,
         "unmoved_lost": live.lost, "unmoved_duplicated": live.duplicated, "moved_duplicated": moved_dup,
+        "moved_seen_again_after_reload": seen_again,
         "lost": live.lost + stranded, "duplicated": live.duplicated + moved_dup,
         "unmoved_refused_posts": refused_unmoved, "unmoved_refusals_by_error": why,
         "unmoved_refusals_by_phase": phases,

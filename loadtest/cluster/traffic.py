@@ -70,6 +70,7 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
     gate = asyncio.Semaphore(100)  # handshakes in flight
     clients: list[leanclient.LeanClient | None] = [None] * len(job.devices)
     back_at: list[float | None] = [None] * len(job.devices)  # each device's latest reconnect (time.time())
+    reloaded_at: list[int] = [0] * len(job.devices)  # frames it had when last told `recovered: false`
 
     # A message's key is its client_msg_id: the recipient of a message between
     # partitions receives a copy, whose id is a position in its own partition.
@@ -120,6 +121,8 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
             else:
                 reconnects += 1
                 back_at[i] = time.time()
+                if not inboxes[i].hellos[-1]["recovered"]:  # told to reload history: what came before is superseded
+                    reloaded_at[i] = len(keys[i])
             await client.lost
             await asyncio.sleep(random.uniform(0.05, 0.5))  # jitter: not every device of a dead host at once
 
@@ -140,7 +143,7 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
         "received": keys, "duplicates": [box.duplicates for box in inboxes],
         "arrivals": arrivals, "reconnects": reconnects, "failures": failures, "relearned": relearned,
         "hellos": [[[h["recovered"], h["cursor"]] for h in box.hellos] for box in inboxes],
-        "back_at": back_at}))
+        "back_at": back_at, "reloaded_at": reloaded_at}))
 
 
 async def partition_of_user(host: str, port: int, token: str) -> int:
