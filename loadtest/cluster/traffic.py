@@ -159,7 +159,7 @@ class Attempt:
     status: int  # 0: no answer (connection error, timeout)
     seconds: float
     upstream: str  # the API that answered (nginx's X-Chat-Upstream), "" if none
-    error: str = ""  # a refusal's `error` (README, "Errors"), "" otherwise
+    error: str = ""  # a refusal's `error` (README, "Public contract"), "" otherwise
 
 
 @dataclass
