@@ -93,19 +93,13 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
                     client = await leanclient.connect(job.host, job.port, token, inboxes[i],
                                                       lambda doc, now: on_frame(i, doc, now), timeout=10,
                                                       query=query)
-            except leanclient.HandshakeRefused as refused:
-                if refused.status == 421:  # its slot moved: the API says where it lives now, as a client asks it
+            except (OSError, ConnectionError) as failed:
+                if isinstance(failed, leanclient.HandshakeRefused) and failed.status == 421:
+                    # its slot moved: the API says where it lives now, as a client asks it
                     with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError, KeyError, ValueError):
                         query = f"partition={await partition_of_user(job.host, job.port, token)}"
                         relearned += 1
                         continue
-                gave_up_at = gave_up_at or time.monotonic()
-                if time.monotonic() - gave_up_at > RECONNECT_SECONDS:
-                    failures += 1
-                    return
-                await asyncio.sleep(random.uniform(0.2, 1.0))
-                continue
-            except (OSError, ConnectionError):
                 gave_up_at = gave_up_at or time.monotonic()
                 if time.monotonic() - gave_up_at > RECONNECT_SECONDS:
                     failures += 1

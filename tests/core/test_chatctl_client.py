@@ -143,13 +143,13 @@ async def listen_to(daemon: PartitionedDaemon, api_says, count: int, partition: 
         daemon.events.append(("asked the API", token))
         return api_says()
 
-    async def sleep(seconds: float) -> None:
+    async def backoff(seconds: float) -> None:  # the client's backoff, recorded instead of waited
         daemon.events.append(("slept",))
 
     async with serve(daemon.handler, "127.0.0.1", 0, process_request=daemon.process_request) as server:
         port = server.sockets[0].getsockname()[1]
         async with asyncio.timeout(10 * S):
-            await listen(f"ws://127.0.0.1:{port}", "t", None, printed.append, count, sleep=sleep,
+            await listen(f"ws://127.0.0.1:{port}", "t", None, printed.append, count, sleep=backoff,
                          inbox=Inbox(partition=partition), ask_partition=ask,
                          on_route=lambda k, why: daemon.events.append(("routed", k, why)))
     return printed, daemon.events
