@@ -52,6 +52,12 @@ def lock_name(partition: int) -> str:
     return "chat.writer" if partition == 0 else f"chat.writer.p{partition}"
 
 
+# A session of the mover that holds writer locks also holds the named lock of this prefix and
+# its own connection id, so that a writer whose lock wait runs out can tell a move's hold (waited
+# for longer: the move ends it) from another writer's that hangs (answered partition_busy).
+MOVER_MARK = "chat.mover."
+
+
 @dataclass(frozen=True, slots=True)
 class SlotMap:
     """Slot -> partition (``owner``), and the epoch each slot last moved at (``moved``, 0: never)."""

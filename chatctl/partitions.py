@@ -134,7 +134,8 @@ def parse_slots(text: str) -> list[int]:
 
 def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, report: Callable[[str], None],
           page: int) -> str:
-    engine = create_engine(settings.stores.mysql_url.get_secret_value())
+    # the cutover holds every involved partition's queue lock on a session of its own, at once
+    engine = create_engine(settings.stores.mysql_url.get_secret_value(), max_overflow=MAX_PARTITIONS)
     mover = None
     try:
         with engine.connect() as conn:

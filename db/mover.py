@@ -27,7 +27,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import pymongo
@@ -38,7 +40,7 @@ from sqlalchemy.exc import OperationalError
 
 from chat.messages import Kind, Message
 from chat.moves import MovePlan, Progress, copy_targets, origin_of
-from chat.partitions import SLOTS, SlotMap, collection_name, lock_name
+from chat.partitions import MOVER_MARK, SLOTS, SlotMap, collection_name, lock_name
 from db.mongo import expired_before
 from db.partition_map import read_slot_map, tables_of, write_slot_map
 from db.sql import conversation_key, device_acks, echoes, is_deadlock, partition_map, read_markers
@@ -96,9 +98,15 @@ def begin(engine: Engine, plan: MovePlan) -> Progress:
         return progress
 
 
+def _mark_as_mover(conn: Connection) -> None:
+    """This session holds writer locks for a move: a writer that waits for one of them sees so, and waits longer."""
+    conn.execute(text("SELECT GET_LOCK(CONCAT(:mark, CONNECTION_ID()), 0)"), {"mark": MOVER_MARK})
+
+
 def _take_writer_lock(conn: Connection, partition: int) -> None:
     """The partition's writer lock, queued as a writer queues (``.next`` first), so that the holder ends its turn."""
     name = lock_name(partition)
+    _mark_as_mover(conn)
     if conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": name + ".next", "t": LOCK_WAIT_SECONDS}).scalar() != 1:
         raise MoveRefused(f"{name}.next: not free within {LOCK_WAIT_SECONDS:g} s")
     try:
@@ -109,22 +117,39 @@ def _take_writer_lock(conn: Connection, partition: int) -> None:
     conn.commit()
 
 
-def _take_writer_locks(conn: Connection, partitions: list[int]) -> None:
-    """Every listed partition's writer lock, for the cutover: every queue lock (``.next``) first, so that
-    all their holders end their turns at once, then the locks, in partition order."""
-    nexts = [lock_name(k) + ".next" for k in partitions]
-    try:
-        for name in nexts:
-            if conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": name, "t": LOCK_WAIT_SECONDS}).scalar() != 1:
-                raise MoveRefused(f"{name}: not free within {LOCK_WAIT_SECONDS:g} s")
+def _hold_queue_lock(conn: Connection, partition: int) -> None:
+    _mark_as_mover(conn)
+    name = lock_name(partition) + ".next"
+    if conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": name, "t": LOCK_WAIT_SECONDS}).scalar() != 1:
+        raise MoveRefused(f"{name}: not free within {LOCK_WAIT_SECONDS:g} s")
+    conn.commit()
+
+
+def _take_writer_locks(engine: Engine, conn: Connection, partitions: list[int]) -> None:
+    """Every listed partition's writer lock, for the cutover. Every queue lock (``.next``) first, each
+    in a session of its own and all at once, so that all their holders see someone queued and end
+    their turns together (one after the other, the waits add up: 1.9 s for 8 partitions, measured);
+    then the locks, in partition order, on ``conn``. The queue locks go with their sessions."""
+    with ExitStack() as sessions, ThreadPoolExecutor(len(partitions), thread_name_prefix="mover") as pool:
+        queued = [sessions.enter_context(_session(engine)) for _ in partitions]
+        for holding in [pool.submit(_hold_queue_lock, c, k) for c, k in zip(queued, partitions, strict=True)]:
+            holding.result()
+        _mark_as_mover(conn)
         for k in partitions:
             if conn.execute(text("SELECT GET_LOCK(:n, :t)"),
                             {"n": lock_name(k), "t": LOCK_WAIT_SECONDS}).scalar() != 1:
                 raise MoveRefused(f"{lock_name(k)}: not free within {LOCK_WAIT_SECONDS:g} s")
-    finally:
-        for name in nexts:
-            conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": name})
-    conn.commit()
+        conn.commit()
+
+
+@contextmanager
+def _session(engine: Engine) -> Iterator[Connection]:
+    """A connection whose named locks are all released when it goes back to the pool (which keeps the session)."""
+    with engine.connect() as conn:
+        try:
+            yield conn
+        finally:
+            _release_writer_locks(conn)
 
 
 def _release_writer_locks(conn: Connection) -> None:
@@ -226,7 +251,10 @@ class Mover:
                     conn.rollback()
                     if not is_deadlock(exc) or attempt == DEADLOCK_RETRIES:
                         raise
-            if docs:
+            # In the cutover, every involved partition's writes wait for the mover: the last pages'
+            # documents are left to each target's writer, whose next turn copies its outbox first
+            # (the targets in parallel, and a slow fast store is its hand-over rules' to bound).
+            if docs and not locked:
                 self._mirror(conn, target, docs, mirrored, before)
             return made, skipped
         finally:
@@ -306,7 +334,7 @@ class Mover:
         started = time.monotonic()
         with self._engine.connect() as conn:
             try:
-                _take_writer_locks(conn, involved)
+                _take_writer_locks(self._engine, conn, involved)
                 with_locks = time.monotonic()
                 last = 0
                 for source in plan.sources:

@@ -40,7 +40,13 @@ from enum import Enum
 
 from chat.errors import ChatError
 
-REPAIR_PAGE = 2000  # outbox rows copied to Mongo per MySQL read and insert
+REPAIR_PAGE = 2000  # outbox rows copied to Mongo per MySQL read and insert, at most
+# A page whose insert failed or was left in flight makes the next one half as big, down to
+# this; each that lands, twice as big again. A fast store that cannot take a whole page
+# within a turn's grace (FerretDB behind a grow's copies: 1,000 rows timed out again and again
+# while every host's turn retried the same page) still takes a smaller one, and each page
+# that lands is progress kept.
+REPAIR_PAGE_MIN = 50
 # A turn whose Mongo insert failed ends after this long, so that the next one
 # repairs the outbox once Mongo is back (MONGO_RETRY_SECONDS) instead of
 # committing to it for as long as requests keep coming.
@@ -185,10 +191,13 @@ class WriterCore:
     """The state the writer's decisions need, across turns and within one."""
 
     __slots__ = ("checkpointed", "handover_check_at", "head_at", "head_written", "left", "mongo_retry_at", "phase",
-                 "queued", "retry_for_left", "sending", "timing", "turn", "turn_started")
+                 "queued", "repair_page", "repair_page_max", "retry_for_left", "sending", "timing", "turn",
+                 "turn_started")
 
-    def __init__(self, timing: Timing = DEFAULT_TIMING):
+    def __init__(self, timing: Timing = DEFAULT_TIMING, repair_page: int | None = None):
         self.timing = timing
+        self.repair_page_max = REPAIR_PAGE if repair_page is None else repair_page
+        self.repair_page = self.repair_page_max  # outbox rows the next repair page reads and inserts
         self.phase = Phase.IDLE
         self.turn_started = 0.0  # when the turn began committing
         self.checkpointed = 0.0  # when mirrored_upto was last recorded in this turn
@@ -230,6 +239,14 @@ class WriterCore:
     def repaired(self, in_step: bool, now: float) -> None:
         """The repair is over: Mongo holds the outbox (``in_step``), or it failed and the rest waits."""
         self._writing(Event.IN_STEP if in_step else Event.BEHIND, now)
+
+    def repair_page_landed(self) -> None:
+        """An outbox page went into Mongo: the next may be twice as big."""
+        self.repair_page = min(self.repair_page_max, self.repair_page * 2)
+
+    def repair_page_stalled(self) -> None:
+        """An outbox page's insert failed or was left in flight: the next is half as big."""
+        self.repair_page = max(min(REPAIR_PAGE_MIN, self.repair_page_max), self.repair_page // 2)
 
     def _writing(self, event: Event, now: float) -> None:
         self._on(event)

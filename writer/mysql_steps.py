@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sqlalchemy import func, select, text, tuple_
@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from chat.drafts import Draft
 from chat.messages import Kind, Message, now_ms
-from chat.partitions import LiveMap, SlotMap, lock_name
+from chat.partitions import MOVER_MARK, LiveMap, SlotMap, lock_name
 from chat.write_errors import CopyDeferred, EventRefused, PartitionBusy, WriteUnavailable
 from db.partition_map import read_slot_map, tables_of
 from db.sql import conversation_key, is_deadlock, partition_map
@@ -30,7 +30,6 @@ from db.threads import Threads
 from writer import echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
 from writer.copies import Copy, Known, copy_message, copy_plan, owed_copies
-from writer.core import REPAIR_PAGE
 from writer.events import (
     Facts,
     delivered_rows,
@@ -111,8 +110,8 @@ class MySQLSteps:
         # shielded: a second cancel must not drop the release from the thread's queue
         await asyncio.shield(self._threads.run(self._mark_and_release, conn, mirrored, last_id))
 
-    async def outbox_page(self, conn: Connection, after: int) -> list[Row]:
-        return await self._run(self._outbox_page, conn, after)
+    async def outbox_page(self, conn: Connection, after: int, limit: int) -> list[Row]:
+        return await self._run(self._outbox_page, conn, after, limit)
 
     async def found_committed(self, new: list[Message]) -> bool:
         """Whether a batch whose COMMIT failed is stored after all; False when MySQL cannot say."""
@@ -140,17 +139,18 @@ class MySQLSteps:
         GET_LOCK answers 0 when the wait ran out with the lock still held by
         another session (another writer, of another host): ``PartitionBusy``,
         not "MySQL unavailable"; NULL on an error."""
-        deadline = time.monotonic() + self._timeout
-        got = _get_lock(conn, self._next_lock, self._timeout)
+        started = time.monotonic()
+        wait = _LockWait(started + self._timeout)
+        got = self._wait_for(conn, self._next_lock, wait)
         if got == 1:
             try:
-                got = _get_lock(conn, self._lock, max(0.0, deadline - time.monotonic()))
+                got = self._wait_for(conn, self._lock, wait)
             finally:
                 conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self._next_lock})
         conn.commit()
         if got == 0:
             log.warning("event=writer_lock_timeout partition=%d waited_s=%.1f meaning=another_writer_held_the_lock "
-                        "answer=partition_busy", self._partition, self._timeout)
+                        "answer=partition_busy", self._partition, time.monotonic() - started)
             raise PartitionBusy(f"partition {self._partition}: another writer held its lock for {self._timeout:g} s")
         if got != 1:
             raise WriteUnavailable("mysql: GET_LOCK failed")
@@ -170,6 +170,19 @@ class MySQLSteps:
             found = read_slot_map(conn)
         conn.commit()
         return state[0], state[1], found
+
+    def _wait_for(self, conn: Connection, name: str, wait: _LockWait) -> int | None:
+        """GET_LOCK of ``name`` until the wait's deadline; if a move's session holds it then, once per
+        turn, the deadline moves a timeout on: a move holds a partition's writers for a page or its
+        cutover, then lets go, and a user whose slot does not move must not be refused for it. Two
+        timeouts of lock waits and the commit's fit in the reply's own deadline (``WriterClient``'s
+        in the API and daemons: three timeouts and the writer's connect wait)."""
+        got = _get_lock(conn, name, max(0.0, wait.deadline - time.monotonic()))
+        if got == 0 and not wait.extended and _held_by_mover(conn, name):
+            log.info("event=writer_waits_for_move partition=%d lock=%s", self._partition, name)
+            wait.extended, wait.deadline = True, time.monotonic() + self._timeout
+            got = _get_lock(conn, name, self._timeout)
+        return got
 
     def _commit_batch(self, conn: Connection, batch: list[Pending], last_id: int,
                       ask_others: bool) -> tuple[Committed, int]:
@@ -389,11 +402,11 @@ class MySQLSteps:
         finally:
             conn.close()
 
-    def _outbox_page(self, conn: Connection, after: int) -> list[Row]:
-        """The next REPAIR_PAGE rows of the outbox past ``after``, oldest first (by primary key)."""
+    def _outbox_page(self, conn: Connection, after: int, limit: int) -> list[Row]:
+        """The next ``limit`` rows of the outbox past ``after``, oldest first (by primary key)."""
         messages = self._messages
         return list(conn.execute(select(messages).where(messages.c.id > after)
-                                 .order_by(messages.c.id).limit(REPAIR_PAGE)).all())
+                                 .order_by(messages.c.id).limit(limit)).all())
 
     def _rows_present(self, new: list[Message]) -> bool:
         """Whether a batch whose COMMIT failed is stored after all, read on a fresh connection."""
@@ -426,6 +439,20 @@ def _get_lock(conn: Connection, name: str, wait: float) -> int | None:
         if exc.orig is not None and exc.orig.args and exc.orig.args[0] == STATEMENT_TIMEOUT:
             return 0
         raise
+
+
+@dataclass(slots=True)
+class _LockWait:
+    """One turn's wait for the writer lock: its deadline, and whether a move's hold has moved it on."""
+
+    deadline: float
+    extended: bool = False
+
+
+def _held_by_mover(conn: Connection, name: str) -> bool:
+    """Whether the session that holds ``name`` is a move's (it holds its ``MOVER_MARK`` lock)."""
+    return conn.execute(text("SELECT IS_USED_LOCK(CONCAT(:mark, IS_USED_LOCK(:n))) IS NOT NULL"),
+                        {"mark": MOVER_MARK, "n": name}).scalar() == 1
 
 
 def _translated_ref(copy: Copy, translated: dict[tuple[int, int], int], known: Known) -> int | None:

@@ -205,7 +205,7 @@ class Turn:
         failure resumes after it."""
         cutoff = mongo.expired_before(self._retention)
         while mirrored < last_id:
-            rows = await self._sql.outbox_page(conn, mirrored)
+            rows = await self._sql.outbox_page(conn, mirrored, self._core.repair_page)
             if not rows:
                 return last_id, True
             docs = [Message.from_row(r).to_doc() for r in rows]
@@ -218,10 +218,13 @@ class Turn:
             if live:
                 inserting = asyncio.ensure_future(self._mongo.insert(live, ordered=False))
                 if not await self._waits.under_lock(conn, inserting):  # another process is queued: left in flight
+                    self._core.repair_page_stalled()
                     self._waits.record_when_done(inserting, partial(_if_inserted, docs[-1]["_id"]), last_id)
                     return mirrored, False
                 if not inserting.result():
+                    self._core.repair_page_stalled()
                     return mirrored, False
+                self._core.repair_page_landed()
             mirrored = docs[-1]["_id"]
         self._outbox.cleared()
         return mirrored, True

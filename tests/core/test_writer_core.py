@@ -7,6 +7,7 @@ from writer.core import (
     HANDOVER_GRACE_SECONDS,
     INSERT_GAP_BELOW,
     INSERT_GAP_SECONDS,
+    REPAIR_PAGE_MIN,
     TRANSITIONS,
     UNSENT_BATCHES,
     Event,
@@ -327,3 +328,24 @@ def test_a_failure_s_window_stays_when_a_call_left_in_flight_lands():
     core.released()
     core.left_call_landed()
     assert core.locked(mirrored=9, last_id=9, now=101.0) is OutboxPlan.LATER
+
+
+def test_a_repair_page_that_stalls_halves_the_next_down_to_the_floor_and_landing_pages_double_it_back():
+    core = WriterCore(repair_page=2000)
+    assert core.repair_page == 2000
+    core.repair_page_stalled()
+    assert core.repair_page == 1000
+    for _ in range(10):
+        core.repair_page_stalled()
+    assert core.repair_page == REPAIR_PAGE_MIN
+    core.repair_page_landed()
+    assert core.repair_page == 2 * REPAIR_PAGE_MIN
+    for _ in range(10):
+        core.repair_page_landed()
+    assert core.repair_page == 2000
+
+
+def test_a_repair_page_smaller_than_the_floor_is_never_made_bigger_by_a_stall():
+    core = WriterCore(repair_page=10)
+    core.repair_page_stalled()
+    assert core.repair_page == 10  # a page set below the floor is the floor

@@ -134,9 +134,9 @@ async def test_the_outbox_drains_in_bounded_steps_however_large_the_fast_store(o
 
 
 async def test_an_outbox_larger_than_a_page_is_copied_page_by_page_each_message_once(own_dbs, monkeypatch):
-    from writer import mysql_steps
+    from writer import core
 
-    monkeypatch.setattr(mysql_steps, "REPAIR_PAGE", 10)  # 35 rows: 4 pages
+    monkeypatch.setattr(core, "REPAIR_PAGE", 10)  # 35 rows: 4 pages
     await _fill(own_dbs, 1, 100, now_ms())
     sender = f"s-{uuid.uuid4().hex[:8]}"
     outbox = [Message(100 + i, sender, "r", f"outbox {i}", now_ms()) for i in range(1, 36)]

@@ -15,6 +15,7 @@ B's copy and B's newer ids, Mongo holds every committed id once, in id order.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 import pytest
@@ -22,6 +23,7 @@ from pymongo import AsyncMongoClient, monitoring
 from sqlalchemy import bindparam, create_engine, text
 
 from chat.drafts import Draft
+from chat.partitions import MOVER_MARK
 from chat.write_errors import Outcome, PartitionBusy, answer_for
 from db import mongo
 from db.mongo import DUPLICATE_KEY
@@ -239,6 +241,30 @@ async def test_a_lock_held_for_the_whole_wait_is_partition_busy_not_mysql_unavai
                 assert _ids_in_mysql(own_dbs, [sender]) == []
                 holder.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
                 msg, created = await asyncio.wait_for(writer.submit(Draft(sender, "r", "busy", "c1")), PATIENCE)
+                assert created
+        assert _ids_in_mysql(own_dbs, [sender]) == [msg.id]
+    finally:
+        engine.dispose()
+
+
+async def test_a_lock_held_by_a_move_past_the_wait_is_waited_for_not_refused(own_dbs, caplog):
+    """A move's session (it holds its ``chat.mover.<connection id>`` mark) holds the lock past the
+    wait, as a cutover may: the writer sees whose hold it is, waits once more, and stores the
+    message when the move lets go, instead of refusing a user whose slot does not move."""
+    sender = f"mv{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.INFO, logger="chat.writer")
+    engine = create_engine(own_dbs.mariadb.url())
+    try:
+        with engine.connect() as mover:
+            mover.execute(text("SELECT GET_LOCK(CONCAT(:m, CONNECTION_ID()), 0)"), {"m": MOVER_MARK})
+            assert mover.execute(text("SELECT GET_LOCK(:n, 5)"), {"n": LOCK_NAME}).scalar() == 1
+            async with running_writer(own_dbs, timeout_seconds=1) as (writer, _engine, _db):
+                submitted = asyncio.ensure_future(writer.submit(Draft(sender, "r", "during a cutover", "c1")))
+                await eventually(lambda: "event=writer_waits_for_move" in caplog.text,
+                                 "the writer's first wait ran out and it saw the move's hold")
+                assert not submitted.done() and _ids_in_mysql(own_dbs, [sender]) == []
+                mover.execute(text("SELECT RELEASE_ALL_LOCKS()"))
+                msg, created = await asyncio.wait_for(submitted, PATIENCE)
                 assert created
         assert _ids_in_mysql(own_dbs, [sender]) == [msg.id]
     finally:
