@@ -174,6 +174,11 @@ class Mover:
         self._retention = retention_seconds
         self._report = report
         self._page = page
+        # Targets whose fast store did not take a page within MIRROR_SECONDS: the mover sends them
+        # no more. Each later page would be sent twice (mirrored_upto stays below the failed page,
+        # so the writer's repair copies from there), and a store that timed out once is behind:
+        # the writers' repair copies their outbox at the pace the store takes it.
+        self._mirror_failed: set[int] = set()
 
     def close(self) -> None:
         self._mongo.close()
@@ -254,7 +259,7 @@ class Mover:
             # In the cutover, every involved partition's writes wait for the mover: the last pages'
             # documents are left to each target's writer, whose next turn copies its outbox first
             # (the targets in parallel, and a slow fast store is its hand-over rules' to bound).
-            if docs and not locked:
+            if docs and not locked and target not in self._mirror_failed:
                 self._mirror(conn, target, docs, mirrored, before)
             return made, skipped
         finally:
@@ -315,17 +320,22 @@ class Mover:
             self._mongo[self._db][collection_name(target)].insert_many(docs, ordered=False)
         except BulkWriteError as exc:
             if any(e.get("code") != 11000 for e in exc.details.get("writeErrors", [])):
-                log.warning("event=move_mirror_failed partition=%d meaning=left_to_the_writers_repair", target)
+                self._mirror_stopped(target, "BulkWriteError")
                 return
         except PyMongoError as exc:
-            log.warning("event=move_mirror_failed partition=%d error=%s meaning=left_to_the_writers_repair", target,
-                        exc.__class__.__name__)
+            self._mirror_stopped(target, exc.__class__.__name__)
             return
         if mirrored == before:
             state = tables_of(target).stream_state
             conn.execute(state.update().where(state.c.id == 1, state.c.mirrored_upto == before)
                          .values(mirrored_upto=docs[-1]["_id"]))
             conn.commit()
+
+    def _mirror_stopped(self, target: int, error: str) -> None:
+        self._mirror_failed.add(target)
+        log.warning("event=move_mirror_failed partition=%d error=%s meaning=left_to_the_writers_repair", target, error)
+        self._report(f"partition {target}'s fast store did not take a page within {MIRROR_SECONDS:g} s ({error}): "
+                     "its writers' outbox repair copies the rest")
 
     def cutover(self, progress: Progress) -> SlotMap:
         """Under the writer locks of every source and target: the last rows, the markers, the echoes, the map."""

@@ -11,10 +11,10 @@ import logging
 
 from chat.errors import CloseCode
 from chat.partitions import SlotMap, slot_of
-from chat.settings import DaemonSettings, Settings
+from chat.settings import DaemonSettings, Settings, TailSettings
 from daemon.connection import Connection
 from daemon import handover
-from daemon.handover import hand_over, release_bound
+from daemon.handover import build_bound, hand_over, release_bound
 from daemon.partition_streams import Partitions
 from daemon.hub import Hub, Hubs, Subscriber
 from chat.partitions import LiveMap
@@ -181,3 +181,12 @@ async def test_a_grown_map_is_served_in_place_when_its_streams_are_built_else_th
     assert not follow.done()  # still following, for the next map
     follow.cancel()
     await asyncio.gather(follow, return_exceptions=True)
+
+
+def test_new_partitions_are_waited_for_as_long_as_a_tail_may_stay_silent_before_a_restart():
+    settings = Settings(_env_file=None, daemon=DaemonSettings(drain_seconds=5, gap_check_seconds=1),
+                        tail=TailSettings(silence_seconds=30))
+    assert build_bound(settings) == 30
+    longer_drain = Settings(_env_file=None, daemon=DaemonSettings(drain_seconds=45),
+                            tail=TailSettings(silence_seconds=30))
+    assert build_bound(longer_drain) == 45

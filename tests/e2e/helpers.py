@@ -89,6 +89,16 @@ async def receive(ws, count: int, timeout: float = PATIENCE) -> list[dict]:
     return frames
 
 
+async def until_closed(ws) -> list[dict]:
+    """Every frame ``ws`` gets until the daemon closes it."""
+    frames = []
+    with contextlib.suppress(websockets.ConnectionClosed):
+        while True:
+            frames.append(orjson.loads(await asyncio.wait_for(ws.recv(), PATIENCE)))
+            assert violations(frames[-1]) == []  # as the AsyncAPI document has it
+    return frames
+
+
 async def nothing_more(system: System, ws, user: str, peer: str | None = None) -> list[dict]:
     """The frames ``ws`` (a socket of ``user``) still had coming before a marker
     message posted now from ``user`` to ``peer``; [] means nothing more. A barrier,

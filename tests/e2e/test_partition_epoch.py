@@ -11,17 +11,15 @@ typing included, in the same process. A moved user's old cursor gets
 """
 
 import asyncio
-import contextlib
 import subprocess
 import sys
 
 import httpx
 import orjson
 import pytest
-import websockets
 
 from chat.partitions import SlotMap
-from tests.e2e.helpers import connect, nothing_more, post, receive
+from tests.e2e.helpers import connect, nothing_more, post, receive, until_closed
 from tests.e2e.test_partitioned_delivery import user_in
 from harness.servers import ROOT
 from harness.system import System, databases, running_system
@@ -62,15 +60,6 @@ def two_partitions(tmp_path):
 
 def log_of(system: System) -> str:
     return (system.logdir / "daemon_0.log").read_text()
-
-
-async def until_closed(ws) -> list[dict]:
-    """Every frame ``ws`` gets until the daemon closes it."""
-    frames = []
-    with contextlib.suppress(websockets.ConnectionClosed):
-        while True:
-            frames.append(orjson.loads(await asyncio.wait_for(ws.recv(), PATIENCE)))
-    return frames
 
 
 async def next_of(ws, kind: str) -> dict:

@@ -12,18 +12,15 @@ them before it.
 """
 
 import asyncio
-import contextlib
 
 import httpx
-import orjson
 import pytest
-import websockets
 from sqlalchemy import create_engine, text
 
 from chat.partitions import SlotMap, slot_of
 from db.partition_map import read_slot_map, write_slot_map
 from harness.system import System, databases, running_system
-from tests.e2e.helpers import connect, post, receive
+from tests.e2e.helpers import connect, post, receive, until_closed
 from tests.e2e.test_partitioned_delivery import user_in
 from tests.timing import PATIENCE, S, eventually
 
@@ -78,15 +75,6 @@ async def polls_waiting(system: System) -> float:
         if line.startswith('chat_daemon_connections{kind="poll"}'):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-async def until_closed(ws) -> list[dict]:
-    """Every frame ``ws`` gets until the daemon closes it."""
-    frames = []
-    with contextlib.suppress(websockets.ConnectionClosed):
-        while True:
-            frames.append(orjson.loads(await asyncio.wait_for(ws.recv(), PATIENCE)))
-    return frames
 
 
 async def test_a_moved_user_gets_what_was_committed_then_1012_and_the_daemon_keeps_serving_the_rest(two_partitions):
