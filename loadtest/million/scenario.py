@@ -41,7 +41,10 @@ from loadtest.common.results import RESULTS
 PER_CLIENT_PROCESS = 16_000  # sockets per load process: under the 20,000 open files, with room
 PER_DAEMON = 17_000  # sockets per daemon, planned with one daemon down (restarting): under the 18,000 cap,
 # with room for the hash's imbalance
-STEP_SECONDS_MAX = 420.0  # a ramp step that has not connected by then stops the ramp
+# A ramp step that has not connected by then stops the ramp: a million's last steps are 250,000
+# connections each, which at the 600-1,100/s measured at 100k on a shared box take 230-420 s.
+STEP_SECONDS_MAX = 900.0
+RESTART_SECONDS_MAX = 300.0  # the restarted daemon's clients not all back by then: no reconnect_seconds
 # Small on purpose: catch-up reads the stores for a `since` older than the cache
 # (daemon.catchup), so a smaller cache costs queries, never messages. 10,000 covers the
 # 6,000 messages of a 60 s run at 100 msg/s, so the restart's catch-ups are served from memory.
@@ -105,8 +108,14 @@ class LoadProcess:
 
 # The Go client's pauses set to the Python client's: 0.1 s doubling to 2 s after a failure,
 # up to 0.5 s after a close (``loadtest.clients.million.backoff``); 128 handshakes at once.
+# Random local ports, from GO_SOURCES addresses a process: left to connect(), a process's retries
+# got the ports its refused attempts had just freed, the same 4-tuples, so the same daemon of the
+# SO_REUSEPORT group, and a restarted daemon's refusals went on for minutes (100k: 94,730 of
+# them, 8,168 clients not back after 120 s). Four addresses keep a process's 16,000 ports at a
+# seventh of each one's range, so a random port is seldom taken.
 GO_PACING = ["-retry-base", "100ms", "-retry-max", "2s", "-reopen-min", "0s", "-reopen-max", "500ms",
-             "-in-flight", "128", "-progress", "1s"]
+             "-in-flight", "128", "-progress", "1s", "-random-ports"]
+GO_SOURCES = 4
 
 
 def go_status(progress: dict) -> dict:
@@ -127,7 +136,8 @@ class GoLoadProcess:
         self.record = tmp / f"{self.prefix}.frames"
         users = loadclient.write_users(tmp / f"{self.prefix}.users", self.users(size))
         opts = loadclient.Options("ours", f"ws://127.0.0.1:{system.daemon_port}", users, system.secret,
-                                  sources=(source_of(index),), control=True, frames_out=self.record,
+                                  sources=tuple(source_of(index * GO_SOURCES + k) for k in range(GO_SOURCES)),
+                                  control=True, frames_out=self.record,
                                   progress_ms=1000, extra=GO_PACING)
         self.running = loadclient.Running(opts, binary, start_new_session=True)
         self.proc = self.running.proc
@@ -332,7 +342,7 @@ def restart_one(system: System, clients: Loaders, at: float, out: dict) -> None:
     proc.terminate()
     stop(proc)
     start_daemon(system, "daemon_0")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + RESTART_SECONDS_MAX
     time.sleep(1.5)
     while time.monotonic() < deadline:
         closed = total(clients, "closed") - closed_before
@@ -369,7 +379,7 @@ def verify(clients: Loaders, expected: dict[str, list[int]]) -> tuple[int, int, 
 
 
 def run(target: int, daemons: int, rate: float, seconds: float, steps: list[float], floor_gib: float,
-        env: dict[str, str], ramp_seconds: float = 900.0, idle_seconds: float = 10.0, client: str = "go") -> dict:
+        env: dict[str, str], ramp_seconds: float = 1800.0, idle_seconds: float = 10.0, client: str = "go") -> dict:
     if client not in CLIENTS:
         raise ValueError(f"client is one of {CLIENTS}, got {client!r}")
     tmp = Path(tempfile.mkdtemp(prefix="million-"))
@@ -432,7 +442,7 @@ def run(target: int, daemons: int, rate: float, seconds: float, steps: list[floa
             expected, creation, errors, refused = asyncio.run(
                 wsload._send(system.api_url, system.secret, users, rate, seconds, False))
             result["host_cpu"] = host.result()
-            restarter.join(240)
+            restarter.join(RESTART_SECONDS_MAX + 120)
             want, last_seen, still = sum(len(v) for v in expected.values()), -1, time.monotonic()
             while total(clients, "received") < want and time.monotonic() - still < 20:
                 if total(clients, "received") != last_seen:
@@ -492,7 +502,7 @@ def main(target: int = typer.Option(1_000_000, help="connections to hold"),
          steps: str = typer.Option("0.1,0.25,0.5,0.75,1", help="ramp steps, as fractions of the target"),
          floor_gib: float = typer.Option(1.5, help="MemAvailable the ramp keeps, GiB"),
          ping_seconds: float = typer.Option(20.0, help="CHAT_PING_INTERVAL_SECONDS of the daemons"),
-         ramp_seconds: float = typer.Option(900.0, help="the ramp stops here, and names the connect rate its wall"),
+         ramp_seconds: float = typer.Option(1800.0, help="the ramp stops here, and names the connect rate its wall"),
          client: str = typer.Option("go", help="the load processes: go (loadtest/clients/go) or python "
                                     "(loadtest.clients.million)"),
          out: Path = typer.Option(RESULTS / "million-latest.json")) -> None:

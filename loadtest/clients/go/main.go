@@ -83,6 +83,7 @@ type config struct {
 	retryMax      time.Duration
 	reopenMin     time.Duration
 	reopenMax     time.Duration
+	randomPorts   bool
 }
 
 // device is one connection's user and what it has had, across its reconnects.
@@ -134,6 +135,7 @@ type client struct {
 	conns      map[*conn]struct{}
 	closeCodes map[string]int
 	ctx        context.Context
+	ports      portRange
 	holds      sync.WaitGroup
 	active     int          // devices started (the first `active`); only run's goroutine changes it
 	activeN    atomic.Int64 // the same, for the progress line
@@ -221,6 +223,10 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.reopenMin, "reopen-min", 100*time.Millisecond, "pause after an open connection ends: "+
 		"uniform between these two")
 	fs.DurationVar(&cfg.reopenMax, "reopen-max", time.Second, "")
+	fs.BoolVar(&cfg.randomPorts, "random-ports", false, "each attempt binds a random local port of the ephemeral "+
+		"range (another on EADDRINUSE), not the one connect() picks: with most ports of a source address taken, "+
+		"connect() hands out the ones just freed, whose connections a SO_REUSEPORT group sent to the server "+
+		"that refused them; a refused client then lands on it again and again")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -262,7 +268,7 @@ func newClient(cfg config) (*client, error) {
 	}
 	cl := &client{cfg: cfg, proto: cfg.protocol, addr: u.Host, path: cfg.path, secret: []byte(cfg.secret),
 		gate: make(chan struct{}, cfg.inFlight), keepTally: cfg.idsOut != "", complete: make(chan struct{}),
-		conns: map[*conn]struct{}{}, closeCodes: map[string]int{}}
+		conns: map[*conn]struct{}{}, closeCodes: map[string]int{}, ports: ephemeralPorts()}
 	if cl.path == "" {
 		cl.path = "/v1/ws"
 		if cl.proto == protoCentrifugo {
@@ -549,12 +555,20 @@ func (cl *client) dial(ctx context.Context, d *device) (*conn, error) {
 	}
 	dialer := ws.Dialer{Timeout: openTimeout, Header: ws.HandshakeHeaderString(header), ReadBufferSize: cl.cfg.readBuffer,
 		NetDial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			nd := net.Dialer{}
-			if d.source != nil {
-				nd.LocalAddr = &net.TCPAddr{IP: d.source}
-				nd.Control = bindAddressNoPort
+			if d.source == nil {
+				return (&net.Dialer{}).DialContext(ctx, network, addr)
 			}
-			return nd.DialContext(ctx, network, addr)
+			if !cl.cfg.randomPorts {
+				nd := net.Dialer{LocalAddr: &net.TCPAddr{IP: d.source}, Control: bindAddressNoPort}
+				return nd.DialContext(ctx, network, addr)
+			}
+			for try := 0; ; try++ {
+				nd := net.Dialer{LocalAddr: &net.TCPAddr{IP: d.source, Port: cl.ports.pick(d.rng)}}
+				nc, err := nd.DialContext(ctx, network, addr)
+				if !errors.Is(err, syscall.EADDRINUSE) || try == portTries {
+					return nc, err
+				}
+			}
 		}}
 	nc, br, _, err := dialer.Dial(ctx, "ws://"+cl.addr+target)
 	if err != nil {
@@ -616,6 +630,29 @@ func (cl *client) token(d *device) string {
 		return d.token
 	}
 	return mint(cl.secret, d.user, time.Now(), cl.cfg.tokenTTL)
+}
+
+// portRange is where -random-ports picks: the kernel's own range for ephemeral ports, so that
+// no port a server may listen on is taken.
+type portRange struct{ lo, hi int }
+
+const portTries = 32 // ports tried before a dial fails with EADDRINUSE
+
+func (p portRange) pick(rng *rand.Rand) int { return p.lo + rng.IntN(p.hi-p.lo+1) }
+
+// ephemeralPorts reads net.ipv4.ip_local_port_range (Linux's default if it cannot).
+func ephemeralPorts() portRange {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(data)); len(f) == 2 {
+			lo, err1 := strconv.Atoi(f[0])
+			hi, err2 := strconv.Atoi(f[1])
+			if err1 == nil && err2 == nil && 0 < lo && lo < hi {
+				return portRange{lo, hi}
+			}
+		}
+	}
+	return portRange{32768, 60999}
 }
 
 // ipBindAddressNoPort is Linux's IP_BIND_ADDRESS_NO_PORT (not in package syscall).

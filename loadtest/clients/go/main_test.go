@@ -202,3 +202,22 @@ func TestCommandsAndPauses(t *testing.T) {
 		}
 	}
 }
+
+func TestRandomPortsStayInTheEphemeralRange(t *testing.T) {
+	p := ephemeralPorts()
+	if p.lo <= 0 || p.hi <= p.lo || p.hi > 65535 {
+		t.Fatalf("range %+v", p)
+	}
+	rng := rand.New(rand.NewPCG(3, 7))
+	seen := map[int]bool{}
+	for range 1000 {
+		port := p.pick(rng)
+		if port < p.lo || port > p.hi {
+			t.Fatalf("port %d outside %+v", port, p)
+		}
+		seen[port] = true
+	}
+	if len(seen) < 900 { // spread, not the same few ports again
+		t.Fatalf("%d distinct ports of 1000", len(seen))
+	}
+}
