@@ -341,11 +341,16 @@ def restart_one(system: System, clients: Loaders, at: float, out: dict) -> None:
         c.send(mark=mark)
     proc.terminate()
     stop(proc)
+    out["restart_drain_seconds"] = round(time.time() - mark, 2)  # SIGTERM to exit: its drain
     start_daemon(system, "daemon_0")
     deadline = time.monotonic() + RESTART_SECONDS_MAX
+    # seconds since the SIGTERM, then clients closed, back and refused so far: where the time goes
+    timeline = out["restart_timeline"] = []
     time.sleep(1.5)
     while time.monotonic() < deadline:
         closed = total(clients, "closed") - closed_before
+        if not timeline or time.time() - mark - timeline[-1][0] >= 2:
+            timeline.append([round(time.time() - mark, 1), closed, total(clients, "back"), total(clients, "refused")])
         if total(clients, "back") >= closed and total(clients, "open") >= out["held"]:
             break
         time.sleep(0.5)
