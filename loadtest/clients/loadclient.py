@@ -12,6 +12,7 @@ Parsing is pure (tested in tests/core/test_loadclient.py); ``Running`` is the pr
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import subprocess
@@ -27,15 +28,16 @@ import orjson
 
 from harness.servers import ROOT
 
-BIN = ROOT / ".cache" / "loadclient" / "bin" / "loadclient"
 INSTALL = ROOT / "scripts" / "install-loadclient.sh"
 PROTOCOLS = ("ours", "centrifugo")
 
 
+@functools.cache
 def install() -> Path:
-    """The binary, built first if its sources changed (a second call returns at once)."""
-    subprocess.run([str(INSTALL)], check=True)
-    return BIN
+    """The binary built from this checkout's sources, built first if it is not yet (the path
+    has their hash: checkouts sharing .cache do not run each other's)."""
+    out = subprocess.run([str(INSTALL)], check=True, stdout=subprocess.PIPE, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
 
 
 @dataclass
@@ -53,13 +55,16 @@ class Options:
     ids_out: Path | None = None  # each first arrival's id (int64) and latency (float32 ms) beside it
     progress_ms: int = 200
     per_device: bool = False
+    # Driven over stdin ({"target": n}, {"mark": t}; ``Running.send``) rather than every device at once
+    control: bool = False
+    frames_out: Path | None = None  # every message frame, repeats included (``read_frames``)
     extra: list[str] = field(default_factory=list)
 
 
-def command(opts: Options, binary: Path = BIN) -> list[str]:
+def command(opts: Options, binary: Path | None = None) -> list[str]:
     if opts.protocol not in PROTOCOLS:
         raise ValueError(f"protocol is one of {PROTOCOLS}, got {opts.protocol!r}")
-    cmd = [str(binary), "-protocol", opts.protocol, "-url", opts.url, "-users", str(opts.users),
+    cmd = [str(binary or install()), "-protocol", opts.protocol, "-url", opts.url, "-users", str(opts.users),
            "-secret", opts.secret, "-progress", f"{opts.progress_ms}ms"]
     if opts.sources:
         cmd += ["-sources", ",".join(opts.sources)]
@@ -74,6 +79,10 @@ def command(opts: Options, binary: Path = BIN) -> list[str]:
         cmd += ["-ids-out", str(ids), "-lat-out", str(lat)]
     if opts.per_device:
         cmd.append("-per-device")
+    if opts.control:
+        cmd.append("-control")
+    if opts.frames_out is not None:
+        cmd += ["-frames-out", str(opts.frames_out)]
     return cmd + opts.extra
 
 
@@ -150,6 +159,14 @@ def read_arrivals(base: Path) -> tuple[array, array]:
     return ids, lat
 
 
+def read_frames(path: Path) -> tuple[array, array]:
+    """Every message frame a client read (``frames_out``): the device's index (its line in the
+    users file) beside the message's id, repeats included."""
+    pairs = array("q")
+    pairs.frombytes(path.read_bytes())
+    return pairs[0::2], pairs[1::2]
+
+
 def timed(ids: array, lat: array) -> tuple[array, array]:
     """Only the arrivals that carried a send time."""
     keep = [i for i, v in enumerate(lat) if not math.isnan(v)]
@@ -160,10 +177,11 @@ class Running:
     """One loadclient process: its progress lines read from stderr as they come (anything
     else it prints goes on to ours), its result read at its end."""
 
-    def __init__(self, opts: Options, binary: Path = BIN):
+    def __init__(self, opts: Options, binary: Path | None = None, **popen: object):
         self.opts = opts
-        self.proc = subprocess.Popen(command(opts, binary), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+        stdin = subprocess.PIPE if opts.control else subprocess.DEVNULL
+        self.proc = subprocess.Popen(command(opts, binary), stdin=stdin, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
         self.latest: dict = {}
         self.history: list[dict] = []  # every progress line: the client's own CPU and frames over time
         self._out = b""
@@ -187,6 +205,13 @@ class Running:
             else:
                 self.latest = doc
                 self.history.append(doc)
+
+    def send(self, **cmd: object) -> None:
+        """One command, with ``control``: ``target=n`` (the first n devices hold a connection),
+        ``mark=t`` (opens from now on count as ``back``)."""
+        assert self.proc.stdin is not None, "a command needs Options.control"
+        self.proc.stdin.write(orjson.dumps(cmd) + b"\n")
+        self.proc.stdin.flush()
 
     @property
     def pid(self) -> int:

@@ -3,9 +3,10 @@ included: `python -m loadtest.million --target 1000000`.
 
 A private MariaDB and FerretDB, the deployed path (API -> writer -> MySQL ->
 FerretDB -> oplog -> relay -> daemons), ``--daemons`` daemon processes on
-the one SO_REUSEPORT port, and lean load clients (``loadtest.clients.million``,
+the one SO_REUSEPORT port, and load processes (``--client go``: the compiled
+``loadtest/clients/go``; ``--client python``: the lean ``loadtest.clients.million``),
 each under the 20,000 open files a process may have, each from its own
-source address in 127.0.0.0/8). Connections ramp up in steps; before each
+source address in 127.0.0.0/8. Connections ramp up in steps; before each
 step MemAvailable must stay over ``--floor-gib`` once the step's connections
 cost what the ones before did, or the run stops there and names that wall.
 Then ``--rate`` messages/s go between random connected users for
@@ -29,6 +30,7 @@ import httpx
 import orjson
 import typer
 
+from loadtest.clients import loadclient
 from loadtest.million import kmem
 from loadtest.common import machine
 from loadtest import wsload
@@ -39,7 +41,10 @@ from loadtest.common.results import RESULTS
 PER_CLIENT_PROCESS = 16_000  # sockets per load process: under the 20,000 open files, with room
 PER_DAEMON = 17_000  # sockets per daemon, planned with one daemon down (restarting): under the 18,000 cap,
 # with room for the hash's imbalance
-STEP_SECONDS_MAX = 420.0  # a ramp step that has not connected by then stops the ramp
+# A ramp step that has not connected by then stops the ramp: a million's last steps are 250,000
+# connections each, which at the 600-1,100/s measured at 100k on a shared box take 230-420 s.
+STEP_SECONDS_MAX = 900.0
+RESTART_SECONDS_MAX = 300.0  # the restarted daemon's clients not all back by then: no reconnect_seconds
 # Small on purpose: catch-up reads the stores for a `since` older than the cache
 # (daemon.catchup), so a smaller cache costs queries, never messages. 10,000 covers the
 # 6,000 messages of a 60 s run at 100 msg/s, so the restart's catch-ups are served from memory.
@@ -54,15 +59,23 @@ def log(msg: str) -> None:
     print(f"[million] {msg}", flush=True)
 
 
+CLIENTS = ("go", "python")
+
+
+def source_of(index: int) -> str:
+    """The load process's own source address: its ephemeral ports are its alone."""
+    return f"127.0.{1 + index // 250}.{2 + index % 250}"
+
+
 class LoadProcess:
     """One ``loadtest.clients.million`` process and its latest status line."""
 
-    def __init__(self, index: int, size: int, system: System):
+    def __init__(self, index: int, size: int, system: System, tmp: Path):
         self.prefix, self.size = f"m{index}x", size
-        source = f"127.0.{1 + index // 250}.{2 + index % 250}"
+        self.record = tmp / f"{self.prefix}.json"
         host, port = "127.0.0.1", system.daemon_port
         self.proc = subprocess.Popen([sys.executable, "-m", "loadtest.clients.million", self.prefix, str(size), host,
-                                      str(port), source], cwd=ROOT, env=system.env, stdin=subprocess.PIPE,
+                                      str(port), source_of(index)], cwd=ROOT, env=system.env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, start_new_session=True)
         self.status: dict = {}
         self.done = threading.Event()
@@ -84,8 +97,87 @@ class LoadProcess:
     def users(self, n: int) -> list[str]:
         return [f"{self.prefix}{i}" for i in range(n)]
 
+    def stop(self) -> None:
+        self.send(stop=str(self.record))
 
-def total(clients: list[LoadProcess], key: str) -> int:
+    def frames(self) -> tuple[list[int], list[int]]:
+        """Every message frame it read: the slot (the user's number) and the id, repeats included."""
+        data = orjson.loads(self.record.read_bytes())
+        return data["slots"], data["ids"]
+
+
+# The Go client's pauses set to the Python client's: 0.1 s doubling to 2 s after a failure,
+# up to 0.5 s after a close (``loadtest.clients.million.backoff``); 128 handshakes at once.
+# Random local ports, from GO_SOURCES addresses a process: left to connect(), a process's retries
+# got the ports its refused attempts had just freed, the same 4-tuples, so the same daemon of the
+# SO_REUSEPORT group, and a restarted daemon's refusals went on for minutes (100k: 94,730 of
+# them, 8,168 clients not back after 120 s). Four addresses keep a process's 16,000 ports at a
+# seventh of each one's range, so a random port is seldom taken.
+GO_PACING = ["-retry-base", "100ms", "-retry-max", "2s", "-reopen-min", "0s", "-reopen-max", "500ms",
+             "-in-flight", "128", "-progress", "1s", "-random-ports"]
+GO_SOURCES = 4
+
+
+def go_status(progress: dict) -> dict:
+    """The Go client's progress line under the names the ramp and the restart read (pure)."""
+    return {"open": progress.get("open", 0), "target": progress.get("active", 0),
+            "failed": progress.get("failures", 0), "refused": progress.get("refused", 0),
+            "closed": progress.get("ended", 0), "back": progress.get("back", 0),
+            "last_back": progress.get("last_back", 0.0), "received": progress.get("frames", 0),
+            "waiting": progress.get("active", 0) - progress.get("open", 0), "timeouts": 0}
+
+
+class GoLoadProcess:
+    """One compiled load client (``loadtest/clients/go``) holding the same users, driven the
+    same way: its devices are the users ``m{index}x{slot}``, a device's index its slot."""
+
+    def __init__(self, index: int, size: int, system: System, tmp: Path, binary: Path):
+        self.prefix, self.size = f"m{index}x", size
+        self.record = tmp / f"{self.prefix}.frames"
+        users = loadclient.write_users(tmp / f"{self.prefix}.users", self.users(size))
+        opts = loadclient.Options("ours", f"ws://127.0.0.1:{system.daemon_port}", users, system.secret,
+                                  sources=tuple(source_of(index * GO_SOURCES + k) for k in range(GO_SOURCES)),
+                                  control=True, frames_out=self.record,
+                                  progress_ms=1000, extra=GO_PACING)
+        self.running = loadclient.Running(opts, binary, start_new_session=True)
+        self.proc = self.running.proc
+        self.done = threading.Event()
+        self.result: dict = {}
+
+    @property
+    def status(self) -> dict:
+        return go_status(self.running.latest)
+
+    def send(self, **cmd: object) -> None:
+        self.running.send(**cmd)
+
+    def users(self, n: int) -> list[str]:
+        return [f"{self.prefix}{i}" for i in range(n)]
+
+    def stop(self) -> None:
+        """Ends it (its frames are written as it exits); ``done`` once it has."""
+        def wait() -> None:
+            try:
+                self.result = self.running.stop(120)
+            finally:
+                self.done.set()
+        threading.Thread(target=wait, daemon=True).start()
+
+    def frames(self) -> tuple[list[int], list[int]]:
+        slots, ids = loadclient.read_frames(self.record)
+        return slots.tolist(), ids.tolist()
+
+
+def load_process(client: str, index: int, size: int, system: System, tmp: Path) -> LoadProcess | GoLoadProcess:
+    if client == "go":
+        return GoLoadProcess(index, size, system, tmp, loadclient.install())
+    return LoadProcess(index, size, system, tmp)
+
+
+Loaders = list[LoadProcess] | list[GoLoadProcess] | list[LoadProcess | GoLoadProcess]
+
+
+def total(clients: Loaders, key: str) -> int:
     return sum(c.status.get(key, 0) for c in clients)
 
 
@@ -156,12 +248,16 @@ def daemon_pids(system: System) -> list[int]:
     return [p.pid for n, p in system.procs.items() if n.startswith("daemon")]
 
 
-def step_sample(system: System, clients: list[LoadProcess], held: int) -> dict:
+def step_sample(system: System, clients: Loaders, held: int) -> dict:
     mem = kmem.sample()
-    daemons, loaders = pss(daemon_pids(system)), total(clients, "pss_kb") * 1024
-    return {"held": held, "slab_gib": kmem.gib(mem["meminfo"]["Slab"]), "daemons_gib": kmem.gib(daemons),
-            "clients_gib": kmem.gib(loaders), "available_gib": kmem.gib(mem["meminfo"]["MemAvailable"]),
-            "daemons_bytes": daemons, "clients_bytes": loaders, "mem": mem}
+    daemons, loaders = pss(daemon_pids(system)), pss([c.proc.pid for c in clients])
+    out = {"held": held, "slab_gib": kmem.gib(mem["meminfo"]["Slab"]), "daemons_gib": kmem.gib(daemons),
+           "clients_gib": kmem.gib(loaders), "available_gib": kmem.gib(mem["meminfo"]["MemAvailable"]),
+           "daemons_bytes": daemons, "clients_bytes": loaders, "mem": mem}
+    go = [c.running.latest.get("mem_kb") or {} for c in clients if isinstance(c, GoLoadProcess)]
+    if go:  # the Go runtime's own account: live objects, stacks, and free pages not yet given back
+        out["clients_go_mb"] = {k: round(sum(m.get(k, 0) for m in go) / 1024, 1) for k in go[0]}
+    return out
 
 
 def accounted(s: dict) -> int:
@@ -188,7 +284,7 @@ def next_step_fits(last: dict, first: dict, want: int, floor: int, margin: float
     return True, ""
 
 
-def ramp(system: System, clients: list[LoadProcess], target: int, steps: list[float], floor: int,
+def ramp(system: System, clients: Loaders, target: int, steps: list[float], floor: int,
          samples: list[dict], budget: float) -> tuple[int, str | None, float]:
     """Connects in steps, within ``budget`` seconds; returns the connections
     held, the wall met (None if none) and the connections per second of the last step."""
@@ -226,13 +322,14 @@ def ramp(system: System, clients: list[LoadProcess], target: int, steps: list[fl
         samples.append(step_sample(system, clients, held))
         s = samples[-1]
         log(f"step {fraction:g}: {held} held in {seconds:.1f} s ({rate}/s); slab {s['slab_gib']} GiB, daemons "
-            f"{s['daemons_gib']} GiB, clients {s['clients_gib']} GiB, MemAvailable {s['available_gib']} GiB")
+            f"{s['daemons_gib']} GiB, clients {s['clients_gib']} GiB {s.get('clients_go_mb', '')}, MemAvailable "
+            f"{s['available_gib']} GiB")
         if wall:
             return held, wall, rate
     return samples[-1]["held"], None, rate
 
 
-def restart_one(system: System, clients: list[LoadProcess], at: float, out: dict) -> None:
+def restart_one(system: System, clients: Loaders, at: float, out: dict) -> None:
     """SIGTERM to one daemon, then starts it again; its clients reconnect with
     `since`. Measures the seconds from the SIGTERM until every one is back."""
     time.sleep(at)
@@ -244,11 +341,16 @@ def restart_one(system: System, clients: list[LoadProcess], at: float, out: dict
         c.send(mark=mark)
     proc.terminate()
     stop(proc)
+    out["restart_drain_seconds"] = round(time.time() - mark, 2)  # SIGTERM to exit: its drain
     start_daemon(system, "daemon_0")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + RESTART_SECONDS_MAX
+    # seconds since the SIGTERM, then clients closed, back and refused so far: where the time goes
+    timeline = out["restart_timeline"] = []
     time.sleep(1.5)
     while time.monotonic() < deadline:
         closed = total(clients, "closed") - closed_before
+        if not timeline or time.time() - mark - timeline[-1][0] >= 2:
+            timeline.append([round(time.time() - mark, 1), closed, total(clients, "back"), total(clients, "refused")])
         if total(clients, "back") >= closed and total(clients, "open") >= out["held"]:
             break
         time.sleep(0.5)
@@ -262,26 +364,32 @@ def restart_one(system: System, clients: list[LoadProcess], at: float, out: dict
         f"{out['restart_clients']}, daemons: {out['restart_metrics']}")
 
 
-def verify(clients: list[LoadProcess], expected: dict[str, list[int]], tmp: Path) -> tuple[int, int, int]:
-    """Lost and duplicated (user, id) pairs, and frames received, from every client's record."""
+def verify(clients: Loaders, expected: dict[str, list[int]]) -> tuple[int, int, int, list[str]]:
+    """Lost and duplicated (user, id) pairs, frames received, from every client's record, and
+    the first lost pairs by name (to look for in the daemons' logs)."""
     got: dict[str, list[int]] = {}
     for c in clients:
-        data = orjson.loads((tmp / f"{c.prefix}.json").read_bytes())
-        for slot, msg_id in zip(data["slots"], data["ids"], strict=True):
+        for slot, msg_id in zip(*c.frames(), strict=True):
             got.setdefault(f"{c.prefix}{slot}", []).append(msg_id)
     lost = dup = 0
+    named: list[str] = []
     for user, ids in expected.items():
         seen = got.pop(user, [])
-        lost += len(set(ids) - set(seen))
+        missing = set(ids) - set(seen)
+        lost += len(missing)
+        named += [f"{user} {i}" for i in sorted(missing)][:20 - len(named)]
         dup += len(seen) - len(set(seen))
     dup += sum(len(v) for v in got.values())  # frames nobody was sent: as wrong as a repeat
-    return lost, dup, sum(len(v) for v in expected.values())
+    return lost, dup, sum(len(v) for v in expected.values()), named
 
 
 def run(target: int, daemons: int, rate: float, seconds: float, steps: list[float], floor_gib: float,
-        env: dict[str, str], ramp_seconds: float = 480.0, idle_seconds: float = 10.0) -> dict:
+        env: dict[str, str], ramp_seconds: float = 1800.0, idle_seconds: float = 10.0, client: str = "go") -> dict:
+    if client not in CLIENTS:
+        raise ValueError(f"client is one of {CLIENTS}, got {client!r}")
     tmp = Path(tempfile.mkdtemp(prefix="million-"))
-    result: dict = {"target": target, "daemons": daemons, "rate": rate, "seconds": seconds, "env": env}
+    result: dict = {"target": target, "daemons": daemons, "rate": rate, "seconds": seconds, "env": env,
+                    "client": client}
     # Every parameter by name (api_port too): what the mapping holds can only be environment.
     with databases(tmp / "dbs") as dbs, running_system(dbs, daemons=0, apis=1, api_port=None, writer=True, relay=True,
                                                        **{**DAEMON_ENV, **env}) as system:
@@ -293,7 +401,7 @@ def run(target: int, daemons: int, rate: float, seconds: float, steps: list[floa
         result["daemon_idle_pss_mb"] = round(idle_pss / daemons / 2**20, 1)
         count = max(1, -(-target // PER_CLIENT_PROCESS))
         sizes = [target // count + (i < target % count) for i in range(count)]
-        clients = [LoadProcess(i, n, system) for i, n in enumerate(sizes)]
+        clients = [load_process(client, i, n, system, tmp) for i, n in enumerate(sizes)]
         try:
             time.sleep(2)
             samples = [step_sample(system, clients, 0)]
@@ -339,17 +447,17 @@ def run(target: int, daemons: int, rate: float, seconds: float, steps: list[floa
             expected, creation, errors, refused = asyncio.run(
                 wsload._send(system.api_url, system.secret, users, rate, seconds, False))
             result["host_cpu"] = host.result()
-            restarter.join(240)
+            restarter.join(RESTART_SECONDS_MAX + 120)
             want, last_seen, still = sum(len(v) for v in expected.values()), -1, time.monotonic()
             while total(clients, "received") < want and time.monotonic() - still < 20:
                 if total(clients, "received") != last_seen:
                     last_seen, still = total(clients, "received"), time.monotonic()
                 time.sleep(0.5)
             for c in clients:
-                c.send(stop=str(tmp / f"{c.prefix}.json"))
+                c.stop()
             for c in clients:
                 c.done.wait(120)
-            lost, dup, frames = verify(clients, expected, tmp)
+            lost, dup, frames, result["lost_first"] = verify(clients, expected)
             result.update(sent=len(creation), asked=int(rate * seconds), send_errors=errors, refused=len(refused),
                           expected_frames=frames, lost=lost, duplicated=dup,
                           creation_ms=wsload.percentiles(creation))
@@ -399,12 +507,14 @@ def main(target: int = typer.Option(1_000_000, help="connections to hold"),
          steps: str = typer.Option("0.1,0.25,0.5,0.75,1", help="ramp steps, as fractions of the target"),
          floor_gib: float = typer.Option(1.5, help="MemAvailable the ramp keeps, GiB"),
          ping_seconds: float = typer.Option(20.0, help="CHAT_PING_INTERVAL_SECONDS of the daemons"),
-         ramp_seconds: float = typer.Option(480.0, help="the ramp stops here, and names the connect rate its wall"),
+         ramp_seconds: float = typer.Option(1800.0, help="the ramp stops here, and names the connect rate its wall"),
+         client: str = typer.Option("go", help="the load processes: go (loadtest/clients/go) or python "
+                                    "(loadtest.clients.million)"),
          out: Path = typer.Option(RESULTS / "million-latest.json")) -> None:
     daemons = daemons or 1 + -(-target // PER_DAEMON)
     env = {"CHAT_PING_INTERVAL_SECONDS": f"{ping_seconds:g}"}
     result = run(target, daemons, rate, seconds, [float(s) for s in steps.split(",")], floor_gib, env,
-                 ramp_seconds)
+                 ramp_seconds, client=client)
     publish(result, out)
     failed = check(result)
     if failed:

@@ -96,3 +96,19 @@ def test_the_clients_own_cpu_per_frame_is_read_from_its_progress_lines_inside_a_
     assert loadclient.own_cpu_per_frame(history, 10.5, 12.5) == 20.0  # 0.2 s over 10,000 frames
     assert loadclient.own_cpu_per_frame(history, 10.5, 11.5) is None  # one line inside: nothing to measure
     assert loadclient.own_cpu_per_frame(history, 12.5, 13.5) is None  # no frames in it
+
+
+def test_a_driven_client_says_so_and_names_where_its_frames_go(tmp_path: Path):
+    opts = loadclient.Options("ours", "ws://127.0.0.1:9", tmp_path / "u.txt", "s3cret", control=True,
+                              frames_out=tmp_path / "m0x.frames")
+    cmd = loadclient.command(opts, Path("/bin/loadclient"))
+    assert "-control" in cmd and cmd[cmd.index("-frames-out") + 1] == str(tmp_path / "m0x.frames")
+    bare = loadclient.command(loadclient.Options("ours", "ws://h:1", Path("u"), "k"), Path("b"))
+    assert not {"-control", "-frames-out"} & set(bare)
+
+
+def test_every_frame_read_back_with_its_device_repeats_included(tmp_path: Path):
+    # (device, id) as the client writes them: two int64 each
+    (tmp_path / "f").write_bytes(array("q", [0, 11, 2, 11, 2, 11, 5, 40]).tobytes())
+    devices, ids = loadclient.read_frames(tmp_path / "f")
+    assert (devices.tolist(), ids.tolist()) == ([0, 2, 2, 5], [11, 11, 11, 40])

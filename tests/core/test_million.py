@@ -6,7 +6,7 @@ import random
 
 from chat import auth
 from loadtest.million import kmem
-from loadtest.million.scenario import next_step_fits
+from loadtest.million.scenario import go_status, next_step_fits
 from loadtest.clients.million import backoff, mint
 
 SECRET = "test-secret-0123456789abcdef0123456789"
@@ -54,3 +54,14 @@ def test_kernel_bytes_per_socket_from_two_samples() -> None:
     assert out["Slab"] == 2.5 and out["caches"]["TCP"] == 1.0
     assert kmem.parse_tcp_pages("TCP: inuse 5 orphan 0 tw 1 alloc 5 mem 238\n") == 238
     assert kmem.parse_slabinfo("slabinfo - version: 2.1\n# name ...\nTCP 10 12 2560 12 8 : x\n") == {"TCP": 25600}
+
+
+def test_the_go_clients_progress_reads_as_the_python_clients_status() -> None:
+    progress = {"connected": 90, "open": 80, "active": 100, "failures": 7, "refused": 5, "ended": 30, "back": 28,
+                "last_back": 1700000000.5, "frames": 12, "received": 11}
+    status = go_status(progress)
+    # what the ramp, the restart and the wait for frames read: repeats count as received, as the Python client's
+    opened = (status["open"], status["target"], status["waiting"], status["failed"], status["refused"])
+    assert opened == (80, 100, 20, 7, 5)
+    assert (status["closed"], status["back"], status["last_back"], status["received"]) == (30, 28, 1700000000.5, 12)
+    assert go_status({})["open"] == 0

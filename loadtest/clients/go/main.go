@@ -37,6 +37,8 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,13 +77,24 @@ type config struct {
 	readBuffer    int
 	reactors      int
 	perDevice     bool
+	control       bool   // devices connect as told on stdin ({"target": n}), not all at the start
+	framesOut     string // every message frame, repeats included: (device index, id) as two int64
+	retryBase     time.Duration
+	retryMax      time.Duration
+	reopenMin     time.Duration
+	reopenMax     time.Duration
+	randomPorts   bool
 }
 
 // device is one connection's user and what it has had, across its reconnects.
-// Only its own goroutine writes it until the run ends.
+// One goroutine at a time writes it until the run ends: the one dialing it, then the reactor
+// reading its connection, then the one dialing it again.
 type device struct {
 	user       string
-	token      string
+	token      string // from -tokens; else minted at each dial (a million stored cost 200 MB)
+	rng        *rand.Rand
+	attempt    int  // failed attempts in a row
+	seen       bool // connected at least once
 	source     net.IP
 	since      string // ours: the resume cursor
 	last       int64
@@ -92,6 +105,7 @@ type device struct {
 	failures   int
 	ids        []int64
 	lat        []float32
+	frames     []int64 // with -frames-out: every message frame's id, repeats and all
 }
 
 type client struct {
@@ -120,6 +134,18 @@ type client struct {
 	stopping   bool // the run is ending: no connection is handed to a reactor any more
 	conns      map[*conn]struct{}
 	closeCodes map[string]int
+	ctx        context.Context
+	ports      portRange
+	holds      sync.WaitGroup
+	active     int          // devices started (the first `active`); only run's goroutine changes it
+	activeN    atomic.Int64 // the same, for the progress line
+	tidied     int          // active when the garbage was last given back
+	failures   atomic.Int64 // attempts that did not open
+	refused    atomic.Int64 // of them, upgrades answered with another status than 101 (503: full, draining)
+	closed     atomic.Int64 // open connections that ended (a close frame, or broken) before the run's end
+	marked     atomic.Bool  // a mark was given: opens from then on count as back
+	back       atomic.Int64 // opens since the mark
+	lastBack   atomic.Int64 // wall time of the latest of them, ns since the epoch
 }
 
 // conn is one open WebSocket of a device: read by its dialing goroutine until it is open,
@@ -131,7 +157,7 @@ type conn struct {
 	r       *bufio.Reader
 	fd      int    // -1 until handed over
 	pending []byte // an unfinished frame the reactor read the start of
-	done    chan struct{}
+	live    bool   // open and the reactor's: its end counts, and the device dials again
 	endOnce sync.Once
 	payload []byte // the frame being read, reused
 	message []byte // a fragmented message's parts so far
@@ -187,6 +213,20 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.readBuffer, "read-buffer", 4096, "bytes of read buffer per connection while it opens")
 	fs.IntVar(&cfg.reactors, "reactors", 1, "epoll loops reading the open connections")
 	fs.BoolVar(&cfg.perDevice, "per-device", false, "every device's counts in the result, not only anomalies")
+	fs.BoolVar(&cfg.control, "control", false, `devices connect as stdin says: a JSON object a line, {"target": n} `+
+		`(the first n devices hold a connection), {"mark": t} (opens from now on count as back); EOF ends the run`)
+	fs.StringVar(&cfg.framesOut, "frames-out", "", "every message frame, repeats included: device index and id, "+
+		"two int64 little-endian each")
+	fs.DurationVar(&cfg.retryBase, "retry-base", 400*time.Millisecond, "pause after a failed attempt: this, "+
+		"doubling per failure, jittered by half either way")
+	fs.DurationVar(&cfg.retryMax, "retry-max", 5*time.Second, "the longest pause after failed attempts (before jitter)")
+	fs.DurationVar(&cfg.reopenMin, "reopen-min", 100*time.Millisecond, "pause after an open connection ends: "+
+		"uniform between these two")
+	fs.DurationVar(&cfg.reopenMax, "reopen-max", time.Second, "")
+	fs.BoolVar(&cfg.randomPorts, "random-ports", false, "each attempt binds a random local port of the ephemeral "+
+		"range (another on EADDRINUSE), not the one connect() picks: with most ports of a source address taken, "+
+		"connect() hands out the ones just freed, whose connections a SO_REUSEPORT group sent to the server "+
+		"that refused them; a refused client then lands on it again and again")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -201,6 +241,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if cfg.untilComplete && cfg.expectFile == "" {
 		return cfg, errors.New("-until-complete needs -expect")
+	}
+	if cfg.reopenMax < cfg.reopenMin || cfg.retryBase <= 0 || cfg.retryMax < cfg.retryBase {
+		return cfg, errors.New("-reopen-min must be at most -reopen-max, -retry-base over 0 and at most -retry-max")
 	}
 	if (cfg.idsOut == "") != (cfg.latOut == "") {
 		return cfg, errors.New("-ids-out and -lat-out go together")
@@ -225,7 +268,7 @@ func newClient(cfg config) (*client, error) {
 	}
 	cl := &client{cfg: cfg, proto: cfg.protocol, addr: u.Host, path: cfg.path, secret: []byte(cfg.secret),
 		gate: make(chan struct{}, cfg.inFlight), keepTally: cfg.idsOut != "", complete: make(chan struct{}),
-		conns: map[*conn]struct{}{}, closeCodes: map[string]int{}}
+		conns: map[*conn]struct{}{}, closeCodes: map[string]int{}, ports: ephemeralPorts()}
 	if cl.path == "" {
 		cl.path = "/v1/ws"
 		if cl.proto == protoCentrifugo {
@@ -248,18 +291,11 @@ func newClient(cfg config) (*client, error) {
 			return nil, err
 		}
 	}
-	now := time.Now()
-	minted := map[string]string{}
 	for i, user := range users {
-		d := &device{user: user, owed: -1}
+		d := &device{user: user, owed: -1, rng: rand.New(rand.NewPCG(uint64(i), 7))}
 		if t, ok := tokens[user]; ok {
 			d.token = t
-		} else if cfg.secret != "" {
-			if minted[user] == "" {
-				minted[user] = mint(cl.secret, user, now, cfg.tokenTTL)
-			}
-			d.token = minted[user]
-		} else {
+		} else if cfg.secret == "" {
 			return nil, fmt.Errorf("no token for user %q", user)
 		}
 		if len(cfg.sources) > 0 {
@@ -312,13 +348,12 @@ func (cl *client) run() map[string]any {
 		cl.reactors = append(cl.reactors, r)
 		go r.run(stopReactors)
 	}
-	var wg sync.WaitGroup
-	for i, d := range cl.devices {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl.hold(ctx, d, rand.New(rand.NewPCG(uint64(i), 7)))
-		}()
+	cl.ctx = ctx
+	var commands <-chan command
+	if cl.cfg.control {
+		commands = readCommands(os.Stdin)
+	} else {
+		cl.grow(len(cl.devices))
 	}
 	var limit <-chan time.Time
 	if cl.cfg.maxSeconds > 0 {
@@ -338,7 +373,14 @@ func (cl *client) run() map[string]any {
 			reason = "complete"
 		case <-limit:
 			reason = "max-seconds"
+		case cmd, ok := <-commands:
+			if !ok {
+				reason = "stdin closed"
+				break
+			}
+			cl.obey(cmd)
 		case <-tick.C:
+			cl.tidy()
 			cl.report()
 		}
 	}
@@ -352,11 +394,15 @@ func (cl *client) run() map[string]any {
 		<-r.stopped // no reactor reads a connection while it is closed below
 	}
 	cl.mu.Lock()
+	open := make([]*conn, 0, len(cl.conns))
 	for c := range cl.conns {
-		c.end()
+		open = append(open, c)
 	}
 	cl.mu.Unlock()
-	wg.Wait()
+	for _, c := range open {
+		c.end()
+	}
+	cl.holds.Wait()
 	cl.report()
 	return cl.result(reason)
 }
@@ -368,48 +414,116 @@ func (cl *client) report() {
 		"cpu_seconds": round(user+system, 4),
 		"connected":   cl.connected.Load(),
 		"open":        cl.open.Load(), "frames": cl.frames.Load(), "received": cl.received.Load(),
-		"duplicated": cl.duplicated.Load(), "incomplete": cl.incomplete.Load(), "reads": cl.reads()})
+		"duplicated": cl.duplicated.Load(), "incomplete": cl.incomplete.Load(), "reads": cl.reads(),
+		"active": cl.activeN.Load(), "failures": cl.failures.Load(), "refused": cl.refused.Load(),
+		"ended": cl.closed.Load(), "back": cl.back.Load(),
+		"last_back": round(float64(cl.lastBack.Load())/1e9, 3), "mem_kb": memKB()})
 	os.Stderr.Write(append(line, '\n'))
 }
 
-// hold keeps the device connected until ctx ends: a failed attempt is tried again after
-// a growing jittered pause, a closed connection after a short jittered one (a closed
-// server's clients do not all come back at once), ours resuming from its cursor.
-func (cl *client) hold(ctx context.Context, d *device, rng *rand.Rand) {
-	attempt, first := 0, true
-	for ctx.Err() == nil {
-		c, err := cl.dial(ctx, d)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			attempt++
-			d.failures++
-			pause(ctx, min(5.0, 0.2*math.Pow(2, float64(attempt)))*(0.5+rng.Float64()))
-			continue
-		}
-		attempt = 0
-		if first {
-			first = false
-			if cl.connected.Add(1) == int64(len(cl.devices)) {
-				cl.allAt.Store(int64(time.Since(cl.started)))
-			}
-		}
-		cl.open.Add(1)
-		select {
-		case <-c.done: // the server closed it, or the reactor found it broken
-		case <-ctx.Done():
-		}
-		cl.open.Add(-1)
-		cl.forget(c)
-		if ctx.Err() != nil {
+// connect dials the device until it is open, a failed attempt tried again after a growing
+// jittered pause; then the connection is a reactor's, and this goroutine ends (a parked one
+// per connection cost its stack, kilobytes each). When the connection ends, ended starts it
+// again after a short jittered pause (a closed server's clients do not all come back at
+// once), ours resuming from its cursor.
+func (cl *client) connect(d *device) {
+	for cl.ctx.Err() == nil {
+		_, err := cl.dial(cl.ctx, d)
+		if err == nil || cl.ctx.Err() != nil {
 			return
 		}
-		cl.mu.Lock()
+		d.failures++
+		cl.failures.Add(1)
+		if errors.As(err, new(ws.StatusError)) {
+			cl.refused.Add(1)
+		}
+		pause(cl.ctx, retryPause(cl.cfg.retryBase, cl.cfg.retryMax, d.attempt, d.rng))
+		d.attempt = min(d.attempt+1, 30)
+	}
+}
+
+// opened counts a connection that just became a reactor's (under cl.mu).
+func (cl *client) opened(d *device) {
+	d.attempt = 0
+	if cl.marked.Load() {
+		cl.back.Add(1)
+		cl.lastBack.Store(time.Now().UnixNano())
+	}
+	if !d.seen {
+		d.seen = true
+		if cl.connected.Add(1) == int64(len(cl.devices)) {
+			cl.allAt.Store(int64(time.Since(cl.started)))
+		}
+	}
+	cl.open.Add(1)
+}
+
+// ended counts an open connection gone (the server closed it, the reactor found it broken, or
+// the run is ending) and, unless the run is ending, dials its device again.
+func (cl *client) ended(c *conn) {
+	cl.open.Add(-1)
+	cl.mu.Lock()
+	delete(cl.conns, c)
+	stopping := cl.stopping
+	if !stopping {
 		cl.closeCodes[c.code]++
-		cl.mu.Unlock()
-		d.reconnects++
-		pause(ctx, 0.1+0.9*rng.Float64())
+		cl.holds.Add(1) // before run waits for them: it sets stopping first
+	}
+	cl.mu.Unlock()
+	if stopping {
+		return
+	}
+	cl.closed.Add(1)
+	d := c.d
+	d.reconnects++
+	go func() {
+		defer cl.holds.Done()
+		lo, hi := cl.cfg.reopenMin.Seconds(), cl.cfg.reopenMax.Seconds()
+		pause(cl.ctx, lo+(hi-lo)*d.rng.Float64())
+		cl.connect(d)
+	}()
+}
+
+// retryPause is the pause after the attempt-th failure in a row (from 0): base doubling to
+// at most max, jittered by half either way, so that refused clients do not come back together.
+func retryPause(base, most time.Duration, attempt int, rng *rand.Rand) float64 {
+	return min(most.Seconds(), base.Seconds()*math.Pow(2, float64(min(attempt, 30)))) * (0.5 + rng.Float64())
+}
+
+// grow starts devices up to the first n: each holds a connection from then on.
+func (cl *client) grow(n int) {
+	for i := cl.active; i < min(n, len(cl.devices)); i++ {
+		cl.holds.Add(1)
+		go func() {
+			defer cl.holds.Done()
+			cl.connect(cl.devices[i])
+		}()
+	}
+	cl.active = max(cl.active, min(n, len(cl.devices)))
+	cl.activeN.Store(int64(cl.active))
+}
+
+// tidy gives the opening's garbage back to the system once every device told to connect is
+// open (-control only: once per ramp step). The opening allocates kilobytes per connection
+// (buffers, a goroutine's stack) that an idle process would otherwise keep, unused, for
+// minutes: at 16,000 connections a process, more than its connections' own state.
+func (cl *client) tidy() {
+	if !cl.cfg.control || cl.active == cl.tidied || cl.open.Load() < int64(cl.active) {
+		return
+	}
+	cl.tidied = cl.active
+	debug.FreeOSMemory()
+}
+
+// obey acts on one command read from stdin.
+func (cl *client) obey(cmd command) {
+	if cmd.Target != nil {
+		cl.grow(*cmd.Target)
+	}
+	if cmd.Mark != nil {
+		cl.back.Store(0)
+		cl.lastBack.Store(0)
+		cl.marked.Store(true)
 	}
 }
 
@@ -434,19 +548,27 @@ func (cl *client) dial(ctx context.Context, d *device) (*conn, error) {
 	target, header := cl.path, ""
 	if cl.proto == protoOurs {
 		// The token in a header, as the daemons require by default: a URL lands in proxies' logs.
-		header = "Authorization: Bearer " + d.token + "\r\n"
+		header = "Authorization: Bearer " + cl.token(d) + "\r\n"
 		if d.since != "" {
 			target += "?since=" + url.QueryEscape(d.since)
 		}
 	}
 	dialer := ws.Dialer{Timeout: openTimeout, Header: ws.HandshakeHeaderString(header), ReadBufferSize: cl.cfg.readBuffer,
 		NetDial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			nd := net.Dialer{}
-			if d.source != nil {
-				nd.LocalAddr = &net.TCPAddr{IP: d.source}
-				nd.Control = bindAddressNoPort
+			if d.source == nil {
+				return (&net.Dialer{}).DialContext(ctx, network, addr)
 			}
-			return nd.DialContext(ctx, network, addr)
+			if !cl.cfg.randomPorts {
+				nd := net.Dialer{LocalAddr: &net.TCPAddr{IP: d.source}, Control: bindAddressNoPort}
+				return nd.DialContext(ctx, network, addr)
+			}
+			for try := 0; ; try++ {
+				nd := net.Dialer{LocalAddr: &net.TCPAddr{IP: d.source, Port: cl.ports.pick(d.rng)}}
+				nc, err := nd.DialContext(ctx, network, addr)
+				if !errors.Is(err, syscall.EADDRINUSE) || try == portTries {
+					return nc, err
+				}
+			}
 		}}
 	nc, br, _, err := dialer.Dial(ctx, "ws://"+cl.addr+target)
 	if err != nil {
@@ -455,7 +577,7 @@ func (cl *client) dial(ctx context.Context, d *device) (*conn, error) {
 	if br == nil {
 		br = bufio.NewReaderSize(nc, cl.cfg.readBuffer)
 	}
-	c := &conn{cl: cl, d: d, nc: nc, r: br, fd: -1, done: make(chan struct{})}
+	c := &conn{cl: cl, d: d, nc: nc, r: br, fd: -1}
 	if !cl.remember(c, ctx) {
 		nc.Close()
 		return nil, ctx.Err()
@@ -467,7 +589,7 @@ func (cl *client) dial(ctx context.Context, d *device) (*conn, error) {
 	}
 	if cl.proto == protoCentrifugo {
 		// No subs: the server subscribes the user to its personal channel.
-		cmd, _ := json.Marshal(map[string]any{"id": 1, "connect": map[string]string{"token": d.token}})
+		cmd, _ := json.Marshal(map[string]any{"id": 1, "connect": map[string]string{"token": cl.token(d)}})
 		if err := c.send(ws.OpText, cmd); err != nil {
 			return fail(err)
 		}
@@ -496,8 +618,41 @@ func (c *conn) end() {
 		} else {
 			c.nc.Close()
 		}
-		close(c.done)
+		if c.live {
+			c.cl.ended(c)
+		}
 	})
+}
+
+// token is the device's from -tokens, or one minted now.
+func (cl *client) token(d *device) string {
+	if d.token != "" {
+		return d.token
+	}
+	return mint(cl.secret, d.user, time.Now(), cl.cfg.tokenTTL)
+}
+
+// portRange is where -random-ports picks: the kernel's own range for ephemeral ports, so that
+// no port a server may listen on is taken.
+type portRange struct{ lo, hi int }
+
+const portTries = 32 // ports tried before a dial fails with EADDRINUSE
+
+func (p portRange) pick(rng *rand.Rand) int { return p.lo + rng.IntN(p.hi-p.lo+1) }
+
+// ephemeralPorts reads net.ipv4.ip_local_port_range (Linux's default if it cannot).
+func ephemeralPorts() portRange {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(data)); len(f) == 2 {
+			lo, err1 := strconv.Atoi(f[0])
+			hi, err2 := strconv.Atoi(f[1])
+			if err1 == nil && err2 == nil && 0 < lo && lo < hi {
+				return portRange{lo, hi}
+			}
+		}
+	}
+	return portRange{32768, 60999}
 }
 
 // ipBindAddressNoPort is Linux's IP_BIND_ADDRESS_NO_PORT (not in package syscall).
@@ -625,7 +780,7 @@ func (c *conn) oursText(p []byte, now time.Time) {
 	if cursor := field(p, "cursor"); cursor != nil {
 		c.d.since = string(unquote(cursor))
 	} else {
-		c.d.since = string(id)
+		c.d.since = string(unquote(id)) // our ids are JSON strings: the cursor is what is inside
 	}
 	sent, has := leadingFloat(unquote(field(p, "body")))
 	c.record(n, sent, has, now)
@@ -680,6 +835,9 @@ func (c *conn) settle(ok bool) {
 func (c *conn) record(id int64, sent float64, hasSent bool, now time.Time) {
 	cl, d := c.cl, c.d
 	cl.frames.Add(1)
+	if cl.cfg.framesOut != "" {
+		d.frames = append(d.frames, id)
+	}
 	if id <= d.last {
 		d.duplicated++
 		cl.duplicated.Add(1)
@@ -810,6 +968,29 @@ func (cl *client) wakes() (n int64) {
 	return n
 }
 
+// memKB is where the Go runtime's memory is (KB), read without stopping the world: what a
+// connection costs the client, as against what its garbage and free pages do.
+func memKB() map[string]uint64 {
+	names := map[string]string{"objects": "/memory/classes/heap/objects:bytes",
+		"heap_free": "/memory/classes/heap/free:bytes", "heap_unused": "/memory/classes/heap/unused:bytes",
+		"released": "/memory/classes/heap/released:bytes", "stacks": "/memory/classes/heap/stacks:bytes",
+		"total": "/memory/classes/total:bytes"}
+	samples := make([]metrics.Sample, 0, len(names))
+	for _, n := range names {
+		samples = append(samples, metrics.Sample{Name: n})
+	}
+	metrics.Read(samples)
+	out := make(map[string]uint64, len(names))
+	for k, n := range names {
+		for _, smp := range samples {
+			if smp.Name == n && smp.Value.Kind() == metrics.KindUint64 {
+				out[k] = smp.Value.Uint64() >> 10
+			}
+		}
+	}
+	return out
+}
+
 // cpuSeconds is this process's user and system CPU time so far, every thread's.
 func cpuSeconds() (float64, float64) {
 	var ru syscall.Rusage
@@ -882,6 +1063,18 @@ func (cl *client) result(reason string) map[string]any {
 // writeTally writes every first arrival's id and latency, device after device, in the
 // layout Python's array("q") and array("f") read (loadtest.clients.peers.read_tally).
 func writeTally(cl *client, cfg config) error {
+	if cfg.framesOut != "" {
+		var out []byte
+		for i, d := range cl.devices {
+			for _, id := range d.frames {
+				out = binary.LittleEndian.AppendUint64(out, uint64(i))
+				out = binary.LittleEndian.AppendUint64(out, uint64(id))
+			}
+		}
+		if err := os.WriteFile(cfg.framesOut, out, 0o644); err != nil {
+			return err
+		}
+	}
 	if cfg.idsOut == "" {
 		return nil
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"testing"
@@ -131,5 +132,92 @@ func TestAServersCloseFrameEndsTheConnectionWithItsCode(t *testing.T) {
 	c := &conn{cl: &client{proto: protoOurs}, d: &device{owed: -1}, fd: -1, nc: discard{}}
 	if err := c.consume(serverFrame(0x8, true, "\x03\xe9bye"), time.Now()); err != errClosed || c.code != "1001" {
 		t.Fatalf("err %v code %q", err, c.code)
+	}
+}
+
+func TestOurQuotedIdBecomesTheResumeCursorWithoutItsQuotes(t *testing.T) {
+	cl := &client{proto: protoOurs, complete: make(chan struct{})}
+	d := &device{owed: -1, since: "12"}
+	c := &conn{cl: cl, d: d, fd: -1}
+	if err := c.consume(serverFrame(0x1, true, `{"id":"224","from":"a","body":"1.5 x"}`), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if d.since != "224" || d.last != 224 {
+		t.Fatalf("since %q last %d", d.since, d.last)
+	}
+}
+
+func TestAResumedHelloKeepsTheCursorAndAnUnrecoveredOneTakesTheServers(t *testing.T) {
+	d := &device{owed: -1, since: "224"}
+	c := &conn{cl: &client{proto: protoOurs}, d: d, fd: -1}
+	c.oursText([]byte(`{"type":"hello","recovered":true,"cursor":"505","user":"u"}`), time.Now())
+	if d.since != "224" || !c.ok {
+		t.Fatalf("recovered: since %q", d.since)
+	}
+	c = &conn{cl: c.cl, d: d, fd: -1}
+	c.oursText([]byte(`{"type":"hello","recovered":false,"cursor":"505","user":"u"}`), time.Now())
+	if d.since != "505" {
+		t.Fatalf("not recovered: since %q", d.since)
+	}
+}
+
+func TestFramesOutKeepsRepeatsPerDevice(t *testing.T) {
+	cl := &client{proto: protoOurs, complete: make(chan struct{}), cfg: config{framesOut: "x"}}
+	d := &device{owed: -1}
+	c := &conn{cl: cl, d: d, fd: -1}
+	for _, id := range []int64{4, 4, 7} {
+		c.record(id, 0, false, time.Now())
+	}
+	if len(d.frames) != 3 || d.frames[1] != 4 || d.duplicated != 1 {
+		t.Fatalf("frames %v duplicated %d", d.frames, d.duplicated)
+	}
+}
+
+func TestCommandsAndPauses(t *testing.T) {
+	cmd, err := parseCommand([]byte(`{"target": 16000}`))
+	if err != nil || cmd.Target == nil || *cmd.Target != 16000 || cmd.Mark != nil {
+		t.Fatalf("%+v %v", cmd, err)
+	}
+	if cmd, err = parseCommand([]byte(`{"mark": 1700000000.5}`)); err != nil || cmd.Mark == nil || cmd.Target != nil {
+		t.Fatalf("%+v %v", cmd, err)
+	}
+	if _, err = parseCommand([]byte(`target=3`)); err == nil {
+		t.Fatal("a line that is no JSON object was taken")
+	}
+	got := 0
+	for cmd := range readCommands(strings.NewReader("{\"target\": 2}\n\nnot json\n{\"mark\": 1}\n")) {
+		got++
+		_ = cmd
+	}
+	if got != 2 {
+		t.Fatalf("%d commands", got)
+	}
+	rng := rand.New(rand.NewPCG(1, 7))
+	for range 100 {
+		if p := retryPause(100*time.Millisecond, 2*time.Second, 0, rng); p < 0.05 || p > 0.15 {
+			t.Fatalf("first pause %v", p)
+		}
+		if p := retryPause(100*time.Millisecond, 2*time.Second, 9, rng); p < 1.0 || p > 3.0 {
+			t.Fatalf("ninth pause %v", p)
+		}
+	}
+}
+
+func TestRandomPortsStayInTheEphemeralRange(t *testing.T) {
+	p := ephemeralPorts()
+	if p.lo <= 0 || p.hi <= p.lo || p.hi > 65535 {
+		t.Fatalf("range %+v", p)
+	}
+	rng := rand.New(rand.NewPCG(3, 7))
+	seen := map[int]bool{}
+	for range 1000 {
+		port := p.pick(rng)
+		if port < p.lo || port > p.hi {
+			t.Fatalf("port %d outside %+v", port, p)
+		}
+		seen[port] = true
+	}
+	if len(seen) < 900 { // spread, not the same few ports again
+		t.Fatalf("%d distinct ports of 1000", len(seen))
 	}
 }
