@@ -45,7 +45,7 @@ SERVER_ERROR = error_body("server_error", "internal error")
 REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
 PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
 # Connections holding unwritten frames past which they are all written at once
-# (``ServerState.cork``): a few ms of the consumer's work at most.
+# (``ServerState.flush``): a few ms of the consumer's work at most.
 CORK_MAX = 1024
 
 
@@ -61,30 +61,22 @@ class ServerState:
         self.conns: set[Connection] = set()  # every open connection: the cap, the drain
         self.http_conns: set[Connection] = set()  # those not (yet) WebSockets: the idle sweep
         self.draining = False  # answers go out with `Connection: close`
-        # The connections holding frames for the flush at the end of this turn of the loop (``cork``).
+        # The connections holding frames for the flush at the loop's next turn (``Connection.send``).
         self.corked: list[Connection] = []
 
-    def cork(self, conn: Connection) -> None:
-        """``conn`` holds frames to write: they go out in one write when the
-        loop next runs its callbacks, after whatever batches the stream's
+    def flush(self) -> None:
+        """Writes what every corked connection holds, each in one write: once
+        the loop next runs its callbacks, after whatever batches the stream's
         consumer takes meanwhile (it takes every batch queued before it yields).
         A socket given several messages by then costs one ``write()``, one
         system call, instead of one each (on loopback that call also runs the
         receiver's TCP, most of a message's cost). Past ``CORK_MAX``
         connections they are written at once, so that a backlog taken in one
         go is not held back until its end."""
-        corked = self.corked
-        if not corked:
-            asyncio.get_running_loop().call_soon(self.flush)
-        corked.append(conn)
-        if len(corked) >= CORK_MAX:
-            self.flush()
-
-    def flush(self) -> None:
-        """Writes what every corked connection holds (called once per turn of the loop, or past ``CORK_MAX``)."""
         corked, self.corked = self.corked, []
+        limit = self.settings.daemon.send_buffer_max_bytes
         for conn in corked:
-            conn.flush()
+            conn.flush(limit)
 
 
 class Handler(Protocol):
@@ -136,8 +128,9 @@ class Connection(asyncio.Protocol):
         self.first: asyncio.Future[bytes | None] | None = None
         self.device = DEFAULT_DEVICE  # the device its acks count for (the handshake's `device`)
         self.client_frames: ClientFrames | None = None  # made at its first ack or read frame
-        # Frames given since the loop's last turn, written together at its next (``ServerState.cork``).
-        self.out: list[bytes] | None = None
+        # Frames given since the loop's last turn, written together at its next
+        # (``ServerState.flush``): one frame, or a list once there are several.
+        self.out: bytes | list[bytes] | None = None
         # Counted from the moment it exists, not from connection_made: the
         # acceptor counts a socket until its protocol is made, and the two
         # counts must meet with no gap (a burst of accepts slipped through it).
@@ -296,20 +289,33 @@ class Connection(asyncio.Protocol):
     # send and overflow: what its subscriber calls, as its ``daemon.hub.Sink``
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
         """Corks the message's frame: it is written with the others this
-        connection gets in the same turn of the loop (``ServerState.cork``),
-        each its own WebSocket frame, in order, in one ``write()``."""
+        connection gets in the same turn of the loop,
+        each its own WebSocket frame, in order, in one ``write()``
+        (``ServerState.flush``)."""
         if self.closing:  # nothing after the close frame (a catch-up can outlast its connection)
             return
+        if frame is None:
+            frame = text_frame(payload)
         out = self.out
         if out is None:
-            self.out = [frame if frame is not None else text_frame(payload)]
-            self.state.cork(self)
+            # The first frame alone, not in a list: most sockets get one message a turn.
+            self.out = frame
+            # Scheduled once a turn: the flush at the loop's next turn.
+            corked = self.state.corked
+            if not corked:
+                asyncio.get_running_loop().call_soon(self.state.flush)
+            corked.append(self)
+            if len(corked) >= CORK_MAX:
+                self.state.flush()
+        elif isinstance(out, list):
+            out.append(frame)
         else:
-            out.append(frame if frame is not None else text_frame(payload))
+            self.out = [out, frame]
 
-    def flush(self) -> None:
+    def flush(self, limit: int = 0) -> None:
         """Writes the corked frames in one ``write()``; past the send buffer's
-        bound the socket is closed with 4008 after them (a gap-free prefix)."""
+        bound (``limit``, else the settings') the socket is closed with 4008
+        after them (a gap-free prefix)."""
         out, self.out = self.out, None
         if out is None or self.closing:
             return
@@ -319,8 +325,8 @@ class Connection(asyncio.Protocol):
             return
         # One buffer: uvloop sends a single one with one send(), and joining a few
         # frames costs less than handing it a list (its writev path; measured alike).
-        transport.write(out[0] if len(out) == 1 else b"".join(out))
-        if transport.get_write_buffer_size() > self.state.settings.daemon.send_buffer_max_bytes:
+        transport.write(b"".join(out) if isinstance(out, list) else out)
+        if transport.get_write_buffer_size() > (limit or self.state.settings.daemon.send_buffer_max_bytes):
             self.subscriber.overflowed = True
             self.overflow()
 

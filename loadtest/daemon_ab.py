@@ -20,6 +20,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import bson
 import orjson
@@ -54,7 +55,7 @@ def main(base: Path = typer.Option(..., help="the other checkout, whose daemon r
         entries_file.write_bytes(b"".join(bson.encode(e) for e in replay.record(dbs.ferretdb.url, 200)))
         for r in range(rounds):
             order = ["base", "this"] if r % 2 == 0 else ["this", "base"]
-            one: dict[str, dict] = {}
+            one: dict[str, Any] = {}
             for side in order:
                 print(f"[daemon_ab {time.strftime('%H:%M:%S')}] round {r + 1}/{rounds}: {side}", flush=True)
                 result = run_ours(dbs, entries_file, clients, 1, steps, gap, tmp, False, 1, "go",
