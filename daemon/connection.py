@@ -76,7 +76,17 @@ class ServerState:
         corked, self.corked = self.corked, []
         limit = self.settings.daemon.send_buffer_max_bytes
         for conn in corked:
-            conn.flush(limit)
+            # ``Connection.flush``, inline: this runs for every write of a live message.
+            out, conn.out = conn.out, None
+            if out is None or conn.closing:  # written or dropped meanwhile (a close, a catch-up's wait)
+                continue
+            transport = conn.transport
+            if transport.is_closing():
+                continue
+            transport.write(b"".join(out) if isinstance(out, list) else out)
+            if transport.get_write_buffer_size() > limit:
+                conn.subscriber.overflowed = True
+                conn.overflow()
 
 
 class Handler(Protocol):
@@ -312,10 +322,10 @@ class Connection(asyncio.Protocol):
         else:
             self.out = [out, frame]
 
-    def flush(self, limit: int = 0) -> None:
-        """Writes the corked frames in one ``write()``; past the send buffer's
-        bound (``limit``, else the settings') the socket is closed with 4008
-        after them (a gap-free prefix)."""
+    def flush(self) -> None:
+        """Writes the corked frames now, in one ``write()``; past the send
+        buffer's bound the socket is closed with 4008 after them (a gap-free
+        prefix). ``ServerState.flush`` does the same for every corked connection."""
         out, self.out = self.out, None
         if out is None or self.closing:
             return
@@ -326,7 +336,7 @@ class Connection(asyncio.Protocol):
         # One buffer: uvloop sends a single one with one send(), and joining a few
         # frames costs less than handing it a list (its writev path; measured alike).
         transport.write(b"".join(out) if isinstance(out, list) else out)
-        if transport.get_write_buffer_size() > (limit or self.state.settings.daemon.send_buffer_max_bytes):
+        if transport.get_write_buffer_size() > self.state.settings.daemon.send_buffer_max_bytes:
             self.subscriber.overflowed = True
             self.overflow()
 

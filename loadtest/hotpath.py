@@ -21,6 +21,8 @@ several messages between two turns of the loop gets them in one).
     python -m loadtest.hotpath --senders-online --clients 200   # two frames a message, sockets that get several a batch
     python -m loadtest.hotpath --tcp --clients 4000    # real loopback sockets: the kernel's share too
     python -m loadtest.hotpath --out hotpath.json
+    valgrind --tool=callgrind --instr-atstart=no python -m loadtest.hotpath --callgrind --count 20000 --rounds 1
+        # instructions in the timed window only, which the machine's load does not move
 
 With ``--tcp`` each connection is a real loopback TCP socket on uvloop, its
 peer read by a thread of this process, and the time is the event loop
@@ -32,9 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import random
 import selectors
 import socket
+import subprocess
 import threading
 import time
 from datetime import UTC, datetime
@@ -169,7 +173,14 @@ async def tcp_transports(conns: list[Connection]) -> tuple[list[asyncio.Transpor
     return transports, reader
 
 
-async def one_round(clients: int, count: int, batch: int, senders_online: bool = False, tcp: bool = False) -> dict:
+def callgrind(on: bool) -> None:
+    """Switches valgrind's instrumentation of this process (run under ``--instr-atstart=no``)."""
+    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())], check=True,
+                   capture_output=True)
+
+
+async def one_round(clients: int, count: int, batch: int, senders_online: bool = False, tcp: bool = False,
+                    counted: bool = False) -> dict:
     settings = Settings()
     hub = Hub(settings.daemon.send_buffer_max_bytes)
     state, handler = ServerState(settings), Unrouted()
@@ -192,11 +203,15 @@ async def one_round(clients: int, count: int, batch: int, senders_online: bool =
     batches = oplog_batches(clients, count, batch, senders_online=senders_online)
     gc.collect()
     clock = time.thread_time if tcp else time.process_time
+    if counted:
+        callgrind(True)
     cpu = clock()
     for oplog_batch in batches:
         stream.consumer.take(oplog_batch, time.perf_counter())  # what Consumer.run does with each oplog batch
         await asyncio.sleep(0)  # the loop's turn between two batches: what is corked is written
     cpu = clock() - cpu
+    if counted:
+        callgrind(False)
     if tcp:
         while any(t.get_write_buffer_size() for t in transports):
             await asyncio.sleep(0.01)
@@ -227,9 +242,10 @@ def main(clients: int = typer.Option(10_000), count: int = typer.Option(300_000)
          batch: int = typer.Option(100, help="entries per oplog batch"), rounds: int = typer.Option(3),
          senders_online: bool = typer.Option(False, help="the sender is a client too: two frames a message"),
          tcp: bool = typer.Option(False, help="real loopback TCP sockets; the loop thread's CPU"),
+         counted: bool = typer.Option(False, "--callgrind", help="under callgrind: count the timed window only"),
          out: Path | None = typer.Option(None, help="write the result JSON here")) -> None:
     metrics.watch_gc()  # as the daemon runs: its GC callback is part of the cost
-    runs = [uvloop.run(one_round(clients, count, batch, senders_online, tcp)) for _ in range(rounds)]
+    runs = [uvloop.run(one_round(clients, count, batch, senders_online, tcp, counted)) for _ in range(rounds)]
     best = min(r["us_per_message"] for r in runs)
     result = {"clients": clients, "messages": count, "batch": batch, "senders_online": senders_online, "tcp": tcp,
               "rounds": [r["us_per_message"] for r in runs], "best_us_per_message": best,
