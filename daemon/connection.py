@@ -2,9 +2,10 @@
 
 This is the whole per-connection state, kept small on purpose (an idle
 WebSocket costs a few KB, docs/decisions/hand-written-wire.md): no task, no queue and
-no protocol object per connection once it is live. Frames are written
-straight to the transport when the hub offers them; the transport's unsent
-bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
+no protocol object per connection once it is live. Frames the hub offers
+are held until the loop's next turn and written to the transport then, all
+of a connection's in one write (``ServerState.flush``); the transport's
+unsent bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
 
 A connection knows its server only as a ``ServerState`` and a ``Handler``:
 routing and admission live in the handler (``daemon.routes``); the
