@@ -84,7 +84,14 @@ class ServerState:
             transport = conn.transport
             if transport.is_closing():
                 continue
-            transport.write(b"".join(out) if isinstance(out, list) else out)
+            try:
+                transport.write(b"".join(out) if isinstance(out, list) else out)
+            except Exception:
+                # Here no caller would see it: the connections after this one would keep
+                # their frames unwritten. This one is cut off, and resumes with since.
+                log.exception("event=ws_write_failed action=abort")
+                transport.abort()
+                continue
             if transport.get_write_buffer_size() > limit:
                 conn.subscriber.overflowed = True
                 conn.overflow()
@@ -300,9 +307,8 @@ class Connection(asyncio.Protocol):
     # send and overflow: what its subscriber calls, as its ``daemon.hub.Sink``
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
         """Corks the message's frame: it is written with the others this
-        connection gets in the same turn of the loop,
-        each its own WebSocket frame, in order, in one ``write()``
-        (``ServerState.flush``)."""
+        connection gets in the same turn of the loop, each its own WebSocket
+        frame, in order, in one ``write()`` (``ServerState.flush``)."""
         if self.closing:  # nothing after the close frame (a catch-up can outlast its connection)
             return
         if frame is None:

@@ -21,11 +21,13 @@ from tests.timing import PATIENCE
 class Recording:
     """A transport that keeps each ``write()`` and reports the unsent bytes it is told to."""
 
-    def __init__(self, unsent: int = 0, inner: asyncio.Transport | None = None):
+    def __init__(self, unsent: int = 0, inner: asyncio.Transport | None = None, fails: bool = False):
         self.writes: list[bytes] = []
-        self.unsent, self.inner, self.closed = unsent, inner, False
+        self.unsent, self.inner, self.closed, self.fails, self.aborted = unsent, inner, False, fails, False
 
     def write(self, data: bytes) -> None:
+        if self.fails:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
         self.writes.append(bytes(data))
         if self.inner is not None:
             self.inner.write(data)
@@ -37,6 +39,9 @@ class Recording:
         self.closed = True
         if self.inner is not None:
             self.inner.close()
+
+    def abort(self) -> None:
+        self.aborted = self.closed = True
 
     def get_write_buffer_size(self) -> int:
         return self.unsent
@@ -179,3 +184,14 @@ async def test_a_socket_the_peer_closed_meanwhile_is_not_written():
     gone.closed = True  # the peer reset it: uvloop raises on a write now, and connection_lost is to come
     await next_turn()
     assert gone.writes == []
+
+
+async def test_a_write_that_raises_at_the_turn_cuts_that_socket_off_and_the_others_get_theirs():
+    state, hub = ServerState(settings()), Hub(1 << 20)
+    broken, after = Recording(fails=True), Recording()
+    live(state, hub, "broken", broken), live(state, hub, "after", after)
+    dispatch(hub, 1, "a", "broken")
+    dispatch(hub, 2, "a", "after")
+    await next_turn()
+    assert broken.aborted, "cut off: its client resumes with since"
+    assert [payloads(w) for w in after.writes] == [[b'{"id":"2"}']]
