@@ -2,9 +2,10 @@
 
 This is the whole per-connection state, kept small on purpose (an idle
 WebSocket costs a few KB, docs/decisions/hand-written-wire.md): no task, no queue and
-no protocol object per connection once it is live. Frames are written
-straight to the transport when the hub offers them; the transport's unsent
-bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
+no protocol object per connection once it is live. Frames the hub offers
+are held until the loop's next turn and written to the transport then, all
+of a connection's in one write (``ServerState.flush``); the transport's
+unsent bytes are the send buffer, bounded by ``CHAT_SEND_BUFFER_MAX_BYTES``.
 
 A connection knows its server only as a ``ServerState`` and a ``Handler``:
 routing and admission live in the handler (``daemon.routes``); the
@@ -44,6 +45,9 @@ HEAD_TOO_LARGE = error_body("headers_too_large", "request head over 16 KiB")
 SERVER_ERROR = error_body("server_error", "internal error")
 REQUEST_HEAD_MAX = 16 * 1024  # a request line and headers larger than this get 431
 PIPELINE_MAX = 16  # parsed requests waiting on one connection before reading pauses
+# Connections holding unwritten frames past which they are all written at once
+# (``ServerState.flush``): a few ms of the consumer's work at most.
+CORK_MAX = 1024
 
 
 class ServerState:
@@ -51,13 +55,46 @@ class ServerState:
     its settings, the open connections, which each connection counts itself
     into and out of, and whether the server is draining."""
 
-    __slots__ = ("settings", "conns", "http_conns", "draining")
+    __slots__ = ("settings", "conns", "http_conns", "draining", "corked")
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.conns: set[Connection] = set()  # every open connection: the cap, the drain
         self.http_conns: set[Connection] = set()  # those not (yet) WebSockets: the idle sweep
         self.draining = False  # answers go out with `Connection: close`
+        # The connections holding frames for the flush at the loop's next turn (``Connection.send``).
+        self.corked: list[Connection] = []
+
+    def flush(self) -> None:
+        """Writes what every corked connection holds, each in one write: once
+        the loop next runs its callbacks, after whatever batches the stream's
+        consumer takes meanwhile (it takes every batch queued before it yields).
+        A socket given several messages by then costs one ``write()``, one
+        system call, instead of one each (on loopback that call also runs the
+        receiver's TCP, most of a message's cost). Past ``CORK_MAX``
+        connections they are written at once, so that a backlog taken in one
+        go is not held back until its end."""
+        corked, self.corked = self.corked, []
+        limit = self.settings.daemon.send_buffer_max_bytes
+        for conn in corked:
+            # ``Connection.flush``, inline: this runs for every write of a live message.
+            out, conn.out = conn.out, None
+            if out is None or conn.closing:  # written or dropped meanwhile (a close, a catch-up's wait)
+                continue
+            transport = conn.transport
+            if transport.is_closing():
+                continue
+            try:
+                transport.write(b"".join(out) if isinstance(out, list) else out)
+            except Exception:
+                # Here no caller would see it: the connections after this one would keep
+                # their frames unwritten. This one is cut off, and resumes with since.
+                log.exception("event=ws_write_failed action=abort")
+                transport.abort()
+                continue
+            if transport.get_write_buffer_size() > limit:
+                conn.subscriber.overflowed = True
+                conn.overflow()
 
 
 class Handler(Protocol):
@@ -83,7 +120,7 @@ class Handler(Protocol):
 class Connection(asyncio.Protocol):
     __slots__ = ("state", "handler", "transport", "subscriber", "http", "reader", "ping_sent", "next_ping",
                  "window_start", "window_count", "closing", "write_paused", "drain_waiter", "expires", "first",
-                 "device", "client_frames")
+                 "device", "client_frames", "out")
     # Set by connection_made: a connection counted in ``ServerState.conns``
     # may not have one yet, those in ``http_conns`` or among the WebSockets do.
     transport: asyncio.Transport
@@ -109,6 +146,9 @@ class Connection(asyncio.Protocol):
         self.first: asyncio.Future[bytes | None] | None = None
         self.device = DEFAULT_DEVICE  # the device its acks count for (the handshake's `device`)
         self.client_frames: ClientFrames | None = None  # made at its first ack or read frame
+        # Frames given since the loop's last turn, written together at its next
+        # (``ServerState.flush``): one frame, or a list once there are several.
+        self.out: bytes | list[bytes] | None = None
         # Counted from the moment it exists, not from connection_made: the
         # acceptor counts a socket until its protocol is made, and the two
         # counts must meet with no gap (a burst of accepts slipped through it).
@@ -127,6 +167,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.out = None
         self._wake_drain_waiter()
         if self.first is not None and not self.first.done():
             self.first.set_result(None)
@@ -156,7 +197,9 @@ class Connection(asyncio.Protocol):
     async def drained(self) -> bool:
         """Waits until the transport is below its low-water mark; False if the
         connection is closing. A peer that stops reading meanwhile is dropped by
-        the heartbeat (its pong cannot come), which ends the wait."""
+        the heartbeat (its pong cannot come), which ends the wait. What is corked
+        is written first: a catch-up page is paced by what the socket holds."""
+        self.flush()
         if self.write_paused and not self.closing:
             self.drain_waiter = asyncio.get_running_loop().create_future()
             await self.drain_waiter
@@ -255,18 +298,51 @@ class Connection(asyncio.Protocol):
 
     # --- WebSocket: frames out ------------------------------------------------
     def send_text(self, payload: bytes) -> None:
-        """One text frame, written now (the hello before a catch-up)."""
+        """One text frame, written now, after what is corked (the hello before a catch-up, an answer
+        to a client frame)."""
+        self.flush()
         if not self.transport.is_closing():
             self.transport.write(text_frame(payload))
 
     # send and overflow: what its subscriber calls, as its ``daemon.hub.Sink``
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
-        transport = self.transport
-        # Nothing after the close frame (a catch-up can outlast its connection), nor on a transport
-        # the peer closed whose connection_lost is still to come: uvloop raises on that write.
-        if self.closing or transport.is_closing():
+        """Corks the message's frame: it is written with the others this
+        connection gets in the same turn of the loop, each its own WebSocket
+        frame, in order, in one ``write()`` (``ServerState.flush``)."""
+        if self.closing:  # nothing after the close frame (a catch-up can outlast its connection)
             return
-        transport.write(frame if frame is not None else text_frame(payload))
+        if frame is None:
+            frame = text_frame(payload)
+        out = self.out
+        if out is None:
+            # The first frame alone, not in a list: most sockets get one message a turn.
+            self.out = frame
+            # Scheduled once a turn: the flush at the loop's next turn.
+            corked = self.state.corked
+            if not corked:
+                asyncio.get_running_loop().call_soon(self.state.flush)
+            corked.append(self)
+            if len(corked) >= CORK_MAX:
+                self.state.flush()
+        elif isinstance(out, list):
+            out.append(frame)
+        else:
+            self.out = [out, frame]
+
+    def flush(self) -> None:
+        """Writes the corked frames now, in one ``write()``; past the send
+        buffer's bound the socket is closed with 4008 after them (a gap-free
+        prefix). ``ServerState.flush`` does the same for every corked connection."""
+        out, self.out = self.out, None
+        if out is None or self.closing:
+            return
+        transport = self.transport
+        # Not on a transport the peer closed whose connection_lost is still to come: uvloop raises on that write.
+        if transport.is_closing():
+            return
+        # One buffer: uvloop sends a single one with one send(), and joining a few
+        # frames costs less than handing it a list (its writev path; measured alike).
+        transport.write(b"".join(out) if isinstance(out, list) else out)
         if transport.get_write_buffer_size() > self.state.settings.daemon.send_buffer_max_bytes:
             self.subscriber.overflowed = True
             self.overflow()
@@ -386,6 +462,9 @@ class Connection(asyncio.Protocol):
         """Sends a close frame and closes once it is flushed; a peer that
         stops reading is cut off (``_reap_if_stalled``)."""
         if self.closing:
+            return
+        self.flush()  # what is corked goes out before the close frame
+        if self.closing:  # that write overran the send buffer: closed with 4008 already
             return
         self.closing = True
         self._wake_drain_waiter()

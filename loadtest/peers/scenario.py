@@ -271,10 +271,11 @@ def _merge(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
 
 
 def run_ours(dbs: Databases, entries_file: Path, clients: int, devices: int, steps_text: str, gap: float, tmp: Path,
-             truth: bool, daemons: int = 1, client: str = DEFAULT_CLIENT) -> dict:
+             truth: bool, daemons: int = 1, client: str = DEFAULT_CLIENT, daemon_root: Path | None = None) -> dict:
     """``truth``: each batch is committed to MySQL before the relay has it, and what the daemon
     misses is read back from there; without it, a batch the relay never hands over is lost.
-    ``daemons``: processes on the one SO_REUSEPORT port, each with its metrics port."""
+    ``daemons``: processes on the one SO_REUSEPORT port, each with its metrics port;
+    ``daemon_root``: the checkout whose daemon runs (an A/B of two revisions), else this one."""
     from harness.servers import env_for, free_port, stop
     from harness.system import wait_listening
 
@@ -290,7 +291,7 @@ def run_ours(dbs: Databases, entries_file: Path, clients: int, devices: int, ste
                 "--mysql-url", dbs.mariadb.url() if truth else "", "--clients", str(clients // devices),
                 "--steps", steps_text, "--gap", str(gap), "--subscribers", str(daemons)]
     procs = [subprocess.Popen([sys.executable, "-m", "daemon"], env={**env, "CHAT_METRICS_PORT": str(free_port())},
-                              stdout=sys.stderr, stderr=sys.stderr) for _ in range(daemons)]
+                              cwd=daemon_root or ROOT, stdout=sys.stderr, stderr=sys.stderr) for _ in range(daemons)]
     try:
         for proc in procs:
             wait_listening(proc, port, 30)
