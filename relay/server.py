@@ -127,6 +127,11 @@ class Relay:
         """Daemons connected now."""
         return len(self._subscribers)
 
+    def users_of(self, name: str) -> set[str]:
+        """The users the daemon of that name (its hello's) holds, every namespace's; empty if it takes whole ones."""
+        return {u for sub in self._subscribers.values() if sub.name == name for users in (sub.users or {}).values()
+                for u in users}
+
     async def run(self) -> None:
         """The tail, for the life of the process. Its first open is a restart
         too: from there on, the ring covers what the tail shows."""
