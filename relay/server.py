@@ -63,12 +63,13 @@ FORWARDED = Counter("chat_relay_forwarded_total", "Oplog entries written to a da
 PASSED_OVER = Counter("chat_relay_passed_over_total",
                       "Message ids a daemon routed by user was told of without their entry (none of its users')",
                       ["daemon"])
+USERS = Gauge("chat_relay_users", "Users a daemon routed by user holds, by daemon", ["daemon"])
 
 
 class Downstream:
     """One daemon connected: what it asked for, and its counters."""
 
-    __slots__ = ("writer", "wanted", "users", "name", "forwarded", "passed")
+    __slots__ = ("writer", "wanted", "users", "name", "forwarded", "passed", "held")
 
     def __init__(self, writer: asyncio.StreamWriter, wanted: frozenset[str] | None,
                  users: dict[str, set[str]] | None, name: str):
@@ -78,6 +79,11 @@ class Downstream:
         self.name = name
         self.forwarded = FORWARDED.labels(name)
         self.passed = PASSED_OVER.labels(name)
+        self.held = USERS.labels(name)
+        self.count_users()
+
+    def count_users(self) -> None:
+        self.held.set(sum(len(users) for users in (self.users or {}).values()))
 
     def frames(self, parts: dict[str, Part]) -> bytes:
         """What it gets of one batch's parts."""
@@ -98,7 +104,7 @@ class Downstream:
         return b"".join(out)
 
     def forget_metrics(self) -> None:
-        for counter in (FORWARDED, PASSED_OVER):
+        for counter in (FORWARDED, PASSED_OVER, USERS):
             try:
                 counter.remove(self.name)
             except KeyError:
@@ -260,6 +266,7 @@ class Relay:
             self._send(subscriber.writer, frame({"subbed": token, "ns": ns}))
         else:
             held.difference_update(named)
+        subscriber.count_users()
 
     def close(self) -> None:
         for writer in list(self._subscribers):
