@@ -242,9 +242,10 @@ class Stream:
     async def hold(self, user: str, timeout: float) -> bool:
         """Holds ``user`` (asks the relay for it, on its first socket), and
         returns once every entry of the user past the position will reach
-        this daemon: the relay's marker has come, and the position has
-        reached the ids seen before it. False: not within ``timeout`` (the
-        caller still ``release``s it)."""
+        this daemon: the relay's marker has come, and the ids seen before it
+        are handled (released, or dropped as strays: a far id planted in the
+        fast store is seen, and never released). False: not within
+        ``timeout`` (the caller still ``release``s it)."""
         interest, relay = self.interest, self._relay
         if interest is None or relay is None:
             return True
@@ -255,9 +256,10 @@ class Stream:
             async with asyncio.timeout_at(deadline):
                 while (since := interest.covered_from(user)) is None:
                     await self._marked.wait()
+                await self.consumer.wait_settled(since)
         except TimeoutError:
             return False
-        return await self.wait_for(since, max(0.0, deadline - asyncio.get_running_loop().time()))
+        return True
 
     def release(self, user: str) -> None:
         """A socket of ``user`` that ``hold`` held is gone: after the last, once

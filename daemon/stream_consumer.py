@@ -170,6 +170,23 @@ class Consumer:
         self._set_lag(self._lag)
         self._notify()
 
+    def drop_above(self, bound: int) -> list[int]:
+        """Forgets held documents past ``bound`` (``Sequencer.drop_above``); returns their ids."""
+        dropped = self.seq.drop_above(bound)
+        if dropped:
+            self._notify()  # a user waiting for ids seen before its marker may wait for these no more
+        return dropped
+
+    def settled(self, upto: int) -> bool:
+        """Whether every id up to ``upto`` that came before now has been handled:
+        released, or dropped as not the writer's. An id still held may yet go
+        out (as the document, or passed over); one dropped never will."""
+        return self.position >= upto or all(i > upto for i in self.seq.held_ids())
+
+    async def wait_settled(self, upto: int) -> None:
+        while not self.settled(upto):
+            await self._advanced.wait()
+
     def release_held(self, docs: list[dict]) -> None:
         """Releases documents that waited for the truth: oplog -> socket counts from when the wait began."""
         self.release(docs, self._waiting_since or time.perf_counter())

@@ -115,7 +115,7 @@ class TruthReader:
             return
         self._mysql_backoff.reset()
         self.committed, self._head_known = max(self.committed, truth.head), True
-        if dropped := seq.drop_above(truth.head):
+        if dropped := self._consumer.drop_above(truth.head):
             reject("past_committed_head", "oplog", dropped)
         span = min(upto, truth.head)
         if span > self.position:
@@ -135,7 +135,7 @@ class TruthReader:
             return
         seq = self._consumer.seq
         self._consumer.release_held(seq.confirm(self.committed))
-        seq.drop_above(self.committed)  # read back from MySQL once it answers (the gap check)
+        self._consumer.drop_above(self.committed)  # read back from MySQL once it answers (the gap check)
         if seq.hole:
             await self._fill_from_collection(self.committed, through=False)
 
@@ -174,7 +174,7 @@ class TruthReader:
                 elif hole and upto is not None:  # not None: the branch above takes a hole when it is
                     # Without MySQL, past meta.head nothing is confirmed: let go of
                     # them; once meta.head passes them, the gap check reads them back.
-                    seq.drop_above(upto)
+                    self._consumer.drop_above(upto)
                 return True
             first = int(docs[0]["_id"])
             if first > self.position + 1:

@@ -14,7 +14,10 @@ whole set in each hello, so a relay restarted, or a connection dropped,
 serves the same users from its ring, and each change as it comes. After
 each hello, and after each ``sub`` the relay has applied, it yields a
 ``Subscribed``: from that point of the stream, the users asked for so far
-are served (daemon/interest.py joins a user's catch-up there).
+are served (daemon/interest.py joins a user's catch-up there). It yields
+one too each time it finds the relay away: until the next hello, which
+names them all, nothing of the relay's comes, and what the stream reads
+meanwhile (from MySQL) is whole.
 
 While the relay is away (a restart: about a second under supervisord), the
 daemon reconnects every ``RECONNECT_CAP`` seconds at most, and its gap
@@ -161,6 +164,13 @@ class RelayTail:
                 self._writer = None
                 if writer is not None:
                     writer.close()
+            if self.by_user:
+                # No relay now: what the stream takes until the next hello comes from
+                # MySQL (the gap check, holes), every row whole, and that hello names
+                # every user wanted so far. So they are served from this point of the
+                # stream: a user's first socket need not wait for a relay that is away.
+                for ns in self.namespaces:
+                    yield Subscribed(ns, self._token)
             await asyncio.sleep(backoff.next())
 
     def _resume_after(self, last: Timestamp) -> None:
