@@ -309,6 +309,14 @@ class RelaySettings(_Section):
     socket: Annotated[str, Env("CHAT_OPLOG_RELAY_SOCKET")] = Field(
         "", description="Unix socket of the host's oplog relay. Empty: each daemon tails the oplog itself.",
     )
+    route_by_user: Annotated[bool, Env("CHAT_RELAY_ROUTE_BY_USER")] = Field(
+        True, description="Daemons tell the relay which users they hold and get those users' entries only (and the "
+        "other ids): each decodes its share of the users. False: each gets every entry of its partitions.",
+    )
+    user_linger_seconds: Annotated[float, Env("CHAT_RELAY_USER_LINGER_SECONDS")] = Field(
+        5.0, ge=0, description="Routed by user: a daemon keeps a user after its last socket for this long, so that "
+        "a long-poll's next request, or a quick reconnect, finds it still served.",
+    )
     metrics_host: Annotated[str, Env("CHAT_RELAY_METRICS_HOST", "CHAT_METRICS_HOST")] = Field(
         LOOPBACK, description=f"{METRICS_HOST} Empty: {LOOPBACK} (the relay listens on a Unix socket only).")
     metrics_port: Annotated[int, Env("CHAT_RELAY_METRICS_PORT", "CHAT_METRICS_PORT")] = Field(

@@ -23,6 +23,11 @@ TAIL_BACKPRESSURE = Counter("chat_daemon_tail_backpressure_total",
 # tail, filters the rest out), so each daemon decodes its share of the oplog.
 OPLOG_DECODED = Counter("chat_daemon_oplog_entries_decoded_total",
                         "Oplog entries this daemon decoded, by the partition they belong to", ["partition"])
+# Routed by user (relay/routing.py): the ids of the partition's other messages, counted
+# without decoding them. A daemon's decoded share is decoded / (decoded + passed over).
+OPLOG_PASSED = Counter("chat_daemon_oplog_ids_passed_over_total",
+                       "Message ids of the partition the relay passed over (for none of this daemon's users), "
+                       "by partition", ["partition"])
 PARTITION_POSITION = Gauge("chat_daemon_partition_position", "Highest message id released, by partition",
                            ["partition"])
 PARTITION_TAIL_LAG = Gauge("chat_daemon_partition_tail_lag_seconds",

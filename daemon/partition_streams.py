@@ -140,12 +140,14 @@ def _make(settings: Settings, client: AsyncMongoClient, served: list[int], slot_
     loops: list[Coroutine[Any, Any, None]] = []
     sources: dict[int, OplogSource]
     fanout = None
+    relay: RelayTail | None = None  # the streams hold their users there, if it routes by user
     if tail is not None:
         sources = {served[0]: tail}
     else:
         shared: OplogTail | RelayTail
         if settings.relay.socket:
-            shared = RelayTail(client, tuple(namespaces), settings.relay.socket)
+            shared = RelayTail(client, tuple(namespaces), settings.relay.socket, by_user=settings.relay.route_by_user)
+            relay = shared
         else:
             shared = OplogTail(client, *namespaces, silence_seconds=settings.tail.silence_seconds,
                                ferretdb_poll_seconds=settings.tail.ferretdb_poll_ms / 1000,
@@ -166,7 +168,8 @@ def _make(settings: Settings, client: AsyncMongoClient, served: list[int], slot_
                          cache_max=settings.daemon.recent_cache_max,
                          gap_check_seconds=settings.daemon.gap_check_seconds,
                          cache_max_bytes=settings.daemon.recent_cache_max_bytes, ranges=ranges.get(k), partition=k,
-                         encode=frame_encoder(k, slot_map), primary=k == primary)
+                         encode=frame_encoder(k, slot_map), primary=k == primary, relay=relay,
+                         linger_seconds=settings.relay.user_linger_seconds)
                for k in served}
     return Partitions(slot_map, streams, Hubs(hubs), engine, [*loops, *(s.run() for s in streams.values())],
                       list(ranges.values()), fanout)

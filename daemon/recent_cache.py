@@ -74,6 +74,8 @@ class RecentCache:
         if not entries or not 0 <= at < len(entries):
             return
         msg_id, sender, recipient, created, payload = entries[at]
+        if not payload:
+            return  # a blank (daemon/passed.py): the message is for none of this daemon's users
         frame = orjson.loads(payload)
         if frame.get("type") != "message":
             return

@@ -117,7 +117,7 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
             except TimeoutError:
                 pass
     finally:
-        daemon.hub.unregister(sub)
+        daemon.unsubscribe(sub)
         sub.detach()
         daemon.polls.discard(waiter)
         metrics.POLLS_WAITING.dec()

@@ -84,6 +84,9 @@ class Sequencer:
         """How many documents are held."""
         return len(self._held)
 
+    def held_ids(self) -> list[int]:
+        return list(self._held)
+
     def held_upto(self, upto: int) -> list[dict]:
         """The held documents with ids up to ``upto``, in id order."""
         return [self._held[i] for i in sorted(self._held) if i <= upto]

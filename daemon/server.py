@@ -33,6 +33,9 @@ from daemon.stream import Stream
 from writer.client import RemoteWriter
 
 FUTURE_SINCE_WAIT = 2.0  # a `since` from a daemon that is ahead of this one
+# Routed by user: how long a user's first socket waits for the relay to serve the user
+# (its marker, behind what the relay and the stream hold queued); past it, the client retries.
+HOLD_WAIT = 10.0
 # Heartbeat buckets a quarter of a tick wide: a socket visited before its due
 # time (it shares a bucket with the tick's time) is one in eight, not one in two.
 BUCKETS_PER_TICK = 4
@@ -105,6 +108,8 @@ class Daemon:
         self.writer = writer  # the host's writer: where clients' acks and read markers go (None: refused)
         self._unread = unread  # None: no MySQL, and `unread` is null
         self.signals = signals  # typing and presence; None: no Redis (CHAT_REDIS_URL empty)
+        # Routed by user: the subscribers whose user their stream holds (``Stream.hold``), until ``unsubscribe``.
+        self._holding: set[Subscriber] = set()
 
     @property
     def slot_map(self) -> SlotMap:
@@ -183,8 +188,18 @@ class Daemon:
 
         The stream position is read and the subscriber registered with no
         await in between: catch-up covers (since, position], live frames the rest.
+        Routed by user, the stream first holds the user: the relay serves it
+        every entry of the user past that position (``Stream.hold``).
         """
         stream = self.streams[sub.partition]
+        if stream.by_user:
+            self._holding.add(sub)
+            served = await stream.hold(sub.user, HOLD_WAIT)
+            if sub not in self._holding:  # gone while it waited (``unsubscribe``): nothing to register
+                return _one(CatchUp(False, [])), stream.position
+            if not served:
+                self.unsubscribe(sub)
+                raise Behind()
         position = stream.position
         sub.last_id = since if since is not None else position
         self.hub.register(sub)
@@ -195,11 +210,19 @@ class Daemon:
                 # The client saw more than this daemon has (it came from one
                 # further along). Not "recovered: false", which would send it to
                 # reload history: it retries, here or elsewhere, with this since.
-                self.hub.unregister(sub)
+                self.unsubscribe(sub)
                 raise Behind()
             sub.last_id = position  # no message has that id: serve from here
             return _one(CatchUp(False, [])), position
         return stream.pages(sub.user, since, position, most, max_bytes), max(position, since)
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        """``sub`` is done: out of its hub, and its user let go if it was the last (routed by user)."""
+        self.hub.unregister(sub)
+        if sub in self._holding:
+            self._holding.discard(sub)
+            if (stream := self.streams.get(sub.partition)) is not None:
+                stream.release(sub.user)
 
     def join(self, conn: Connection) -> None:
         """A new WebSocket: among the sockets, due for its heartbeat at its first ping (or token expiry)."""
@@ -212,7 +235,7 @@ class Daemon:
         """A WebSocket is gone (closed either way); idempotent."""
         if conn in self.sockets:
             self.sockets.discard(conn)
-            self.hub.unregister(conn.subscriber)
+            self.unsubscribe(conn.subscriber)
             conn.subscriber.detach()
             metrics.WS_OPEN.dec()
             if self.signals is not None:

@@ -13,6 +13,12 @@ once MySQL has shown them to be its rows (``TruthReader.fill``: one read per
 batch, not per message). The stream itself starts them, runs the gap check,
 and answers catch-up.
 
+Through a relay that routes by user (relay/routing.py), the stream gets the
+entries of the users this daemon holds, and the other ids only: it holds a
+user (``hold``) before the user's first socket registers, so that the
+socket's catch-up joins the live stream where the relay began to serve the
+user (daemon/interest.py), and lets the user go after its last.
+
 A partition's stream reads its own table, collection and meta documents
 (``chat.partitions``; partition 0's are the single stream's) and hands its
 messages to its own hub, which holds the connections of that partition's
@@ -36,6 +42,7 @@ from chat.stopping import reraise_if_cancelling
 from daemon import catchup, metrics, store_reads, stream_fills
 from daemon.catchup import CatchUp
 from daemon.hub import Hub
+from daemon.interest import Interest
 from daemon.recent_cache import RecentCache
 from daemon.stream_consumer import Consumer, admit
 from daemon.stream_fills import TruthReader
@@ -44,6 +51,7 @@ from db import mongo
 from db.stream_ranges import StreamRanges
 from oplog.backoff import Backoff
 from oplog.events import OplogSource
+from relay.client import RelayTail
 
 log = logging.getLogger("chat.stream")
 
@@ -63,9 +71,12 @@ class Stream:
     def __init__(self, db: AsyncDatabase, tail: OplogSource, hub: Hub, *, retention_seconds: int,
                  cache_max: int, gap_check_seconds: float, cache_max_bytes: int = 64 << 20,
                  ranges: StreamRanges | None = None, partition: int = 0,
-                 encode: Callable[[dict], Encoded] = encode_doc, primary: bool = True):
+                 encode: Callable[[dict], Encoded] = encode_doc, primary: bool = True,
+                 relay: RelayTail | None = None, linger_seconds: float = 5.0):
         """``encode``: a document as it is cached and sent (``daemon.partitioning.frame_encoder``);
-        ``primary``: this stream's position and lag are the daemon's unlabelled gauges."""
+        ``primary``: this stream's position and lag are the daemon's unlabelled gauges;
+        ``relay``: the daemon's relay, if it routes by user (``relay.by_user``): then
+        ``linger_seconds`` is how long a user stays held after its last socket."""
         self._db = db
         self.partition = partition
         self._encode = encode
@@ -86,6 +97,12 @@ class Stream:
         # MySQL (the fast store lags, or the tail stopped).
         self._committed_before = 0
         self.ready = asyncio.Event()
+        self._relay = relay if relay is not None and relay.by_user else None
+        self._linger = linger_seconds
+        self.interest = Interest() if self._relay is not None else None
+        self._marked = asyncio.Event()  # set and replaced at each relay marker that serves a user
+        if self.interest is not None:
+            self.consumer.on_subscribed = self._subscribed
 
     @property
     def position(self) -> int:
@@ -212,6 +229,60 @@ class Stream:
         return await self._stored_ids.contains(msg_id, max(self.position, self.truth.committed),
                                              self.truth.read_committed)
 
+    # --- the users the relay serves this daemon (routed by user) ------------
+    @property
+    def by_user(self) -> bool:
+        return self.interest is not None
+
+    def _subscribed(self, token: int, seen: int) -> None:
+        if self.interest is not None and self.interest.subscribed(token, seen):
+            marked, self._marked = self._marked, asyncio.Event()
+            marked.set()
+
+    async def hold(self, user: str, timeout: float) -> bool:
+        """Holds ``user`` (asks the relay for it, on its first socket), and
+        returns once every entry of the user past the position will reach
+        this daemon: the relay's marker has come, and the ids seen before it
+        are handled (released, or dropped as strays: a far id planted in the
+        fast store is seen, and never released). False: not within
+        ``timeout`` (the caller still ``release``s it)."""
+        interest, relay = self.interest, self._relay
+        if interest is None or relay is None:
+            return True
+        if interest.hold(user):
+            interest.asked(user, relay.want(self._tail.namespace, user))
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                while (since := interest.covered_from(user)) is None:
+                    await self._marked.wait()
+                await self.consumer.wait_settled(since)
+        except TimeoutError:
+            return False
+        return True
+
+    def release(self, user: str) -> None:
+        """A socket of ``user`` that ``hold`` held is gone: after the last, once
+        the linger is over, the relay is told to stop."""
+        if self.interest is None:
+            return
+        generation = self.interest.release(user)
+        if generation is not None:
+            asyncio.get_running_loop().call_later(self._linger, self._expire, user, generation)
+
+    def _expire(self, user: str, generation: int) -> None:
+        if self.interest is not None and self._relay is not None and self.interest.expire(user, generation):
+            self._relay.drop(self._tail.namespace, user)
+
+    def _cache_serves(self, user: str, since: int) -> bool:
+        """Whether the recent cache holds every message of ``user`` after
+        ``since`` that it covers: routed by user, those past the user's
+        ``covered_from`` only (before it, the entries went to other daemons)."""
+        if self.interest is None:
+            return True
+        covered = self.interest.covered_from(user)
+        return covered is not None and since >= covered
+
     # --- catch-up -----------------------------------------------------------
     async def catch_up(self, user: str, since: int, upto: int, most: int | None = None) -> CatchUp:
         """The first page of ``pages``: the oldest ``most`` of the user's
@@ -226,7 +297,7 @@ class Stream:
         store, whose reads say where messages expired while it was read."""
         if since >= upto:
             items = catchup.no_items()
-        elif self.cache.covers(since, upto):
+        elif self.cache.covers(since, upto) and self._cache_serves(user, since):
             metrics.CATCHUPS_FROM_CACHE.inc()
             items = catchup.from_cache(self.cache, user, since, upto)
         else:

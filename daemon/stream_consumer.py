@@ -19,9 +19,10 @@ from daemon import metrics
 from daemon.hub import Hub
 from daemon.recent_cache import RecentCache
 from daemon.sequencer import Sequencer
-from daemon.tail_reader import FillRequest, ConsumerInbox
+from daemon.passed import Passed, blank, merged, passed_over
+from daemon.tail_reader import FillRequest, ConsumerInbox, Item
 from daemon.wire import text_frame
-from oplog.events import Batch
+from oplog.events import Batch, Subscribed
 
 log = logging.getLogger("chat.stream")
 
@@ -60,6 +61,11 @@ class Consumer:
         self._checked = checked_by_mysql
         label = str(partition)
         self._decoded = metrics.OPLOG_DECODED.labels(label)
+        self._passed = metrics.OPLOG_PASSED.labels(label)
+        # The highest id offered to the sequencer: where a relay's marker stands (daemon/interest.py).
+        self.seen = 0
+        # What a relay's marker is handed to (``Stream``, routed by user): (its token, ``seen``).
+        self.on_subscribed: Callable[[int, int], None] | None = None
         self._position_gauge = metrics.PARTITION_POSITION.labels(label)
         self._lag_gauge = metrics.PARTITION_TAIL_LAG.labels(label)
         self.seq = self._sequencer(0)  # the reader of the truth settles what it holds
@@ -75,6 +81,7 @@ class Consumer:
     def start_at(self, high: int) -> None:
         """The position the stream's start read: every id up to ``high`` counts as released."""
         self.seq = self._sequencer(high)
+        self.seen = max(self.seen, high)
 
     @property
     def position(self) -> int:
@@ -103,10 +110,14 @@ class Consumer:
             if not self.seq.hole:
                 self._waiting_since = None
 
-    def _step(self, item: Batch | FillRequest, received: float) -> bool:
+    def _step(self, item: Item, received: float) -> bool:
         """Takes one item of the inbox; True: it asks for a read of the truth."""
         if isinstance(item, FillRequest):
             return True
+        if isinstance(item, Subscribed):
+            if self.on_subscribed is not None:
+                self.on_subscribed(item.token, self.seen)
+            return False
         self.take(item, received)
         if self._waiting_since is None and self.seq.hole:
             self._waiting_since = received
@@ -116,17 +127,29 @@ class Consumer:
         """One oplog batch, without I/O: what is next in the stream goes out now,
         what comes after a hole is held (loadtest/hotpath.py times this)."""
         entries = batch.entries
-        docs = [d for entry in entries for d in inserted_docs(entry, self._namespace)]
+        docs = admit([d for entry in entries for d in inserted_docs(entry, self._namespace)], "oplog")
         metrics.OPLOG_ENTRIES.inc(len(entries))
         self._decoded.inc(len(entries))
+        if batch.passed:  # routed by user: the ids of the others' documents, in the order's place of them
+            passed = passed_over(batch.passed)
+            self._passed.inc(len(passed))
+            docs = merged(docs, passed)
         if docs:
-            self.release(self.seq.offer(admit(docs, "oplog")), received)
+            last = docs[-1]["_id"]
+            if last > self.seen:
+                self.seen = last
+            self.release(self.seq.offer(docs), received)
 
     def release(self, docs: list[dict], received: float) -> None:
         if not docs:
             return
         pushes = 0
+        newest = None
         for doc in docs:
+            if type(doc) is Passed:
+                self._cache.append(blank(doc["_id"]))  # for none of this daemon's users
+                continue
+            newest = doc
             encoded = self._encode(doc)
             self._cache.append(encoded)
             if doc.get("kind") in REVISIONS:
@@ -141,10 +164,28 @@ class Consumer:
         self._position_gauge.set(self.position)
         if self._primary:
             metrics.POSITION.set(self.position)
-        self._lag = max(0.0, time.time() - docs[-1]["created_at"].timestamp())
+        if newest is not None:
+            self._lag = max(0.0, time.time() - newest["created_at"].timestamp())
         self._moved_at = time.monotonic()
         self._set_lag(self._lag)
         self._notify()
+
+    def drop_above(self, bound: int) -> list[int]:
+        """Forgets held documents past ``bound`` (``Sequencer.drop_above``); returns their ids."""
+        dropped = self.seq.drop_above(bound)
+        if dropped:
+            self._notify()  # a user waiting for ids seen before its marker may wait for these no more
+        return dropped
+
+    def settled(self, upto: int) -> bool:
+        """Whether every id up to ``upto`` that came before now has been handled:
+        released, or dropped as not the writer's. An id still held may yet go
+        out (as the document, or passed over); one dropped never will."""
+        return self.position >= upto or all(i > upto for i in self.seq.held_ids())
+
+    async def wait_settled(self, upto: int) -> None:
+        while not self.settled(upto):
+            await self._advanced.wait()
 
     def release_held(self, docs: list[dict]) -> None:
         """Releases documents that waited for the truth: oplog -> socket counts from when the wait began."""

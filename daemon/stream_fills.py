@@ -20,9 +20,9 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 from sqlalchemy.exc import SQLAlchemyError
 
-from chat.messages import shown_digest, shown_digest_of
 from chat.stopping import reraise_if_cancelling
 from daemon import metrics
+from daemon.passed import digest, digest_of
 from daemon.stream_consumer import Consumer, admit, reject
 from db import mongo
 from db.stream_ranges import StreamRanges
@@ -115,12 +115,12 @@ class TruthReader:
             return
         self._mysql_backoff.reset()
         self.committed, self._head_known = max(self.committed, truth.head), True
-        if dropped := seq.drop_above(truth.head):
+        if dropped := self._consumer.drop_above(truth.head):
             reject("past_committed_head", "oplog", dropped)
         span = min(upto, truth.head)
         if span > self.position:
             shown = seq.held_upto(span)
-            if len(shown) == truth.rows == span - self.position and shown_digest_of(shown) == truth.digest:
+            if len(shown) == truth.rows == span - self.position and digest_of(shown) == truth.digest:
                 self._consumer.release_held(seq.confirm(span))
         if (ahead or seq.hole) and self.position < truth.head:
             if not await self._fill_from_mysql(ranges, truth.head):
@@ -135,7 +135,7 @@ class TruthReader:
             return
         seq = self._consumer.seq
         self._consumer.release_held(seq.confirm(self.committed))
-        seq.drop_above(self.committed)  # read back from MySQL once it answers (the gap check)
+        self._consumer.drop_above(self.committed)  # read back from MySQL once it answers (the gap check)
         if seq.hole:
             await self._fill_from_collection(self.committed, through=False)
 
@@ -174,7 +174,7 @@ class TruthReader:
                 elif hole and upto is not None:  # not None: the branch above takes a hole when it is
                     # Without MySQL, past meta.head nothing is confirmed: let go of
                     # them; once meta.head passes them, the gap check reads them back.
-                    seq.drop_above(upto)
+                    self._consumer.drop_above(upto)
                 return True
             first = int(docs[0]["_id"])
             if first > self.position + 1:
@@ -220,7 +220,7 @@ class TruthReader:
         # A message edited or deleted since its insert differs from its oplog
         # document by design: MySQL's latest version goes out, and it is no stray.
         if held and (differ := [d["_id"] for d in truth
-                                if (h := held.get(d["_id"])) is not None and shown_digest(h) != shown_digest(d)
+                                if (h := held.get(d["_id"])) is not None and digest(h) != digest(d)
                                 and "edited_at" not in d and not d.get("deleted")]):
             reject("differs_from_mysql", "oplog", differ, action="replaced_by_mysql_row")
         self._consumer.release_held(seq.offer_truth(truth))

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from daemon import metrics
-from oplog.events import Batch, OplogSource, Restarted
+from oplog.events import Batch, OplogSource, Restarted, Subscribed
 
 log = logging.getLogger("chat.stream")
 
@@ -30,6 +30,16 @@ class FillRequest:
     """In the consumer's inbox, among the oplog batches: "read the truth now"."""
 
 
+Item = Batch | Subscribed | FillRequest
+
+
+def _size(item: Batch | Subscribed) -> int:
+    """What an item counts for in the inbox's bound: a batch's entries and ids passed over, a marker one."""
+    if isinstance(item, Batch):
+        return len(item.entries) + len(item.passed) // 16 or 1
+    return 1
+
+
 class ConsumerInbox:
     """Oplog batches for the consumer, each with the time it arrived, and among
     them at most one ``FillRequest`` (requests coalesce until the consumer
@@ -41,15 +51,16 @@ class ConsumerInbox:
         # Every batch holds an entry at least, and ``put`` keeps the batches
         # queued to ``max_entries`` at the most: the queue's own bound is that,
         # with one more for the fill request, which is never made to wait.
-        self._items: asyncio.Queue[tuple[Batch | FillRequest, float]] = asyncio.Queue(self.max_entries + 1)
+        self._items: asyncio.Queue[tuple[Item, float]] = asyncio.Queue(self.max_entries + 1)
         self._entries = 0
         self._room = asyncio.Event()  # set while the reader may queue more
         self._room.set()
         self._fill_requested = False
 
-    async def put(self, batch: Batch) -> None:
-        """Queues ``batch``; while the consumer is ``max_entries`` behind, first waits for it."""
-        size = len(batch.entries)
+    async def put(self, batch: Batch | Subscribed) -> None:
+        """Queues ``batch`` (or a relay's marker, in its place in the stream);
+        while the consumer is ``max_entries`` behind, first waits for it."""
+        size = _size(batch)
         if self._entries and self._entries + size > self.max_entries:
             # Overload slows the tail down rather than shedding: while the consumer is this
             # far behind, the oplog is not read. Through the relay the batches wait in its
@@ -78,18 +89,18 @@ class ConsumerInbox:
     def empty(self) -> bool:
         return self._items.empty()
 
-    async def get(self) -> tuple[Batch | FillRequest, float]:
+    async def get(self) -> tuple[Item, float]:
         return self._taken(await self._items.get())
 
-    def get_nowait(self) -> tuple[Batch | FillRequest, float]:
+    def get_nowait(self) -> tuple[Item, float]:
         return self._taken(self._items.get_nowait())
 
-    def _taken(self, taken: tuple[Batch | FillRequest, float]) -> tuple[Batch | FillRequest, float]:
+    def _taken(self, taken: tuple[Item, float]) -> tuple[Item, float]:
         item = taken[0]
         if isinstance(item, FillRequest):
             self._fill_requested = False
         else:
-            self._entries -= len(item.entries)
+            self._entries -= _size(item)
             if self._entries <= self.max_entries // 2:
                 self._room.set()  # the reader takes the oplog again once half the inbox is free
         return taken
@@ -109,4 +120,4 @@ class TailReader:
                 # fallen-off tail missed shows up as a hole (or in the gap
                 # check) and is read back then, and only then.
                 continue
-            await self._inbox.put(event)
+            await self._inbox.put(event)  # a batch, or a relay's marker in its place among them

@@ -291,7 +291,7 @@ async def _receive(endpoint: Endpoint, run: str, out: str, shared: CarrierShared
         else:
             from pymongo import AsyncMongoClient
 
-            from oplog.events import Restarted
+            from oplog.events import Batch, Restarted
             from oplog.tail import OplogTail
 
             assert endpoint.mongo_url is not None
@@ -302,6 +302,8 @@ async def _receive(endpoint: Endpoint, run: str, out: str, shared: CarrierShared
                     if isinstance(event, Restarted):
                         restarts += 1
                         listening()
+                        continue
+                    if not isinstance(event, Batch):
                         continue
                     now = time.time()
                     for entry in event.entries:

@@ -17,9 +17,24 @@ from bson import Timestamp
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Oplog entries in the order the oplog holds them (never empty)."""
+    """Oplog entries in the order the oplog holds them (never empty, but for
+    a relay's batch routed by user, whose ``passed`` may be all there is).
+
+    Through a relay that routes by user (relay/routing.py) a batch is one
+    namespace's part of an oplog batch: the entries for this daemon's users,
+    and ``passed``, the ids (with their digests) of the other message
+    documents of that part, which the daemon counts as seen without decoding
+    them: (id, digest) pairs packed as ``relay.routing.PASSED``."""
 
     entries: list[dict]
+    passed: bytes = b""
+    namespace: str | None = None  # set on a relay's batch of one namespace
+    ts: Timestamp | None = None  # the ts of the part's last entry, forwarded to this daemon or not
+
+    @property
+    def last_ts(self) -> Timestamp:
+        """Where a tail that has handled this batch resumes."""
+        return self.ts if self.ts is not None else self.entries[-1]["ts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +46,17 @@ class Restarted:
     back from the stores then."""
 
 
-OplogEvent = Batch | Restarted
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    """A relay that routes by user has applied this daemon's subscriptions
+    of ``namespace`` numbered up to ``token``: from here on in the stream,
+    every entry of those users comes (relay/client.py ``RelayTail.want``)."""
+
+    namespace: str
+    token: int
+
+
+OplogEvent = Batch | Restarted | Subscribed
 
 
 class OplogSource(Protocol):

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from bson import Timestamp
 
-from oplog.events import Batch, OplogEvent, Restarted
+from oplog.events import Batch, OplogEvent, Restarted, Subscribed
 from oplog.namespaces import split_by_namespace
 
 # Batches waiting for a stream's reader. The reader moves each at once into
@@ -67,7 +67,7 @@ class FanoutView:
         while True:
             event = await self.queue.get()
             if isinstance(event, Batch):
-                self.last_ts = event.entries[-1]["ts"]
+                self.last_ts = event.last_ts
             yield event
 
 
@@ -91,6 +91,13 @@ class Fanout:
             if isinstance(event, Restarted):
                 for view in views.values():
                     await view.queue.put(event)
+                continue
+            if isinstance(event, Subscribed):
+                await views[event.namespace].queue.put(event)
+                continue
+            if event.namespace is not None:  # a relay's batch routed by user: one namespace's already
+                if (own := views.get(event.namespace)) is not None:
+                    await own.queue.put(event)
                 continue
             for ns, entries in split_by_namespace(event.entries, views).items():
                 await views[ns].queue.put(Batch(entries))

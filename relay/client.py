@@ -8,6 +8,17 @@ reconnecting). The stream needs
 nothing more: ids are gap-free, so a missed entry shows up as a hole, or in
 the gap check, and is read back from MySQL or the `messages` collection.
 
+Routed by user (``by_user``), it also keeps the set of users the daemon
+holds (``want``, ``drop``): their first socket and their last. It sends the
+whole set in each hello, so a relay restarted, or a connection dropped,
+serves the same users from its ring, and each change as it comes. After
+each hello, and after each ``sub`` the relay has applied, it yields a
+``Subscribed``: from that point of the stream, the users asked for so far
+are served (daemon/interest.py joins a user's catch-up there). It yields
+one too each time it finds the relay away: until the next hello, which
+names them all, nothing of the relay's comes, and what the stream reads
+meanwhile (from MySQL) is whole.
+
 While the relay is away (a restart: about a second under supervisord), the
 daemon reconnects every ``RECONNECT_CAP`` seconds at most, and its gap
 check delivers what is stored meanwhile. It logs the first failed attempt
@@ -19,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -26,7 +38,7 @@ from bson import Timestamp
 from pymongo import AsyncMongoClient
 
 from oplog.backoff import Backoff
-from oplog.events import Batch, OplogEvent, Restarted
+from oplog.events import Batch, OplogEvent, Restarted, Subscribed
 from oplog.tail import newest_ts
 from relay.protocol import FRAME_MAX, BadFrame, frame, read_frame
 from chat.stopping import reraise_if_cancelling
@@ -64,9 +76,11 @@ class RepeatedFailures:
 
 class RelayTail:
     def __init__(self, client: AsyncMongoClient, namespace: str | tuple[str, ...], socket_path: str,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, by_user: bool = False, name: str = ""):
         """``namespace``: one, or the several a daemon's partitions have (the first is ``namespace``);
-        the relay sends the entries of those only. ``clock`` paces the relay_unreachable lines."""
+        the relay sends the entries of those only. ``clock`` paces the relay_unreachable lines.
+        ``by_user``: of those, the entries of the users ``want`` names only; ``name``: this
+        daemon in the relay's metrics (its pid by default)."""
         self._client = client
         self._clock = clock
         self._failures = RepeatedFailures(UNREACHABLE_LOG_SECONDS)
@@ -74,6 +88,30 @@ class RelayTail:
         self.namespace = self.namespaces[0]
         self._path = socket_path
         self.last_ts: Timestamp | None = None  # the last entry received: where a reconnect resumes
+        self.by_user = by_user
+        self.name = name or str(os.getpid())
+        self.users: dict[str, set[str]] = {ns: set() for ns in self.namespaces}  # what each hello names
+        self._token = 0  # numbers each sub: the relay's ``subbed`` says up to which one applies
+        self._writer: asyncio.StreamWriter | None = None  # the connection a sub or unsub goes to, once it said hello
+
+    def want(self, namespace: str, user: str) -> int:
+        """Asks for ``user``'s entries of ``namespace`` from now on; returns the
+        number that the ``Subscribed`` which serves it carries (or a later one)."""
+        self._token += 1
+        self.users[namespace].add(user)
+        self._request({"sub": [user], "ns": namespace, "n": self._token})
+        return self._token
+
+    def drop(self, namespace: str, user: str) -> None:
+        """No more of ``user``'s entries of ``namespace``."""
+        self.users[namespace].discard(user)
+        self._request({"unsub": [user], "ns": namespace})
+
+    def _request(self, message: dict) -> None:
+        # Not connected: the next hello names the whole set. A write to a connection
+        # that is going is lost with it, and so is covered by that hello as well.
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(frame(message))
 
     async def newest_ts(self) -> Timestamp | None:
         return await newest_ts(self._client)
@@ -85,7 +123,12 @@ class RelayTail:
             writer = None
             try:
                 reader, writer = await asyncio.open_unix_connection(self._path)
-                writer.write(frame({"since": self.last_ts, "ns": list(self.namespaces)}))
+                hello_frame: dict[str, object] = {"since": self.last_ts, "ns": list(self.namespaces), "name": self.name}
+                if self.by_user:
+                    hello_frame["users"] = {ns: sorted(users) for ns, users in self.users.items()}
+                # The subs numbered up to here are in the hello; later ones go on this connection.
+                writer.write(frame(hello_frame))
+                in_hello, self._writer = self._token, writer
                 hello = await read_frame(reader, FRAME_MAX, codec)
                 if hello is None:
                     raise ConnectionError("the relay closed before its hello")
@@ -93,13 +136,20 @@ class RelayTail:
                          self._failures.succeeded())
                 if not hello.get("resumed"):
                     yield Restarted()
+                if self.by_user:
+                    for ns in self.namespaces:  # what the hello named is served from here on
+                        yield Subscribed(ns, in_hello)
                 backoff.reset()
                 while (message := await read_frame(reader, FRAME_MAX, codec)) is not None:
                     batch = message.get("b")
-                    if batch:
-                        # A batch of several namespaces comes as a frame each: resume after the newest.
-                        last = batch[-1]["ts"]
-                        self.last_ts = last if self.last_ts is None or last > self.last_ts else self.last_ts
+                    part = message.get("ns")
+                    if part is not None and (subbed := message.get("subbed")) is not None:
+                        yield Subscribed(part, subbed)
+                    elif part is not None and batch is not None:  # routed by user
+                        self._resume_after(message["ts"])
+                        yield Batch(batch, bytes(message.get("p") or b""), part, message["ts"])
+                    elif batch:
+                        self._resume_after(batch[-1]["ts"])
                         yield Batch(batch)
                     elif message.get("restarted"):
                         yield Restarted()
@@ -111,6 +161,18 @@ class RelayTail:
                     log.warning("event=relay_unreachable error=%s detail=%s failures=%d", exc.__class__.__name__,
                                 exc, failures)
             finally:
+                self._writer = None
                 if writer is not None:
                     writer.close()
+            if self.by_user:
+                # No relay now: what the stream takes until the next hello comes from
+                # MySQL (the gap check, holes), every row whole, and that hello names
+                # every user wanted so far. So they are served from this point of the
+                # stream: a user's first socket need not wait for a relay that is away.
+                for ns in self.namespaces:
+                    yield Subscribed(ns, self._token)
             await asyncio.sleep(backoff.next())
+
+    def _resume_after(self, last: Timestamp) -> None:
+        """A batch of several namespaces comes as a frame each: resume after the newest."""
+        self.last_ts = last if self.last_ts is None or last > self.last_ts else self.last_ts

@@ -4,16 +4,30 @@ A frame is one BSON document: BSON starts with its own length (int32, little
 endian), so it needs no header of ours, and oplog entries keep their types
 (Timestamp ``ts``, datetimes) with no conversion either way.
 
-daemon -> relay, once:  ``{"since": Timestamp | None, "ns": [str, ...]}``:
+daemon -> relay, once:  ``{"since": Timestamp | None, "ns": [str, ...],
+                        "users": {ns: [user, ...]}, "name": str}``:
                         the ``ts`` of the last entry the daemon has, and
                         the namespaces (its partitions' collections) it
-                        wants; without ``ns``, every namespace the relay tails
+                        wants; without ``ns``, every namespace the relay
+                        tails. With ``users`` (routed by user), the users it
+                        holds in each; without, it takes whole namespaces.
+                        ``name``: its label in the relay's metrics.
+daemon -> relay, then:  routed by user only: ``{"sub": [user], "ns": ns,
+                        "n": int}``, a user's first connection (``n``
+                        numbers it); ``{"unsub": [user], "ns": ns}``, its last
 relay -> daemon:        ``{"resumed": bool}``: true, every entry after
                         ``since`` follows; false, some may be missing
                         ``{"b": [entry, ...]}``: the entries of one oplog
                         batch in one namespace, in order (a batch of
                         several namespaces is one such frame each), each
                         with only the fields a daemon reads (``slim``)
+                        routed by user, ``{"ns", "ts", "p", "b"}``: of one
+                        namespace's part, the entries for the daemon's
+                        users, the part's last ``ts``, and ``p``, the (id,
+                        digest) of every other message document
+                        (relay/routing.py)
+                        ``{"subbed": n, "ns": ns}``: the subscriptions up to
+                        ``n`` apply from here on in this stream
                         ``{"restarted": true}``: the relay's own tail re-opened
                         and may have missed entries
 
@@ -36,7 +50,9 @@ from chat.frames import BadFrame, read_sized
 LENGTH = struct.Struct("<i")
 # A batch is at most one getMore reply (16 MB on MongoDB) plus our key.
 FRAME_MAX = 32 << 20
-HELLO_MAX = 4096
+# A hello names the users a daemon holds: some 20 bytes each, 18,000 connections at most.
+HELLO_MAX = 4 << 20
+REQUEST_MAX = 64 << 10  # a sub or unsub: a few users
 
 
 # What a daemon reads of an oplog entry: op, ns and o (chat.messages.inserted_docs, an

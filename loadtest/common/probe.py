@@ -15,7 +15,7 @@ import time
 from pymongo import AsyncMongoClient
 
 from db import mongo
-from oplog.events import Restarted
+from oplog.events import Batch
 from oplog.tail import OplogTail
 
 
@@ -42,7 +42,7 @@ async def _probe(client: AsyncMongoClient, rate: float, seconds: float, seen: li
 
     async def reader() -> None:
         async for event in tail.batches():
-            if isinstance(event, Restarted):
+            if not isinstance(event, Batch):
                 continue
             now = time.perf_counter()
             for entry in event.entries:

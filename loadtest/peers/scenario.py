@@ -62,9 +62,10 @@ if TYPE_CHECKING:
 
     from harness.system import Databases
 
-# One daemon process: with two (as supervisord.conf runs them here) each decodes every message,
-# and on two cores already full with the load clients and the feed, ours sustained less
-# (loadtest/results/peers-two-daemons.json).
+# One daemon process: with two (as supervisord.conf runs them here), each decoded every message
+# then, and on two cores already full with the load clients and the feed, ours sustained less
+# (loadtest/results/peers-two-daemons.json). The relay now routes by user and each decodes its
+# share (docs/decisions/relay-by-user.md); this comparison has not been rerun with two.
 OUR_DAEMONS = 1
 CLIENTS_PER_PROC = 5_000  # enough processes to spread the parsing over both cores
 DEFAULT_STEPS = "5000x4,10000x4,15000x4,20000x4,25000x4,30000x4,40000x4"

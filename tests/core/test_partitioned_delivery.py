@@ -2,6 +2,7 @@
 ``since`` resumes, the cursor a frame carries, how a shared oplog batch is
 split by partition, and that a hub only reaches its partition's users."""
 
+import bson
 import orjson
 from bson import Timestamp
 
@@ -11,7 +12,8 @@ from daemon.hub import Hub, Hubs, Subscriber
 from daemon.partitioning import cursor_text, frame_encoder, resume_since, with_cursor, wrong_partition
 from oplog.fanout import start_point
 from oplog.namespaces import partition_namespaces, split_by_namespace
-from relay.server import for_subscriber
+from relay.routing import part_of
+from relay.server import Downstream
 
 TWO = SlotMap.even(2)
 
@@ -71,10 +73,17 @@ def test_a_batch_is_split_by_namespace_in_order_and_a_transaction_goes_where_its
     groups = split_by_namespace(entries, {ns0, ns1})
     assert groups == {ns0: [entries[0], entries[3]], ns1: [entries[1], entries[4]]}
     assert split_by_namespace(entries, {ns0}) == {ns0: [entries[0], entries[3]]}
-    frames = {ns0: b"zero", ns1: b"one"}
-    assert for_subscriber(frames, frozenset({ns1})) == b"one"
-    assert for_subscriber(frames, None) == b"zeroone"
-    assert for_subscriber(frames, frozenset({"chat.messages_p2"})) == b""
+    for e in entries:
+        e["ts"] = None
+    parts = {ns: part_of(ns, part, [bson.encode(e) for e in part]) for ns, part in groups.items()}
+
+    def taken(wanted: frozenset[str] | None) -> list:
+        data = Downstream(None, wanted, None, "test").frames(parts)  # type: ignore[arg-type]  # never written to
+        return [e for f in bson.decode_all(data) for e in f["b"]]
+
+    assert taken(frozenset({ns1})) == [entries[1], entries[4]]
+    assert taken(None) == [entries[0], entries[3], entries[1], entries[4]]
+    assert taken(frozenset({"chat.messages_p2"})) == []
 
 
 def test_a_shared_tail_starts_at_the_oldest_start_point_of_its_streams():

@@ -1,0 +1,69 @@
+"""Ids a relay routed by user passed over: message documents of this
+daemon's partition for none of its users (relay/routing.py). Pure.
+
+Each stands in the sequencer (daemon/sequencer.py) for the document it
+replaces, as a ``Passed``: it takes its id's place in the order, so the
+position moves past it and a hole is still a hole, and its digest takes the
+document's place in the check against MySQL (daemon/stream_fills.py), so a
+range is confirmed as a whole. It is never delivered, and the recent cache
+keeps a blank in its place (``BLANK``), which no user's catch-up matches.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from chat.messages import Encoded, shown_digest
+from relay.routing import PASSED
+
+
+class Passed(dict):
+    """An id passed over, and the digest of its document: ``{"_id": id}``
+    as the sequencer reads it. Only the relay's frames make one (a type, not
+    a key: a document of the fast store cannot pass for one)."""
+
+    __slots__ = ("digest",)
+
+    def __init__(self, msg_id: int, digest: int):
+        super().__init__(_id=msg_id)
+        self.digest = digest
+
+
+def passed_over(packed: bytes) -> list[Passed]:
+    """The ``Passed`` of a batch's packed (id, digest) pairs, in order."""
+    return [Passed(msg_id, digest) for msg_id, digest in PASSED.iter_unpack(packed)]
+
+
+def merged(docs: list[dict], passed: list[Passed]) -> list[dict]:
+    """Both in id order (each is already, as the oplog holds them): the sequencer's quick path takes it whole."""
+    if not docs:
+        return passed  # type: ignore[return-value]  # a Passed is a dict
+    if not passed:
+        return docs
+    return sorted([*docs, *passed], key=_id)
+
+
+def _id(doc: dict) -> int:
+    return doc["_id"]
+
+
+def digest(doc: dict) -> int:
+    """What a document shows (``chat.messages.shown_digest``), or the relay's digest of a ``Passed``'s."""
+    return doc.digest if type(doc) is Passed else shown_digest(doc)
+
+
+def digest_of(docs: list[dict]) -> int:
+    """The digests of ``docs`` combined as MySQL combines its rows' (``chat.messages.shown_digest_of``)."""
+    combined = 0
+    for doc in docs:
+        combined ^= digest(doc)
+    return combined
+
+
+_NOBODY = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def blank(msg_id: int) -> Encoded:
+    """The recent cache's entry for an id passed over: it keeps the cache's
+    ids consecutive, and matches no user's catch-up (no user is "")."""
+    return msg_id, "", "", _NOBODY, b""
