@@ -310,8 +310,9 @@ class RelaySettings(_Section):
         "", description="Unix socket of the host's oplog relay. Empty: each daemon tails the oplog itself.",
     )
     route_by_user: Annotated[bool, Env("CHAT_RELAY_ROUTE_BY_USER")] = Field(
-        True, description="Daemons tell the relay which users they hold and get those users' entries only (and the "
-        "other ids): each decodes its share of the users. False: each gets every entry of its partitions.",
+        False, description="Daemons tell the relay which users they hold and get those users' entries only (and the "
+        "other ids): each decodes its share of the users. Opt-in: on the 3-host bench, a killed host's clients did "
+        "not come back through the other hosts' routed daemons. False: each gets every entry of its partitions.",
     )
     user_linger_seconds: Annotated[float, Env("CHAT_RELAY_USER_LINGER_SECONDS")] = Field(
         5.0, ge=0, description="Routed by user: a daemon keeps a user after its last socket for this long, so that "

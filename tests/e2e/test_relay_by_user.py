@@ -40,6 +40,7 @@ async def test_two_daemons_routed_by_user_deliver_every_message_once_in_order_th
         dbs, users):
     port = free_port()
     with running_system(dbs, daemons=2, apis=1, relay=True, CHAT_RATE_LIMIT_PER_SECOND=0,
+                        CHAT_RELAY_ROUTE_BY_USER="true",
                         CHAT_GAP_CHECK_SECONDS=1, CHAT_RELAY_METRICS_PORT=str(port)) as system:
         receivers: list[str] = []
         inboxes: dict[str, Inbox] = {}
@@ -114,6 +115,7 @@ async def test_two_daemons_routed_by_user_deliver_every_message_once_in_order_th
 async def test_a_daemon_whose_users_last_socket_closed_is_forwarded_none_of_its_entries(dbs, users):
     port = free_port()
     with running_system(dbs, daemons=1, apis=1, relay=True, CHAT_RATE_LIMIT_PER_SECOND=0,
+                        CHAT_RELAY_ROUTE_BY_USER="true",
                         CHAT_RELAY_USER_LINGER_SECONDS=0, CHAT_RELAY_METRICS_PORT=str(port)) as system:
         user, sender = users("held"), users("sender")
         inbox = Inbox()
