@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import bson
 import orjson
 import typer
 
 from loadtest.clients import loadclient
 from loadtest.common import machine
 from loadtest.common.results import UNPUBLISHED
-from loadtest.peers.scenario import run_ours
+from loadtest.peers.scenario import recorded_entries, run_ours
 
 
 def _step_figures(result: dict) -> list[dict]:
@@ -44,15 +43,13 @@ def main(base: Path = typer.Option(..., help="the other checkout, whose daemon r
          out: Path = typer.Option(UNPUBLISHED / "daemon-ab.json")) -> None:
     from harness.system import databases
     from harness.servers import ROOT
-    from loadtest import replay
 
     loadclient.install()
     tmp = Path(tempfile.mkdtemp(prefix="daemon-ab-"))
     sides = {"base": base.resolve(), "this": ROOT}
     runs: list[dict] = []
     with databases(tmp / "dbs") as dbs:
-        entries_file = tmp / "entries.bson"
-        entries_file.write_bytes(b"".join(bson.encode(e) for e in replay.record(dbs.ferretdb.url, 200)))
+        entries_file = recorded_entries(dbs, tmp)
         for r in range(rounds):
             order = ["base", "this"] if r % 2 == 0 else ["this", "base"]
             one: dict[str, Any] = {}

@@ -271,6 +271,15 @@ def _merge(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
     return out
 
 
+
+def recorded_entries(dbs: Databases, tmp: Path) -> Path:
+    """The writer's oplog entries for 200 messages, recorded once: the feed replays them at each step's rate."""
+    from loadtest import replay
+
+    entries_file = tmp / "entries.bson"
+    entries_file.write_bytes(b"".join(bson.encode(e) for e in replay.record(dbs.ferretdb.url, 200)))
+    return entries_file
+
 def run_ours(dbs: Databases, entries_file: Path, clients: int, devices: int, steps_text: str, gap: float, tmp: Path,
              truth: bool, daemons: int = 1, client: str = DEFAULT_CLIENT, daemon_root: Path | None = None) -> dict:
     """``truth``: each batch is committed to MySQL before the relay has it, and what the daemon
@@ -364,7 +373,6 @@ def _line(side: str, s: dict) -> None:
 
 def run(clients: int, rounds: int, steps_text: str, gap: float, overload_steps: str, overload_devices: int,
         ours_daemons: int = OUR_DAEMONS, client: str = DEFAULT_CLIENT) -> dict:
-    from loadtest import replay
     from harness.system import databases
 
     if client not in CLIENTS:
@@ -376,8 +384,7 @@ def run(clients: int, rounds: int, steps_text: str, gap: float, overload_steps: 
     results: list[dict[str, dict]] = []
     overload: dict[str, dict] = {}
     with databases(tmp / "dbs") as dbs:
-        entries_file = tmp / "entries.bson"
-        entries_file.write_bytes(b"".join(bson.encode(e) for e in replay.record(dbs.ferretdb.url, 200)))
+        entries_file = recorded_entries(dbs, tmp)
         for r in range(rounds):
             order = ["ours", "centrifugo"] if r % 2 == 0 else ["centrifugo", "ours"]
             one: dict[str, dict] = {}

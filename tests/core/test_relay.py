@@ -28,7 +28,6 @@ from bson.errors import InvalidBSON
 from prometheus_client import REGISTRY
 
 from chat.settings import RelaySettings, Settings, StoresSettings
-from db import mongo
 from oplog.events import Batch, OplogEvent, Restarted
 from relay import server as relay_server
 from relay.client import RelayTail
@@ -109,19 +108,6 @@ async def relay_on(source: ListSource, path: str, **options) -> AsyncIterator[Re
         relay.close()
         tailing.cancel()
         await asyncio.gather(tailing, return_exceptions=True)
-
-
-@pytest.fixture
-def path(tmp_path) -> str:
-    return str(tmp_path / "relay.sock")
-
-
-@pytest.fixture
-async def client():
-    """A Mongo client for RelayTail's codec options: nothing here connects to it."""
-    c = mongo.make_client("mongodb://127.0.0.1:9", 1)
-    yield c
-    await c.close()
 
 
 class Daemon:

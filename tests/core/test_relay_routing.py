@@ -12,7 +12,6 @@ import asyncio
 from datetime import UTC, datetime
 
 import bson
-import pytest
 from bson import Timestamp
 from bson.codec_options import CodecOptions
 from prometheus_client import REGISTRY
@@ -21,7 +20,6 @@ from chat.messages import shown_digest
 from oplog.events import Batch, Restarted, Subscribed
 from relay.client import RelayTail
 from relay.routing import EVERY, NONE, batch_frame, cut, key_of, part_of, unpack_passed, whole_frame
-from db import mongo
 from tests.core.test_relay import START, ListSource, relay_on
 from tests.timing import eventually
 
@@ -119,28 +117,15 @@ class UserDaemon:
         return out
 
 
-@pytest.fixture
-def sock(tmp_path) -> str:
-    return str(tmp_path / "relay.sock")
-
-
-@pytest.fixture
-async def mongo_client():
-    """For RelayTail's codec options: nothing here connects to it."""
-    c = mongo.make_client("mongodb://127.0.0.1:9", 1)
-    yield c
-    await c.close()
-
-
 def forwarded(name: str) -> float:
     return REGISTRY.get_sample_value("chat_relay_forwarded_total", {"daemon": name}) or 0.0
 
 
 async def test_a_sub_is_marked_where_it_applies_an_unsub_stops_the_users_entries_and_a_reconnect_names_them_all(
-        sock, mongo_client):
+        path, client):
     source = ListSource(NS)
-    async with relay_on(source, sock) as relay:
-        one, two = UserDaemon(mongo_client, sock, name="one"), UserDaemon(mongo_client, sock, name="two")
+    async with relay_on(source, path) as relay:
+        one, two = UserDaemon(client, path, name="one"), UserDaemon(client, path, name="two")
         one.tail.users[NS].add("u1")  # held before it connects: its hello names it
         one.start()
         two.start()
