@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
@@ -22,6 +24,14 @@ from chat.settings import Settings
 from db import mongo
 from db.mover import PAGE, Mover, MoveRefused, begin, read_progress
 from db.partition_map import NoSlotMap, ensure_tables, read_slot_map
+
+
+# The new partitions' collections are made before anything moves, so a slow fast store costs only
+# the operator's wait: each attempt may take this long, and a store that answers none of them
+# refuses the move with nothing moved. An overloaded FerretDB has taken longer than the
+# processes' own bound (`stores.db_timeout_seconds`) to answer a create_collection.
+STORE_ATTEMPTS = 4
+STORE_ATTEMPT_SECONDS = 30.0
 
 
 def _say(line: str) -> None:
@@ -75,16 +85,17 @@ def show(settings: Settings) -> str:
         engine.dispose()
 
 
-def grow(settings: Settings, partitions: int, report: Callable[[str], None] = _say, page: int = PAGE) -> str:
+def grow(settings: Settings, partitions: int, report: Callable[[str], None] = _say, page: int = PAGE,
+         store_wait: float = STORE_ATTEMPT_SECONDS) -> str:
     """Grows the map to ``partitions`` online; returns the new map described."""
     def plan(current: SlotMap) -> MovePlan:
         check_growth(current, partitions)
         return MovePlan(current, current.grown(partitions))
-    return _move(settings, plan, report, page)
+    return _move(settings, plan, report, page, store_wait)
 
 
 def move(settings: Settings, slots: list[int], to: int, report: Callable[[str], None] = _say,
-         page: int = PAGE) -> str:
+         page: int = PAGE, store_wait: float = STORE_ATTEMPT_SECONDS) -> str:
     """Moves ``slots`` to partition ``to`` (a new partition, if it is the next one) online."""
     def plan(current: SlotMap) -> MovePlan:
         if not 0 <= to <= min(current.partitions, MAX_PARTITIONS - 1):
@@ -96,26 +107,27 @@ def move(settings: Settings, slots: list[int], to: int, report: Callable[[str], 
         if after.owner == current.owner:
             raise ChangeRefused(f"slots {_ranges(sorted(set(slots)))} are in partition {to} already")
         return MovePlan(current, after)
-    return _move(settings, plan, report, page)
+    return _move(settings, plan, report, page, store_wait)
 
 
-def prepare(settings: Settings, partitions: int) -> str:
+def prepare(settings: Settings, partitions: int, report: Callable[[str], None] = _say) -> str:
     """Creates the tables and collections of ``partitions`` partitions (those that exist stay)."""
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise ChangeRefused(f"partitions are 1..{MAX_PARTITIONS}")
     engine = create_engine(settings.stores.mysql_url.get_secret_value())
     try:
         ensure_tables(engine, partitions)
-        asyncio.run(_ensure_collections(settings, partitions))
+        _ensure_collections(settings, partitions, report, STORE_ATTEMPT_SECONDS)
     finally:
         engine.dispose()
     return (f"tables and collections of partitions 0..{partitions - 1} exist: run deploy/mysql/grants.sql, "
             f"then `chatctl partitions grow {partitions}`")
 
 
-def resume(settings: Settings, report: Callable[[str], None] = _say, page: int = PAGE) -> str:
+def resume(settings: Settings, report: Callable[[str], None] = _say, page: int = PAGE,
+           store_wait: float = STORE_ATTEMPT_SECONDS) -> str:
     """Finishes the move in progress (a mover that died)."""
-    return _move(settings, None, report, page)
+    return _move(settings, None, report, page, store_wait)
 
 
 def parse_slots(text: str) -> list[int]:
@@ -133,7 +145,7 @@ def parse_slots(text: str) -> list[int]:
 
 
 def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, report: Callable[[str], None],
-          page: int) -> str:
+          page: int, store_wait: float) -> str:
     # the cutover holds every involved partition's queue lock on a session of its own, at once
     engine = create_engine(settings.stores.mysql_url.get_secret_value(), max_overflow=MAX_PARTITIONS)
     mover = None
@@ -153,7 +165,7 @@ def _move(settings: Settings, planned: Callable[[SlotMap], MovePlan] | None, rep
         else:
             plan = planned(current)
         ensure_tables(engine, plan.after.partitions)
-        asyncio.run(_ensure_collections(settings, plan.after.partitions))
+        _ensure_collections(settings, plan.after.partitions, report, store_wait)
         progress = begin(engine, plan)
         moving = plan.moving
         report(f"moving {len(moving)} slots from partitions {_list(plan.sources)} to {_list(plan.targets)} "
@@ -182,8 +194,24 @@ def _current(conn: Connection) -> SlotMap:
     return slot_map
 
 
-async def _ensure_collections(settings: Settings, partitions: int) -> None:
-    client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), settings.stores.db_timeout_seconds)
+def _ensure_collections(settings: Settings, partitions: int, report: Callable[[str], None],
+                        attempt_seconds: float) -> None:
+    """The fast store's collections of ``partitions`` partitions, waiting for a slow store (``STORE_ATTEMPTS``)."""
+    for attempt in range(1, STORE_ATTEMPTS + 1):
+        try:
+            asyncio.run(_ensure_schema(settings, partitions, attempt_seconds))
+            return
+        except PyMongoError as exc:
+            report(f"the fast store did not make the partitions' collections within {attempt_seconds:g} s "
+                   f"({exc.__class__.__name__}; attempt {attempt} of {STORE_ATTEMPTS})")
+    raise ChangeRefused(f"the fast store answered none of {STORE_ATTEMPTS} attempts: nothing has moved; "
+                        "run the command again once it answers")
+
+
+async def _ensure_schema(settings: Settings, partitions: int, timeout_seconds: float) -> None:
+    # timeoutMS bounds each operation whole (server selection, connecting, the answer): an attempt's bound
+    client: AsyncMongoClient = AsyncMongoClient(settings.stores.mongo_url.get_secret_value(), tz_aware=True,
+                                                timeoutMS=int(timeout_seconds * 1000))
     try:
         stores = settings.stores
         await mongo.ensure_schema(client, stores.mongo_db, stores.retention_seconds, stores.oplog_max_docs,

@@ -2,6 +2,8 @@
 pages (each would go twice: the writer's repair copies from the first one left), cuts over all the
 same, and the target's writer copies the moved history into the fast store by itself."""
 
+import re
+import signal
 import uuid
 
 import pymongo
@@ -10,7 +12,10 @@ from sqlalchemy import create_engine, text
 
 from chat.moves import MovePlan
 from chat.partitions import SlotMap, collection_name, suffix
+from chat.settings import Settings, StoresSettings
+from chatctl.partitions import STORE_ATTEMPTS, ChangeRefused, move
 from db.mover import Mover, begin
+from db.partition_map import read_slot_map
 from harness.servers import free_port
 from harness.system import databases, running_system
 from tests.e2e.helpers import post
@@ -72,3 +77,51 @@ async def test_a_target_whose_fast_store_timed_out_gets_no_more_pages_and_its_wr
     finally:
         client.close()
         engine.dispose()
+
+
+def slot_map(system) -> SlotMap:
+    engine = create_engine(system.dbs.mariadb.url())
+    try:
+        with engine.connect() as conn:
+            found = read_slot_map(conn)
+    finally:
+        engine.dispose()
+    assert found is not None
+    return found
+
+
+def test_a_move_waits_for_a_fast_store_that_does_not_answer_and_goes_on_once_it_does(system):
+    before = slot_map(system)
+    slot = before.slots_of(1)[0]
+    ferretdb = system.dbs.ferretdb.proc
+    lines: list[str] = []
+
+    def report(line: str) -> None:
+        lines.append(line)
+        if line.startswith("the fast store did not make"):
+            ferretdb.send_signal(signal.SIGCONT)  # the store answers again: the next attempt goes on
+
+    ferretdb.send_signal(signal.SIGSTOP)  # frozen, as an overloaded store that answers nothing
+    try:
+        described = move(system.dbs.settings(), [slot], 0, report, store_wait=1.0)
+    finally:
+        ferretdb.send_signal(signal.SIGCONT)
+    waited = [line for line in lines if line.startswith("the fast store did not make")]
+    # the error is the server selection's or the socket's, as far as the handshake got before the freeze
+    assert [re.sub(r"\((\w+);", "(error;", line) for line in waited] == [
+        f"the fast store did not make the partitions' collections within 1 s (error; attempt 1 of {STORE_ATTEMPTS})"
+    ], lines
+    after = slot_map(system)
+    assert described.splitlines()[0].startswith(f"epoch {before.epoch + 1},")
+    assert (after.epoch, after.owner[slot]) == (before.epoch + 1, 0)
+
+
+def test_a_move_whose_fast_store_never_answers_is_refused_with_nothing_moved(system):
+    before = slot_map(system)
+    lines: list[str] = []
+    away = Settings(stores=StoresSettings(mysql_url=system.dbs.mariadb.url(),
+                                          mongo_url=f"mongodb://127.0.0.1:{free_port()}/?directConnection=true"))
+    with pytest.raises(ChangeRefused, match="answered none of .* nothing has moved"):
+        move(away, [before.slots_of(1)[0]], 0, lines.append, store_wait=0.5)
+    assert len([line for line in lines if line.startswith("the fast store did not make")]) == STORE_ATTEMPTS
+    assert slot_map(system) == before
