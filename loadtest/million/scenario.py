@@ -510,9 +510,11 @@ def main(target: int = typer.Option(1_000_000, help="connections to hold"),
          ramp_seconds: float = typer.Option(1800.0, help="the ramp stops here, and names the connect rate its wall"),
          client: str = typer.Option("go", help="the load processes: go (loadtest/clients/go) or python "
                                     "(loadtest.clients.million)"),
+         setting: list[str] = typer.Option([], "--set", help="KEY=VALUE: a setting of every process, kept in the "
+                                           "result (e.g. CHAT_PRESENCE_ENABLED=false)"),
          out: Path = typer.Option(RESULTS / "million-latest.json")) -> None:
     daemons = daemons or 1 + -(-target // PER_DAEMON)
-    env = {"CHAT_PING_INTERVAL_SECONDS": f"{ping_seconds:g}"}
+    env = {"CHAT_PING_INTERVAL_SECONDS": f"{ping_seconds:g}", **dict(kv.split("=", 1) for kv in setting)}
     result = run(target, daemons, rate, seconds, [float(s) for s in steps.split(",")], floor_gib, env,
                  ramp_seconds, client=client)
     publish(result, out)

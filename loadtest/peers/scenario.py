@@ -64,8 +64,8 @@ if TYPE_CHECKING:
 
 # One daemon process: with two (as supervisord.conf runs them here), each decoded every message
 # then, and on two cores already full with the load clients and the feed, ours sustained less
-# (loadtest/results/peers-two-daemons.json). The relay now routes by user and each decodes its
-# share (docs/decisions/relay-by-user.md); this comparison has not been rerun with two.
+# (loadtest/results/peers-two-daemons.json). With more than one, the relay routes by user and each
+# decodes its share (docs/decisions/relay-by-user.md).
 OUR_DAEMONS = 1
 CLIENTS_PER_PROC = 5_000  # enough processes to spread the parsing over both cores
 DEFAULT_STEPS = "5000x4,10000x4,15000x4,20000x4,25000x4,30000x4,40000x4"
@@ -296,7 +296,9 @@ def run_ours(dbs: Databases, entries_file: Path, clients: int, devices: int, ste
     sock, port = tmp / "relay.sock", free_port()
     env = env_for(dbs.mariadb, dbs.ferretdb, CHAT_DAEMON_PORT=str(port), CHAT_OPLOG_RELAY_SOCKET=str(sock),
                   CHAT_LOG_LEVEL="WARNING", CHAT_MAX_CONNECTIONS="18000", CHAT_PING_INTERVAL_SECONDS="120",
-                  CHAT_METRICS_PORT=str(free_port()), CHAT_FILL_HOLES_FROM_MYSQL=str(truth).lower())
+                  CHAT_METRICS_PORT=str(free_port()), CHAT_FILL_HOLES_FROM_MYSQL=str(truth).lower(),
+                  # more than one daemon: each asks the relay for its own users' entries only
+                  CHAT_RELAY_ROUTE_BY_USER=str(daemons > 1).lower())
     feed_cmd = [sys.executable, "-m", "loadtest.peers.feeder", "--socket", str(sock), "--entries", str(entries_file),
                 "--mysql-url", dbs.mariadb.url() if truth else "", "--clients", str(clients // devices),
                 "--steps", steps_text, "--gap", str(gap), "--subscribers", str(daemons)]
@@ -308,7 +310,7 @@ def run_ours(dbs: Databases, entries_file: Path, clients: int, devices: int, ste
         truth_pids = [machine.pid_of(dbs.mariadb.proc)] if truth else []
         result = _measure("ours", [p.pid for p in procs], truth_pids, feed_cmd, env, "127.0.0.1", port,
                           env["CHAT_JWT_SECRET"], clients, devices, parse_steps(steps_text), gap, tmp, client)
-        return {**result, "truth": "MySQL" if truth else None, "daemons": daemons}
+        return {**result, "truth": "MySQL" if truth else None, "daemons": daemons, "routed_by_user": daemons > 1}
     finally:
         for proc in procs:
             stop(proc, signal.SIGTERM)
