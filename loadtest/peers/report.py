@@ -65,8 +65,13 @@ def peers_tables(results: Path) -> list[str]:
     if not path.exists():
         return []
     data = json.loads(path.read_text())
+    ours = data["rounds"][0]["ours"] if data.get("rounds") else {}
+    daemons = ours.get("daemons", 1)
+    shape = (f"Ours ran as **{daemons} daemon processes on one port, the relay routing by user**; "
+             if ours.get("routed_by_user") else f"Ours ran as {daemons} daemon process{'es' if daemons > 1 else ''}; ")
     lines = ["## Beside Centrifugo 5.4.9 (`python -m loadtest.peers`, `make bench-full`)", "",
              f"{data['date']}, commit {data['commit']}. Where: {data['where']}", "",
+             shape + "Centrifugo as one process, which uses both cores.", "",
              "| | ours | Centrifugo | ours / theirs |", "|---|---|---|---|",
              f"| server memory per idle connection, KB ({data['clients']:,} connections) | "
              f"{_v(data['ours_kb_per_conn'])} | {_v(data['peer_kb_per_conn'])} | {_r(data['memory_ratio'])} |",
