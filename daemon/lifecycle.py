@@ -146,7 +146,7 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
     if settings.daemon.fill_holes_from_mysql:
         unread = UnreadTotals(make_engine(settings.stores.mysql_url.get_secret_value(),
                                           settings.stores.db_timeout_seconds,
-                                          pool_size=2))
+                                          pool_size=2, reads_only=True))
     maps = LiveMap(parts.slot_map)  # the one map every decision reads, replaced by a move (daemon.handover)
     signals = None
     presence_engine = None

@@ -83,21 +83,49 @@ def peer_markers(conn: Connection, partition: int, user: str) -> dict[str, dict[
 class UnreadTotals:
     """A daemon's reads of its users' unread totals (the hello's and a poll
     answer's ``unread``), on threads and an engine of their own: a slow count
-    never holds a read of the stream's truth back."""
+    never holds a read of the stream's truth back.
+
+    A read is one statement on a pooled DBAPI connection of an engine made with
+    ``reads_only`` (``db.sql.make_engine``): autocommit, so each read sees what
+    was committed before it, and nothing to roll back on return. Through a
+    SQLAlchemy ``Connection`` each read also cost a ROLLBACK round trip (it
+    rolls back on close, and mysqlclient sends that in autocommit too), on
+    the path of every hello."""
 
     def __init__(self, engine: Engine, threads: int = 2):
         self._engine = engine
         self._threads = Threads(threads, "unread")
+        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._statements: dict[int, tuple[str, tuple[str, ...]]] = {}  # per partition: driver SQL, its parameters
+
+    def _statement(self, partition: int) -> tuple[str, tuple[str, ...]]:
+        if partition not in self._statements:
+            compiled = _unread_sql(partition).compile(dialect=self._engine.dialect)
+            self._statements[partition] = (compiled.string, tuple(compiled.positiontup or ()))
+        return self._statements[partition]
 
     async def total(self, user: str, partition: int, timeout: float) -> int | None:
         """The user's unread messages over every conversation; None if MySQL did not answer within ``timeout``."""
+        sql, names = self._statement(partition)
+        params = tuple(user for name in names if name == "user")
+
         def run() -> int:
-            with self._engine.connect() as conn:
-                return sum(unread_by_peer(conn, partition, user).values())
+            raw = self._engine.raw_connection()  # checked out with the pool's pre-ping
+            try:
+                cursor = raw.cursor()
+                cursor.execute(sql, params)
+                found = sum(int(n) for _peer, n in cursor.fetchall())
+                cursor.close()
+                return found
+            except self._dbapi_error:
+                raw.invalidate()  # not handed to the next read
+                raise
+            finally:
+                raw.close()
 
         try:
             return await asyncio.wait_for(self._threads.run(run), timeout)
-        except (SQLAlchemyError, TimeoutError):
+        except (SQLAlchemyError, self._dbapi_error, TimeoutError):
             return None
 
     def close(self) -> None:

@@ -204,12 +204,16 @@ def conversation_key(a: str, b: str) -> str:
 MAX_OVERFLOW = 2  # connections an engine may open past its pool_size, under a burst
 
 
-def make_engine(url: str, timeout_seconds: float, pool_size: int = 4) -> Engine:
+def make_engine(url: str, timeout_seconds: float, pool_size: int = 4, reads_only: bool = False) -> Engine:
+    """``reads_only``: every statement is its own transaction (autocommit) and a connection going
+    back to the pool is not reset: for single reads on raw pooled connections (``UnreadTotals``)."""
     # connect_timeout keeps "MySQL down" a fast 503 rather than a hang;
     # max_statement_time (MariaDB) does the same for "MySQL slow".
     timeout = max(1, int(round(timeout_seconds)))
+    reads: dict = {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None} if reads_only else {}
     return create_engine(
         url,
+        **reads,
         pool_size=pool_size,
         max_overflow=MAX_OVERFLOW,
         pool_timeout=timeout_seconds,
