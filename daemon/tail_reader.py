@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from daemon import metrics
 from oplog.events import Batch, OplogSource, Restarted, Subscribed
+from relay.routing import passed_count
 
 log = logging.getLogger("chat.stream")
 
@@ -36,7 +37,7 @@ Item = Batch | Subscribed | FillRequest
 def _size(item: Batch | Subscribed) -> int:
     """What an item counts for in the inbox's bound: a batch's entries and ids passed over, a marker one."""
     if isinstance(item, Batch):
-        return len(item.entries) + len(item.passed) // 16 or 1
+        return len(item.entries) + passed_count(item.passed) or 1
     return 1
 
 

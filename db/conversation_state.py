@@ -107,7 +107,7 @@ class UnreadTotals:
     async def total(self, user: str, partition: int, timeout: float) -> int | None:
         """The user's unread messages over every conversation; None if MySQL did not answer within ``timeout``."""
         sql, names = self._statement(partition)
-        params = tuple(user for name in names if name == "user")
+        params = tuple({"user": user}[name] for name in names)
 
         def run() -> int:
             raw = self._engine.raw_connection()  # checked out with the pool's pre-ping

@@ -96,6 +96,11 @@ def cut(part: Part, users: Collection[str]) -> tuple[list[bytes], bytes]:
     return sent, b"".join(passed)
 
 
+def passed_count(passed: bytes) -> int:
+    """How many ids a batch's ``passed`` packs."""
+    return len(passed) // PASSED.size
+
+
 def unpack_passed(passed: bytes) -> list[tuple[int, int]]:
     """The (id, digest) pairs of a batch's ``passed``."""
     return list(PASSED.iter_unpack(passed))

@@ -46,7 +46,7 @@ from oplog.namespaces import partition_namespaces, split_by_namespace
 from oplog.tail import OplogTail
 from oplog.wake import listen_for_wakes
 from relay.protocol import HELLO_MAX, REQUEST_MAX, BadFrame, frame, read_frame, slim
-from relay.routing import Part, batch_frame, cut, part_of
+from relay.routing import Part, batch_frame, cut, part_of, passed_count
 
 log = logging.getLogger("chat.relay")
 
@@ -99,7 +99,7 @@ class Downstream:
             entries, passed = cut(part, users.get(ns, ()))
             if entries or passed:
                 self.forwarded.inc(len(entries))
-                self.passed.inc(len(passed) // 16)
+                self.passed.inc(passed_count(passed))
                 out.append(batch_frame(ns, part.last_ts, entries, passed))
         return b"".join(out)
 

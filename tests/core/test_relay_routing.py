@@ -9,6 +9,7 @@ names the whole set of users again and the ring is cut for it."""
 from __future__ import annotations
 
 import asyncio
+import struct
 from datetime import UTC, datetime
 
 import bson
@@ -19,8 +20,9 @@ from prometheus_client import REGISTRY
 from chat.messages import shown_digest
 from oplog.events import Batch, Restarted, Subscribed
 from relay.client import RelayTail
-from relay.routing import EVERY, NONE, batch_frame, cut, key_of, part_of, unpack_passed, whole_frame
-from tests.core.test_relay import START, ListSource, relay_on
+from relay.protocol import HELLO_MAX, REQUEST_MAX, frame, read_frame
+from relay.routing import EVERY, NONE, batch_frame, cut, key_of, part_of, passed_count, unpack_passed, whole_frame
+from tests.core.test_relay import PATIENCE, START, ListSource, relay_on
 from tests.timing import eventually
 
 NS = "chat.messages"
@@ -111,7 +113,7 @@ class UserDaemon:
         out, count = [], 0
         for ev in self.events:
             if isinstance(ev, Batch):
-                count += len(ev.entries) + len(ev.passed) // 16
+                count += len(ev.entries) + passed_count(ev.passed)
             elif isinstance(ev, Subscribed):
                 out.append((ev.token, count))
         return out
@@ -162,3 +164,46 @@ async def test_a_sub_is_marked_where_it_applies_an_unsub_stops_the_users_entries
         finally:
             await one.stop()
             await two.stop()
+
+
+# What a daemon routed by user may send wrong: each is refused by closing its connection, nothing sent.
+HOSTILE_HELLOS = [
+    frame({"since": START, "ns": [NS], "users": ["u1"]}),  # users not by namespace
+    frame({"since": START, "ns": [NS], "users": {NS: "u1"}}),  # a namespace's users not a list
+    struct.pack("<i", HELLO_MAX + 1),  # a hello past its bound: nothing more is read
+]
+HOSTILE_REQUESTS = [
+    struct.pack("<i", REQUEST_MAX + 1),  # a request past its bound
+    frame({"sub": ["u1"], "ns": NS}),  # a sub without its number
+    frame({"sub": "u1", "ns": NS, "n": 1}),  # users not a list
+    frame({"unsub": ["u1"]}),  # no namespace
+]
+
+
+async def test_a_routed_hello_or_request_that_is_not_the_protocols_is_refused_and_the_relay_serves_on(path, client):
+    source = ListSource(NS)
+    async with relay_on(source, path) as relay:
+        for data in HOSTILE_HELLOS:
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(data)
+            assert await asyncio.wait_for(reader.read(), PATIENCE) == b""  # closed, nothing sent
+            writer.close()
+        for data in HOSTILE_REQUESTS:
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(frame({"since": START, "ns": [NS], "users": {NS: []}}))
+            assert await asyncio.wait_for(read_frame(reader, 4096, AWARE), PATIENCE) == {"resumed": True}
+            writer.write(data)
+            assert await asyncio.wait_for(reader.read(), PATIENCE) == b""  # closed after the bad request
+            writer.close()
+        await eventually(lambda: relay.subscribers == 0, "every refused daemon dropped")
+        daemon = UserDaemon(client, path, name="good")
+        daemon.start()
+        try:
+            await eventually(lambda: relay.subscribers == 1, "a good daemon subscribed")
+            daemon.tail.want(NS, "u1")
+            await eventually(lambda: len(daemon.marks()) == 2, "its sub marked")
+            source.show([message(1, "s", "u1"), message(2, "s", "u2")])
+            await eventually(lambda: len(daemon.seen()) == 2, "it saw 1, 2")
+            assert daemon.got() == [1]
+        finally:
+            await daemon.stop()
