@@ -12,9 +12,12 @@ Keys:
 Each change is one script, so that the set turning empty or non-empty and the
 publication of it are one step: a user connected to two hosts goes offline
 once, when both are gone. Channel payloads are space-separated words (user
-ids have no space): ``chat:presence`` carries ``1 user`` (online),
+ids have no space): ``chat:presence:{user}`` carries ``1 user`` (online),
 ``0 user ms`` (offline, last seen at ``ms``) and ``0 user`` (offline, last
-seen hidden); ``chat:typing:{p}`` carries ``origin from to state``.
+seen hidden); ``chat:typing:{p}`` carries ``origin from to state``. A channel
+per user, not one for all: a daemon subscribes to the users its connections
+watch, so a change is read by those daemons only (a million connects would
+otherwise be a million changes read by every daemon).
 """
 
 from __future__ import annotations
@@ -23,16 +26,22 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
-PRESENCE_CHANNEL = "chat:presence"
+PRESENCE_PREFIX = "chat:presence:"
 DAEMONS = "chat:daemons"
 HIDDEN = "chat:hidden"
 HIDDEN_LOADED = "chat:hidden:loaded"
 REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 SWEEP_BATCH = 500  # users one sweep script withdraws: a dead daemon's thousands never hold Redis long
+
+
+def presence_channel(user: str) -> str:
+    return PRESENCE_PREFIX + user
 
 
 def typing_channel(partition: int) -> str:
@@ -51,7 +60,7 @@ def daemon_users_key(daemon: str) -> str:
 _PUBLISH_IF_SHOWN = """
 local function publish_if_shown(user, payload)
   if redis.call('EXISTS', KEYS[4]) == 1 and redis.call('SISMEMBER', KEYS[3], user) == 0 then
-    redis.call('PUBLISH', 'chat:presence', payload)
+    redis.call('PUBLISH', 'chat:presence:' .. user, payload)
   end
 end
 """
@@ -117,14 +126,14 @@ return {daemon, seen, gone}
 SET_HIDDEN = """
 if ARGV[2] == '1' then
   redis.call('SADD', KEYS[3], ARGV[1])
-  redis.call('PUBLISH', 'chat:presence', '0 ' .. ARGV[1])
+  redis.call('PUBLISH', 'chat:presence:' .. ARGV[1], '0 ' .. ARGV[1])
 else
   redis.call('SREM', KEYS[3], ARGV[1])
   if redis.call('EXISTS', KEYS[4]) == 1 then
     if redis.call('SCARD', KEYS[5]) > 0 then
-      redis.call('PUBLISH', 'chat:presence', '1 ' .. ARGV[1])
+      redis.call('PUBLISH', 'chat:presence:' .. ARGV[1], '1 ' .. ARGV[1])
     else
-      redis.call('PUBLISH', 'chat:presence', '0 ' .. ARGV[1] .. ' ' .. ARGV[3])
+      redis.call('PUBLISH', 'chat:presence:' .. ARGV[1], '0 ' .. ARGV[1] .. ' ' .. ARGV[3])
     end
   end
 end
@@ -172,11 +181,16 @@ async def subscribe_forever(client: aioredis.Redis, channels: list[str], on_mess
         await sleep(retry_seconds)
 
 
-def connect(url: str, timeout_seconds: float) -> aioredis.Redis:
+def connect(url: str, timeout_seconds: float, *, retries: int | None = None) -> aioredis.Redis:
     """A client whose every command gives up after ``timeout_seconds``: a Redis that hangs
-    costs a signal, never a message."""
+    costs a signal, never a message. ``retries=0`` for a subscriber that must know of every
+    lost connection: redis-py's own retry would reconnect and subscribe again unseen, and what
+    was published meanwhile would be missed with nobody told."""
+    if retries is None:  # redis-py's default retry
+        return aioredis.from_url(url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
+                                 health_check_interval=30)
     return aioredis.from_url(url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
-                             health_check_interval=30)
+                             health_check_interval=30, retry=Retry(NoBackoff(), retries))
 
 
 class SignalStore:

@@ -156,8 +156,9 @@ async def run(settings: Settings, tail: OplogSource | None = None) -> None:
                                           settings.stores.db_timeout_seconds,
                                           pool_size=1)
         url = settings.stores.redis_url.get_secret_value()
-        signals = Signals(settings, SignalStore(connect(url, settings.stores.db_timeout_seconds)),
-                          connect(url, settings.stores.db_timeout_seconds), parts.hubs, maps, presence_engine)
+        timeout = settings.stores.db_timeout_seconds
+        signals = Signals(settings, SignalStore(connect(url, timeout)), connect(url, timeout, retries=0),
+                          parts.hubs, maps, presence_engine)
     daemon = Daemon(settings, parts.hubs, parts.first, streams=parts.streams, maps=maps,
                     writer=writer, unread=unread, signals=signals)
     failed: list[BaseException] = []

@@ -45,6 +45,8 @@ STRAYS = Counter("chat_daemon_stray_documents_total", "Documents of the fast sto
 SIGNALS = Counter("chat_daemon_signals_total", "Typing and presence events, by kind and what became of them "
                   "(published, received, throttled, dropped)", ["kind", "outcome"])
 SIGNAL_FRAMES = Counter("chat_daemon_signal_frames_total", "Typing events written to connections")
+PRESENCE_CHANNELS = Gauge("chat_daemon_presence_channels", "Users whose presence channel this daemon subscribes to: "
+                          "those its connections watch")
 CLOSES = Counter("chat_daemon_closes_total", "Connections closed by the server, by reason", ["reason"])
 REJECTS = Counter("chat_daemon_rejects_total", "Handshakes refused, by reason", ["reason"])
 GC_PAUSES = Histogram(

@@ -7,8 +7,9 @@ whose Redis is away delivers messages as before; its clients' typing and
 watch frames get ``signals_unavailable``, and once Redis is back the daemon
 puts its users back (``_resync``).
 
-Tasks: ``_listen`` (the channels: typing for the partitions served, anew when they change, presence
-changes), ``_flush`` (announcements and withdrawals, in order, one pipeline
+Tasks: ``_listen`` (one pub/sub connection: the typing channels of the partitions served, and the
+presence channel of each user a connection here watches, subscribed and let go as the watch lists
+change, ``daemon.subscriptions``), ``_flush`` (announcements and withdrawals, in order, one pipeline
 per batch), ``_publish`` (typing, one pipeline per batch), and ``_tick``
 (the graces, the heartbeat, the sweep of dead daemons, ``last_seen`` into MySQL).
 """
@@ -27,16 +28,18 @@ from typing import Protocol, TypeVar
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from chat.messages import rfc3339
 from chat.settings import Settings
-from chat.signal_store import REDIS_ERRORS, PRESENCE_CHANNEL, SignalStore, subscribe_forever, typing_channel
+from chat.signal_store import PRESENCE_PREFIX, REDIS_ERRORS, SignalStore, presence_channel, typing_channel
 from daemon import metrics
 from daemon.hub import Hubs
 from chat.partitions import LiveMap
 from daemon.presence import PresenceTracker, Watchers
+from daemon.subscriptions import Subscriptions
 from db import presence as presence_sql
 from db.threads import Threads
 
@@ -48,6 +51,9 @@ STORE_SECONDS = 1.0  # last_seen goes to MySQL in one statement at most this oft
 CHANGES_BATCH = 500  # announcements and withdrawals in one pipeline
 TYPING_QUEUE_MAX = 10_000  # typing events waiting for Redis; past it (Redis slow) new ones are dropped
 SWEEPS_PER_TICK = 20  # batches of dead daemons' users withdrawn per heartbeat
+CHANNELS_PER_COMMAND = 1_000  # channels in one SUBSCRIBE or UNSUBSCRIBE: a resubscription of many is many commands
+LISTEN_RETRY_SECONDS = 1.0  # after the pub/sub connection failed, its next try
+_TYPING_READY = object()  # the wait for the typing channels of a new pub/sub connection
 T = TypeVar("T")
 
 
@@ -68,7 +74,7 @@ class Unavailable(Exception):
 
 
 def presence_frame(words: list[str]) -> bytes | None:
-    """The client frame of a ``chat:presence`` payload (``chat.signal_store``); None if malformed."""
+    """The client frame of a ``chat:presence:{user}`` payload (``chat.signal_store``); None if malformed."""
     if len(words) < 2 or words[0] not in ("0", "1"):
         return None
     online = words[0] == "1"
@@ -107,7 +113,11 @@ class Signals:
         # is ready only then (else a typing event sent to its first clients could pass it by), and
         # never later for it (a Redis that is away must not keep messages from being served).
         self.subscribed_once = asyncio.Event()
-        self._partitions_changed = asyncio.Event()  # the daemon serves more partitions: subscribe anew
+        # The pub/sub connection's channels: the typing ones of the partitions served, and the presence
+        # one of each watched user; ``_wanted`` says which, ``_channels`` what Redis holds of them.
+        self._channels = Subscriptions()
+        self._typing_channels: set[str] = set()
+        self._plan_ready = asyncio.Event()  # channels were touched: the listener's sender plans and sends
         # Redis answered the last command. True from the start: a daemon just started serves typing
         # and watch frames at once, and learns that Redis is away from the first command that fails.
         self.healthy = True
@@ -122,7 +132,27 @@ class Signals:
             self.tracker.leave(user, self._clock(), self._wall_ms())
 
     def forget(self, conn: Watcher) -> None:
+        before = self.watchers.lists.get(conn, ())
         self.watchers.forget(conn)
+        if before:
+            self._touch([presence_channel(u) for u in before])
+
+    def _touch(self, channels: list[str]) -> None:
+        self._channels.touch(channels)
+        self._plan_ready.set()
+
+    async def _hold(self, channels: list[str]) -> None:
+        """Returns once Redis has confirmed this daemon's subscription to each of ``channels``."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self._channels.wait(waiter, channels):
+            return
+        try:
+            async with asyncio.timeout(self.settings.stores.db_timeout_seconds):
+                await waiter
+        except TimeoutError:
+            raise Unavailable("signals_unavailable", "presence is unavailable for now: send the list again") from None
+        finally:
+            self._channels.drop(waiter)
 
     def typing(self, origin: int, sender: str, to: str, state: str) -> None:
         """Publishes a typing event (its gate has passed it); ``origin``: the typist's sink, not sent back to it."""
@@ -142,7 +172,12 @@ class Signals:
             raise Unavailable("presence_disabled", "presence is turned off on this server")
         if not self.healthy:
             raise Unavailable("signals_unavailable", "presence is unavailable: the daemon cannot reach Redis")
+        before = self.watchers.lists.get(conn, ())
         kept = list(self.watchers.watch(conn, users))
+        self._touch([presence_channel(u) for u in (*before, *kept)])
+        # The users' channels held first: a change published from then on reaches this daemon,
+        # and so the client, after the snapshot or before it (when the snapshot shows it too).
+        await self._hold([presence_channel(u) for u in kept])
         # MySQL first, Redis last, and the frame out with no wait after Redis: a change
         # published after that read reaches the client after this snapshot.
         rows = {} if self._engine is None or not kept else await self._mysql(presence_sql.rows_of, kept)
@@ -187,40 +222,79 @@ class Signals:
 
     def partitions_changed(self) -> None:
         """The daemon serves more partitions (``daemon.handover``): their typing channels are listened to."""
-        self._partitions_changed.set()
+        self._typing_channels = {typing_channel(p) for p in self.hubs.by_partition}
+        self._touch(sorted(self._typing_channels))
+
+    def _wanted(self, channel: str) -> bool:
+        if channel.startswith(PRESENCE_PREFIX):
+            return channel[len(PRESENCE_PREFIX):] in self.watchers.by_user
+        return channel in self._typing_channels
 
     async def _listen(self) -> None:
-        def away(exc: BaseException) -> None:
-            self._away(exc)
-            self.subscribed_once.set()  # tried once: a Redis that is away keeps no daemon from serving
-
+        """One pub/sub connection at a time, for the life of the daemon. A lost one is
+        replaced after ``LISTEN_RETRY_SECONDS``, subscribed to every channel wanted then: the
+        typing events and presence changes published meanwhile are lost, as any signal is
+        whose listener is away (they are news of now, never replayed)."""
+        self._typing_channels = {typing_channel(p) for p in self.hubs.by_partition}
         while True:
-            served = sorted(self.hubs.by_partition)
-            channels = [typing_channel(p) for p in served] + ([PRESENCE_CHANNEL] if self.presence else [])
-
-            def subscribed(served: list[int] = served) -> None:
-                log.info("event=typing_listening partitions=%s", ",".join(map(str, served)))
-                self.subscribed_once.set()
-
-            self._partitions_changed.clear()
-            # Subscribed anew, on the channels of now: the typing events published meanwhile are
-            # lost, as any typing event is whose listener is away (they are news of now, never replayed).
-            listening = asyncio.ensure_future(subscribe_forever(
-                self._listener, channels, self._received, on_subscribed=subscribed, on_away=away,
-                read_seconds=HEARTBEAT_SECONDS, sleep=self._sleep))
-            changed = asyncio.ensure_future(self._partitions_changed.wait())
+            pubsub = self._listener.pubsub()
+            wanted = [*self._typing_channels, *map(presence_channel, self.watchers.by_user)]
+            self._channels.reset(wanted)
             try:
-                await asyncio.wait([listening, changed], return_when=asyncio.FIRST_COMPLETED)
+                await pubsub.connect()  # before anything is subscribed: the reader has a connection to read
+                if not self._channels.wait(_TYPING_READY, self._typing_channels):
+                    self._ended([_TYPING_READY])
+                await self._send_plan(pubsub)
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._read(pubsub), name="signals_read")
+                    group.create_task(self._send(pubsub), name="signals_subscribe")
+            except* REDIS_ERRORS as errors:
+                self._away(errors.exceptions[0])
+                self.subscribed_once.set()  # tried once: a Redis that is away keeps no daemon from serving
             finally:
-                for task in (listening, changed):
-                    task.cancel()
-                await asyncio.gather(listening, changed, return_exceptions=True)
-            if not listening.cancelled() and (error := listening.exception()) is not None:
-                raise error
+                self._channels.drop(_TYPING_READY)
+                await pubsub.aclose()
+            await self._sleep(LISTEN_RETRY_SECONDS)
+
+    async def _send(self, pubsub: PubSub) -> None:
+        while True:
+            await self._plan_ready.wait()
+            await self._send_plan(pubsub)
+
+    async def _send_plan(self, pubsub: PubSub) -> None:
+        """The SUBSCRIBEs and UNSUBSCRIBEs that make Redis hold the channels wanted now."""
+        self._plan_ready.clear()
+        subscribe, unsubscribe, over = self._channels.plan(self._wanted)
+        self._ended(over)
+        for start in range(0, len(unsubscribe), CHANNELS_PER_COMMAND):
+            await pubsub.unsubscribe(*unsubscribe[start:start + CHANNELS_PER_COMMAND])
+        for start in range(0, len(subscribe), CHANNELS_PER_COMMAND):
+            await pubsub.subscribe(*subscribe[start:start + CHANNELS_PER_COMMAND])
+        metrics.PRESENCE_CHANNELS.set(len(self._channels.sent) - len(self._typing_channels))
+
+    async def _read(self, pubsub: PubSub) -> None:
+        while True:
+            message = await pubsub.get_message(timeout=HEARTBEAT_SECONDS)
+            if message is None:
+                continue
+            kind = message["type"]
+            if kind == "message":
+                self._received(message["channel"], message["data"])
+            elif kind == "subscribe":
+                self._ended(self._channels.confirmed(message["channel"].decode()))
+
+    def _ended(self, waits: list[object]) -> None:
+        for wait in waits:
+            if wait is _TYPING_READY:
+                log.info("event=typing_listening partitions=%s",
+                         ",".join(map(str, sorted(self.hubs.by_partition))))
+                self.subscribed_once.set()
+            elif isinstance(wait, asyncio.Future) and not wait.done():
+                wait.set_result(None)
 
     def _received(self, channel: bytes, data: bytes) -> None:
         words = data.decode().split()
-        if channel == PRESENCE_CHANNEL.encode():
+        if channel.startswith(PRESENCE_PREFIX.encode()):
             frame = presence_frame(words)
             if frame is None:
                 return

@@ -25,8 +25,8 @@ same connections:
   reconnected at once, each with its resume point; counted from the first drop
   to the grace and one ``last_seen`` store period after the last one is back:
   the rows of MySQL's ``presence`` whose ``last_seen`` changed, the changes
-  published on ``chat:presence`` (this process subscribes to it from before the
-  first connection), the presence frames the watchers got, the commands Redis
+  published on the ``chat:presence:{user}`` channels (this process subscribes to
+  them by pattern from before the first connection), the presence frames the watchers got, the commands Redis
   ran, and the users connected again whom Redis lists on no daemon.
 
 Writes var/bench/signals.json, or with ``--publish``
@@ -58,7 +58,7 @@ from websockets.frames import Frame, Opcode
 
 from chat import auth
 from chat.settings import Settings
-from chat.signal_store import PRESENCE_CHANNEL, online_key
+from chat.signal_store import PRESENCE_PREFIX, online_key
 from chatctl.client import Inbox
 from daemon.signals import STORE_SECONDS
 from loadtest import wsload
@@ -433,12 +433,13 @@ def changed_rows(before: dict[str, object], after: dict[str, object]) -> list[st
 
 
 class PresenceFeed:
-    """This process's own subscription to ``chat:presence``: each change with its time (a thread)."""
+    """This process's own subscription to every ``chat:presence:{user}`` (one pattern): each change
+    with its time (a thread)."""
 
     def __init__(self, url: str) -> None:
         self.client = redis.Redis.from_url(url)
         self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(PRESENCE_CHANNEL)
+        self.pubsub.psubscribe(PRESENCE_PREFIX + "*")
         self.seen: list[tuple[float, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="presence-feed", daemon=True)

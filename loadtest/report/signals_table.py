@@ -98,8 +98,9 @@ def signals_table(r: dict) -> list[str]:
               " reconnected at once, each with its resume point (`since`); counted from the first drop to the grace"
               f" ({figure(p.get('grace_seconds'))} s) and a `last_seen` store period after the last one was back."
               " Rows changed = rows of MySQL's `presence` whose `last_seen` changed (of users back within the grace"
-              " as the client saw it / after it); published = changes on `chat:presence`, counted by a subscriber of"
-              " the benchmark's own (offline/online); offline after = users connected again whom Redis lists on no"
+              " as the client saw it / after it); published = changes on the `chat:presence:{user}` channels,"
+              " counted by a subscriber of the benchmark's own (offline/online); offline after = users connected"
+              " again whom Redis lists on no"
               " daemon once it was over; Redis commands = those it ran meanwhile, its scripts' own included.", "",
               "| clients | all back in s | drop → hello p50/p99/max ms | over the grace | rows changed (within/after)"
               " | published (offline/online) | presence frames to watchers | offline after | Redis commands |",

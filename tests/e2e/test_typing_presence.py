@@ -9,8 +9,10 @@ import signal
 import httpx
 import orjson
 import pytest
+import redis.asyncio as aioredis
 from websockets.exceptions import ConnectionClosed
 
+from chat.signal_store import HIDDEN_LOADED, presence_channel
 from harness.system import private_system, running_system
 from tests.e2e.helpers import connect, mongo_docs, mongo_docs_soon, mysql_rows, post, receive
 from tests.timing import PATIENCE, eventually
@@ -149,6 +151,36 @@ async def test_presence_goes_to_watchers_as_it_changes_and_last_seen_is_stored(p
     await back.close()
 
 
+async def test_a_users_presence_channel_is_held_only_while_one_of_its_watchers_is_connected(prompt, users):
+    # Redis sends a change only to the daemons subscribed to the user's channel: a million
+    # connects with nobody watching are read by no daemon at all.
+    alice, bob, carol = users("alice"), users("bob"), users("carol")
+    redis = aioredis.from_url(prompt.dbs.redis.url)
+
+    async def daemons_listening(user: str) -> int:
+        [(_, count)] = await redis.pubsub_numsub(presence_channel(user))
+        return count
+
+    async def let_go() -> bool:
+        return await daemons_listening(alice) == 0
+
+    try:
+        assert await daemons_listening(alice) == 0
+        first, _ = await connect(prompt, bob)
+        await send(first, type="watch", users=[alice])
+        await next_of(first, "presence")
+        assert await daemons_listening(alice) == 1  # confirmed before the snapshot was read
+        second, _ = await connect(prompt, carol)
+        await send(second, type="watch", users=[alice])
+        await next_of(second, "presence")
+        assert await daemons_listening(alice) in (1, 2)  # the same daemon or the other one
+        await first.close()
+        await second.close()
+        await eventually(let_go, "alice's channel let go by every daemon")
+    finally:
+        await redis.aclose()
+
+
 def mysql_presence(system, user: str) -> list:
     from tests.e2e.test_receipts import sql
     return sql(system, "SELECT user, last_seen, hidden FROM presence WHERE user = :u AND last_seen IS NOT NULL",
@@ -274,9 +306,11 @@ def redis_of_its_own(tmp_path):
 
 
 async def test_with_redis_away_messages_flow_and_signals_say_unavailable(redis_of_its_own, users):
-    alice, bob = users("alice"), users("bob")
+    alice, bob, carol = users("alice"), users("bob"), users("carol")
     s = redis_of_its_own
     peer, _ = await connect(s, bob)
+    await send(peer, type="watch", users=[carol])
+    await next_of(peer, "presence")
     typist, _ = await connect(s, alice)
     await send(typist, type="typing", to=bob)
     assert (await next_of(peer, "typing"))["from"] == alice  # Redis is up: it is carried
@@ -292,6 +326,20 @@ async def test_with_redis_away_messages_flow_and_signals_say_unavailable(redis_o
     assert (await next_of(peer, "message"))["body"] == "no Redis needed"
     r = await call(s, alice, "GET", "/v1/presence", params={"users": bob})
     assert (r.status_code, r.json()["error"]) == (503, "signals_unavailable")
+
+    # Redis back (empty): the daemon subscribes again to what its connections still watch,
+    # and the watch list bob sent before it went is served without being sent again.
+    s.dbs.redis.start()
+    await eventually(lambda: log.read_text().count("event=typing_listening") == 2, "the daemon listening again")
+    redis = aioredis.from_url(s.dbs.redis.url)
+    try:
+        # No change is published until the hidden users are loaded again: wait for it, not for a time.
+        await eventually(lambda: redis.exists(HIDDEN_LOADED), "the hidden users loaded into the new Redis")
+        assert (await redis.pubsub_numsub(presence_channel(carol)))[0][1] == 1
+    finally:
+        await redis.aclose()
+    await connect(s, carol)
+    assert await next_of(peer, "presence") == {"type": "presence", "user": carol, "online": True, "last_seen": None}
 
 
 async def test_typing_over_http_to_ever_new_peers_meets_the_senders_rate_limit(dbs, users):
