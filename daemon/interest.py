@@ -1,5 +1,6 @@
 """The users of one partition that a daemon has asked its relay for, and from
-where in the stream each is served. Pure: no I/O, no clock (tests/core/test_interest.py).
+where in the stream each is served. Pure: no I/O, no clock
+(tests/core/test_passed_over.py, tests/core/test_routed_join.py).
 
 Routed by user (relay/routing.py), a daemon gets the entries of the users
 it holds only. So a user's first socket asks the relay for them (``hold``
@@ -9,9 +10,12 @@ started to serve them, which the relay marks in the stream itself
 seen until then (``subscribed``'s ``seen``) came without that user's
 entries, every later one with them. That id is the user's ``since``:
 
-- the socket registers once the stream's position has reached it (every id
-  up to it has gone out, to nobody of this user's), and its catch-up covers
-  up to the position, as always (daemon/server.py ``Daemon.subscribe``);
+- the socket registers as soon as the marker has come, and its catch-up
+  covers up to the position, as always (daemon/server.py
+  ``Daemon.subscribe``); the ids up to the marker that are not released yet
+  are made to come whole first (ids passed over are read back, holes are
+  filled whole anyway: ``daemon.stream.Stream.join``), so those of the
+  user's go out to it live, in order, past its catch-up;
 - the recent cache holds the user's messages after it only: a catch-up
   from further back reads the store (``covered_from``).
 

@@ -15,6 +15,7 @@ documents are held as if above a hole, until the shell confirms them
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -111,6 +112,15 @@ class Sequencer:
         for i in dropped:
             del self._held[i]
         return dropped
+
+    def forget(self, upto: int, which: Callable[[dict], bool]) -> list[int]:
+        """Forgets the held documents with ids up to ``upto`` that ``which``
+        picks: each id is a hole again, and what fills it takes its place.
+        Returns their ids."""
+        gone = sorted(i for i, doc in self._held.items() if i <= upto and which(doc))
+        for i in gone:
+            del self._held[i]
+        return gone
 
     def skip_to(self, upto: int) -> list[dict]:
         """The range up to ``upto`` was read (from MySQL, or the `messages`

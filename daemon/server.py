@@ -188,8 +188,9 @@ class Daemon:
 
         The stream position is read and the subscriber registered with no
         await in between: catch-up covers (since, position], live frames the rest.
-        Routed by user, the stream first holds the user: the relay serves it
-        every entry of the user past that position (``Stream.hold``).
+        Routed by user, the stream first holds the user, until the relay's
+        marker for it, and then joins it: every entry of the user past that
+        position reaches the stream whole (``Stream.hold``, ``Stream.join``).
         """
         stream = self.streams[sub.partition]
         if stream.by_user:
@@ -200,6 +201,7 @@ class Daemon:
             if not served:
                 self.unsubscribe(sub)
                 raise Behind()
+            stream.join(sub.user)  # no await from here to the register
         position = stream.position
         sub.last_id = since if since is not None else position
         self.hub.register(sub)

@@ -241,11 +241,10 @@ class Stream:
 
     async def hold(self, user: str, timeout: float) -> bool:
         """Holds ``user`` (asks the relay for it, on its first socket), and
-        returns once every entry of the user past the position will reach
-        this daemon: the relay's marker has come, and the ids seen before it
-        are handled (released, or dropped as strays: a far id planted in the
-        fast store is seen, and never released). False: not within
-        ``timeout`` (the caller still ``release``s it)."""
+        returns once the relay's marker for it has come: every entry of the
+        user past it reaches this daemon whole. Then ``join``, with no await
+        before the socket registers. False: not within ``timeout`` (the caller
+        still ``release``s it)."""
         interest, relay = self.interest, self._relay
         if interest is None or relay is None:
             return True
@@ -254,12 +253,39 @@ class Stream:
         deadline = asyncio.get_running_loop().time() + timeout
         try:
             async with asyncio.timeout_at(deadline):
-                while (since := interest.covered_from(user)) is None:
+                while interest.covered_from(user) is None:
                     await self._marked.wait()
-                await self.consumer.wait_settled(since)
         except TimeoutError:
             return False
         return True
+
+    def join(self, user: str) -> None:
+        """Makes every id up to the user's marker that is not released yet
+        come whole: called after ``hold``, with no await before the position
+        is read and the socket registered (``daemon.server.Daemon.subscribe``).
+
+        The socket's catch-up covers (since, position] and its live frames
+        the rest, each id once, as on a daemon of whole namespaces. Below the
+        marker, what is not released yet is of three kinds: ids never seen
+        (a hole), which only a whole document fills (the stores' rows, or the
+        relay's entry, which comes now that the user is served); documents
+        held whole, which go out to the user live, as any document; and ids
+        passed over, which came without the user's entries: released as they
+        are, a message of the user's among them would go out blank, to
+        nobody, past the position its catch-up read to. So those, and only
+        those, are made holes again, and the truth is read for them at once
+        (nothing above them may be held to show the hole). The socket then
+        need not wait until the stream has released up to the marker: a hole
+        below it (ids a writer committed to MySQL and never put in the fast
+        store, a MySQL or fast store that is slow to answer) held every new
+        user's first socket until it was filled, or ``HOLD_WAIT`` answered
+        1013, where a daemon of whole namespaces registers at once. The cost:
+        the forgotten ids are read as rows rather than checked by their
+        digests, and a hole's fill reads its rows anyway."""
+        interest = self.interest
+        since = None if interest is None else interest.covered_from(user)
+        if since is not None and since > self.position and self.consumer.unpass(since):
+            self.inbox.request_fill()
 
     def release(self, user: str) -> None:
         """A socket of ``user`` that ``hold`` held is gone: after the last, once

@@ -38,6 +38,10 @@ def admit(docs: list[dict], source: str) -> list[dict]:
     return good
 
 
+def _is_passed(doc: dict) -> bool:
+    return type(doc) is Passed
+
+
 def reject(reason: str, source: str, ids: list, action: str = "skipped") -> None:
     metrics.STRAYS.labels(reason).inc(len(ids))
     log.error("event=stray_document reason=%s source=%s count=%d ids=%.200r action=%s "
@@ -172,20 +176,14 @@ class Consumer:
 
     def drop_above(self, bound: int) -> list[int]:
         """Forgets held documents past ``bound`` (``Sequencer.drop_above``); returns their ids."""
-        dropped = self.seq.drop_above(bound)
-        if dropped:
-            self._notify()  # a user waiting for ids seen before its marker may wait for these no more
-        return dropped
+        return self.seq.drop_above(bound)
 
-    def settled(self, upto: int) -> bool:
-        """Whether every id up to ``upto`` that came before now has been handled:
-        released, or dropped as not the writer's. An id still held may yet go
-        out (as the document, or passed over); one dropped never will."""
-        return self.position >= upto or all(i > upto for i in self.seq.held_ids())
-
-    async def wait_settled(self, upto: int) -> None:
-        while not self.settled(upto):
-            await self._advanced.wait()
+    def unpass(self, upto: int) -> list[int]:
+        """Forgets the ids passed over up to ``upto`` that are still held: each
+        is a hole again, which only a whole document fills (the relay's, once
+        it serves the user, or the stores'). Returns them; the caller asks for
+        the read. Why: ``daemon.stream.Stream.join``."""
+        return self.seq.forget(upto, _is_passed)
 
     def release_held(self, docs: list[dict]) -> None:
         """Releases documents that waited for the truth: oplog -> socket counts from when the wait began."""

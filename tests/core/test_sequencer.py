@@ -124,3 +124,13 @@ def test_without_a_bound_in_order_documents_go_out_as_they_come():
     s = Sequencer(high=10)  # a stream without MySQL
     assert ids(s.offer(docs(11, 12))) == [11, 12]
     assert ids(s.confirm(99)) == [] and s.bound is None
+
+
+def test_forget_makes_the_picked_held_ids_holes_again():
+    picked = {"_id": 3, "picked": True}, {"_id": 5, "picked": True}
+    s = Sequencer(high=0)
+    s.offer([{"_id": 2}, *picked, {"_id": 4}])
+    assert s.forget(4, lambda d: d.get("picked", False)) == [3]  # 5 is past ``upto``
+    assert s.held_ids() == [2, 4, 5] and s.hole == (0, 5)
+    assert ids(s.offer(docs(1))) == [1, 2]  # 3 is a hole now: 4 and 5 wait for what fills it
+    assert ids(s.offer(docs(3))) == [3, 4, 5]

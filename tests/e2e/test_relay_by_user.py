@@ -4,6 +4,8 @@ the users it holds (and the other ids); every message still reaches every
 socket once, in order: users on both daemons, a user whose first socket
 comes while messages to it are being sent, the relay killed under traffic,
 and a user whose last socket closed is no longer forwarded to its daemon.
+Last, a routed stream on the real MariaDB and FerretDB, fed relay frames by
+the test: a first socket that registers with a hole below the relay's marker.
 """
 
 from __future__ import annotations
@@ -14,10 +16,17 @@ import signal
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from chat.messages import Message, now_ms, shown_digest
 from chatctl.client import Inbox, listen
+from db import mongo
+from db.stream_ranges import StreamRanges
 from harness.servers import free_port
 from harness.system import running_system
+from oplog.events import Batch, Subscribed
+from relay.routing import PASSED
 from tests.e2e.helpers import post
+from tests.e2e.test_oplog_tail import _Recorder, _stream_for_bob, reach
+from tests.e2e.test_stream_ranges import mysql_database, store_in_mysql
 from tests.timing import PATIENCE, eventually
 
 
@@ -144,3 +153,82 @@ async def test_a_daemon_whose_users_last_socket_closed_is_forwarded_none_of_its_
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+class _RoutedFrames:
+    """A relay routed by user as a stream sees it (its tail and its client):
+    the frames are the test's, each step once the test says."""
+
+    namespace = "routed.messages"
+    last_ts = None
+    by_user = True
+
+    def __init__(self, *steps: list[Batch | Subscribed]):
+        self.steps = steps
+        self.go = [asyncio.Event() for _ in steps]
+        self.subs: list[str] = []
+
+    async def newest_ts(self):
+        return None
+
+    def want(self, namespace: str, user: str) -> int:
+        self.subs.append(user)
+        return len(self.subs)
+
+    def drop(self, namespace: str, user: str) -> None:
+        pass
+
+    async def batches(self):
+        for go, step in zip(self.go, self.steps, strict=True):
+            await go.wait()
+            for event in step:  # back to back: the consumer takes them together
+                yield event
+        await asyncio.Event().wait()
+
+    @classmethod
+    def frame(cls, sent: list[dict], passed: list[dict]) -> Batch:
+        """``sent`` whole, ``passed`` as (id, digest)."""
+        return Batch([{"op": "i", "ns": cls.namespace, "o": d, "ts": None} for d in sent],
+                     b"".join(PASSED.pack(d["_id"], shown_digest(d)) for d in passed), cls.namespace)
+
+
+async def test_a_first_socket_registers_with_a_hole_below_the_marker_and_gets_its_passed_over_message_whole(dbs):
+    # Rows 1..6 are committed; the fast store lacks 2 (its writer died between MySQL and
+    # Mongo). Before u is asked for, the relay passes over 1, 3 and 4 (1 and 3 are u's): 3
+    # and 4 wait above the hole 2. u's marker comes right behind them, so u registers while
+    # the hole is still open: the ids passed over below the marker are read back from MySQL,
+    # whole, and u gets 1, 3 and 6, once, in order.
+    msgs = {i: Message(i, "s", "u" if i in (1, 3, 6) else "z", f"m{i}", now_ms()) for i in range(1, 7)}
+    docs = {i: m.to_doc() for i, m in msgs.items()}
+    frame, namespace = _RoutedFrames.frame, _RoutedFrames.namespace
+    frames = _RoutedFrames([frame([], [docs[1], docs[3], docs[4]]), Subscribed(namespace, 1)],
+                           [frame([docs[6]], [docs[5]])])
+    with mysql_database(dbs) as engine:
+        ranges = StreamRanges(engine)
+        async with _stream_for_bob(dbs.ferretdb.url, frames, cache_max=100, gap_check_seconds=30, ranges=ranges,
+                                   relay=frames) as (db, stream, _bob):
+            store_in_mysql(engine, list(msgs.values()))
+            await db[mongo.MESSAGES].insert_many([d for i, d in docs.items() if i != 2])
+            u = _Recorder("u", 0)
+
+            async def subscribe() -> int:
+                # As Daemon.subscribe does: hold, join, the position and the register with no await between.
+                assert await stream.hold("u", PATIENCE), "u's marker never came"
+                stream.join("u")
+                position = stream.position
+                stream.consumer.hub.register(u.subscriber)
+                return position
+
+            subscribing = asyncio.create_task(subscribe())
+            frames.go[0].set()
+            position = await subscribing
+            # Registered before any of 1..4 was released (1 waited for MySQL's check, 2 was a
+            # hole): the consumer took the marker and went to read MySQL, and u's hold went on
+            # before that read came back. So 1, passed over, comes back whole and live too.
+            assert frames.subs == ["u"] and position == 0
+            catch_up = await stream.catch_up("u", 0, position)
+            u.subscriber.go_live(catch_up.frames)
+            frames.go[1].set()
+            await reach(stream, 6)
+            assert u.got == [1, 3, 6]
+        ranges.close()

@@ -1,0 +1,127 @@
+"""A user's first socket on a daemon routed by user (``Stream.hold``,
+``Stream.join``, daemon/interest.py), on fake relay frames: it registers as
+soon as the relay's marker has come, whatever the stream still holds below
+the marker (a hole, ids held for MySQL), as a socket on a daemon of whole
+namespaces registers at once; and its messages among the ids passed over
+before the marker, which the stream had only as ids, still reach it live,
+once and in order, because those ids are read back whole."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from chat.messages import shown_digest
+from daemon.hub import Hub, Subscriber
+from daemon.stream import Stream
+from daemon.tail_reader import FillRequest
+from oplog.events import Batch, Subscribed
+from relay.routing import PASSED
+
+NS = "chat.messages"
+WHEN = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def doc(i: int, sender: str, recipient: str) -> dict:
+    return {"_id": i, "from": sender, "to": recipient, "body": f"m{i}", "created_at": WHEN, "client_msg_id": None}
+
+
+def batch(sent: list[dict], passed: list[dict]) -> Batch:
+    """What a relay sends a daemon: ``sent`` whole, ``passed`` as (id, digest)."""
+    return Batch([{"op": "i", "ns": NS, "o": d, "ts": None} for d in sent],
+                 b"".join(PASSED.pack(d["_id"], shown_digest(d)) for d in passed), NS)
+
+
+class FakeRelay:
+    """The daemon's relay client as a stream sees it: the subs it was asked, numbered."""
+
+    by_user = True
+    namespace = NS
+    last_ts = None
+
+    def __init__(self) -> None:
+        self.subs: list[str] = []
+
+    def want(self, namespace: str, user: str) -> int:
+        self.subs.append(user)
+        return len(self.subs)
+
+    def drop(self, namespace: str, user: str) -> None:
+        pass
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+
+    def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
+        self.ids.append(msg_id)
+
+    def overflow(self) -> None:
+        raise AssertionError("nothing overflows here")
+
+    def signal(self, payload: bytes) -> None:
+        pass
+
+
+def routed_stream() -> tuple[Stream, Hub]:
+    relay, hub = FakeRelay(), Hub(1 << 20)
+    # No database is reached here: the test is the truth reader, and hands the stream what it would read.
+    stream = Stream(None, relay, hub, retention_seconds=86400, cache_max=100,  # type: ignore[arg-type]
+                    gap_check_seconds=1.0, relay=relay)  # type: ignore[arg-type]
+    stream.consumer.start_at(0)
+    return stream, hub
+
+
+def fill_requested(stream: Stream) -> bool:
+    items = []
+    while not stream.inbox.empty():
+        items.append(stream.inbox.get_nowait()[0])
+    return any(isinstance(item, FillRequest) for item in items)
+
+
+async def test_a_first_socket_is_not_held_behind_a_hole_below_the_marker_and_gets_every_message_once_in_order():
+    stream, hub = routed_stream()
+    m = {i: doc(i, "s", "u" if i in (1, 3, 6) else "z") for i in range(1, 8)}
+    # Before u is asked for: 1, 3 and 4 come as ids passed over (1 and 3 are u's); 2 never
+    # came (a writer that died between MySQL and the fast store): a hole, 3 and 4 held above it.
+    stream.consumer.take(batch([], [m[1], m[3], m[4]]), 0.0)
+    assert stream.position == 1 and stream.consumer.seq.hole == (1, 4)
+
+    # u's first socket asks the relay; nothing of the relay's has come yet (timeout 0: it does not wait).
+    assert await stream.hold("u", 0) is False
+    assert stream._relay.subs == ["u"]  # type: ignore[union-attr]
+    stream.consumer._step(Subscribed(NS, 1), 0.0)  # the relay's marker: u is served past 4
+    assert stream.interest is not None and stream.interest.covered_from("u") == 4
+    # The marker has come: the socket registers now, with 2 still a hole below it, as a socket
+    # registers at once on a daemon of whole namespaces (it waited here until 2 was filled, or HOLD_WAIT).
+    assert await stream.hold("u", 0) is True
+
+    stream.join("u")  # with no await from here to the register, as Daemon.subscribe does
+    position = stream.position
+    sink = Sink()
+    sub = Subscriber(sink, "u", since=position)
+    sub.pending = None  # its catch-up (since, position] from the store went out: live from here
+    hub.register(sub)
+    assert position == 1
+    # 3 and 4 were only ids: they are holes again, and a read of the truth is asked for at once,
+    # so that 3 reaches u whole. Released as they were, 3 would have gone out blank, to nobody.
+    assert stream.consumer.seq.held == 0 and fill_requested(stream)
+
+    # After the marker every entry of u's comes whole: 6 is sent, 5 and 7 passed over.
+    stream.consumer.take(batch([m[6]], [m[5], m[7]]), 0.0)
+    assert sink.ids == []  # above the hole
+    # The truth reader fills 2..4 from MySQL (``TruthReader._replace_held``): the rows, whole.
+    stream.consumer.release_held(stream.consumer.seq.offer_truth([m[2], m[3], m[4]]))
+    assert stream.position == 7
+    assert sink.ids == [3, 6]  # 1 was its catch-up's; 3 and 6 live, once, in order
+
+
+async def test_a_first_socket_with_nothing_held_below_the_marker_asks_for_no_read():
+    stream, hub = routed_stream()
+    assert await stream.hold("u", 0) is False
+    stream.consumer.take(batch([], [doc(1, "s", "z"), doc(2, "s", "z")]), 0.0)
+    stream.consumer._step(Subscribed(NS, 1), 0.0)
+    assert await stream.hold("u", 0) is True
+    stream.join("u")
+    assert stream.position == 2 and not fill_requested(stream)
+
