@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from typing import Any
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Engine
@@ -19,6 +20,7 @@ from sqlalchemy.sql.expression import TextClause
 
 from chat.messages import Kind
 from chat.partitions import suffix
+from db.sql import pool_size_of
 from db.threads import Threads
 
 
@@ -90,12 +92,16 @@ class UnreadTotals:
     was committed before it, and nothing to roll back on return. Through a
     SQLAlchemy ``Connection`` each read also cost a ROLLBACK round trip (it
     rolls back on close, and mysqlclient sends that in autocommit too), on
-    the path of every hello."""
+    the path of every hello. Nor is a connection pinged when it is taken from
+    the pool (another round trip per read): a read that finds its connection
+    dead (MySQL restarted, or the connection killed) is made once more on a
+    new one, which SQLAlchemy calls optimistic disconnect handling."""
 
     def __init__(self, engine: Engine, threads: int = 2):
         self._engine = engine
         self._threads = Threads(threads, "unread")
-        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._dbapi_error: Any = engine.dialect.loaded_dbapi.Error  # the driver's own class, as the dialect expects it
+        self._attempts = pool_size_of(engine) + 1  # each pooled connection found dead, then a new one
         self._statements: dict[int, tuple[str, tuple[str, ...]]] = {}  # per partition: driver SQL, its parameters
 
     def _statement(self, partition: int) -> tuple[str, tuple[str, ...]]:
@@ -109,8 +115,8 @@ class UnreadTotals:
         sql, names = self._statement(partition)
         params = tuple({"user": user}[name] for name in names)
 
-        def run() -> int:
-            raw = self._engine.raw_connection()  # checked out with the pool's pre-ping
+        def read() -> int:
+            raw = self._engine.raw_connection()
             try:
                 cursor = raw.cursor()
                 cursor.execute(sql, params)
@@ -122,6 +128,17 @@ class UnreadTotals:
                 raise
             finally:
                 raw.close()
+
+        def run() -> int:
+            # A dead pooled connection is invalidated and the read made again: after a MySQL
+            # restart every pooled one is dead, then a new one connects (or fails to: the answer).
+            for _ in range(self._attempts - 1):
+                try:
+                    return read()
+                except self._dbapi_error as exc:
+                    if not self._engine.dialect.is_disconnect(exc, None, None):
+                        raise
+            return read()
 
         try:
             return await asyncio.wait_for(self._threads.run(run), timeout)

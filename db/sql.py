@@ -205,8 +205,10 @@ MAX_OVERFLOW = 2  # connections an engine may open past its pool_size, under a b
 
 
 def make_engine(url: str, timeout_seconds: float, pool_size: int = 4, reads_only: bool = False) -> Engine:
-    """``reads_only``: every statement is its own transaction (autocommit) and a connection going
-    back to the pool is not reset: for single reads on raw pooled connections (``UnreadTotals``)."""
+    """``reads_only``: every statement is its own transaction (autocommit), a connection going
+    back to the pool is not reset, and none is pinged when it is taken from the pool: for single
+    reads on raw pooled connections (``UnreadTotals``), whose caller reads again on a fresh
+    connection when one turns out dead (a ping per read was a round trip per hello)."""
     # connect_timeout keeps "MySQL down" a fast 503 rather than a hang;
     # max_statement_time (MariaDB) does the same for "MySQL slow".
     timeout = max(1, int(round(timeout_seconds)))
@@ -217,7 +219,7 @@ def make_engine(url: str, timeout_seconds: float, pool_size: int = 4, reads_only
         pool_size=pool_size,
         max_overflow=MAX_OVERFLOW,
         pool_timeout=timeout_seconds,
-        pool_pre_ping=True,
+        pool_pre_ping=not reads_only,
         pool_recycle=3600,
         connect_args={
             "connect_timeout": timeout,

@@ -1,8 +1,8 @@
 """What a daemon's hello pays to read the user's unread total from MySQL, per read, on a real
 MariaDB: through a SQLAlchemy ``Connection`` (a ping, the SELECT, the ROLLBACK it sends on
 close) against ``UnreadTotals``' one SELECT on a raw pooled connection of a ``reads_only``
-engine (a ping, the SELECT), both on a thread of their own as the daemon runs them. Client CPU
-and wall time per read, rounds alternated.
+engine (the SELECT alone: no ping, no rollback), both on a thread of their own as the daemon
+runs them. Client CPU and wall time per read, rounds alternated.
 
     .venv/bin/python -m loadtest.unread_read --reads 3000 --rounds 3
 
