@@ -232,6 +232,8 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
          grow_seconds: float = typer.Option(240.0, min=40.0, help="the grow scenario's traffic at most: the mover "
                                             "starts 10 s in, and the traffic ends 20 s after its cutover"),
          budget: float = typer.Option(720.0, help="seconds before the watchdog ends the bench"),
+         setting: list[str] = typer.Option([], "--set", help="KEY=VALUE: a setting of every host's processes, kept "
+                                           "in the result (e.g. CHAT_RELAY_ROUTE_BY_USER=true)"),
          out: Path = typer.Option(RESULTS / "cluster-latest.json")) -> None:
     netns.require_root()
 
@@ -249,7 +251,9 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
         "link: each round trip between a host and a database takes that much longer"),
         "traffic": {"users": users, "devices_per_user": devices, "clients": users * devices, "offered_per_s": rate,
                     "seconds": seconds}, **machine.describe(), "runs": [], "faults": []}
-    env = {"CHAT_RATE_LIMIT_PER_SECOND": "0", "CHAT_LOG_LEVEL": "WARNING", "CHAT_DRAIN_SECONDS": "0"}
+    env = {"CHAT_RATE_LIMIT_PER_SECOND": "0", "CHAT_LOG_LEVEL": "WARNING", "CHAT_DRAIN_SECONDS": "0",
+           **dict(kv.split("=", 1) for kv in setting)}
+    result["env"] = env
     try:
         with Cluster(plan, extra_env=env) as cluster:
             cluster.set_rtt(rtt_ms)
