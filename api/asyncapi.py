@@ -33,8 +33,8 @@ CLOSE_MEANINGS: dict[CloseCode, str] = {
     CloseCode.TOO_BIG: "An inbound frame over CHAT_WS_MAX_FRAME_BYTES.",
     CloseCode.SERVER_ERROR: "Server error: reconnect with `since`.",
     CloseCode.RESTART: "The daemon is restarting: reconnect with `since`.",
-    CloseCode.TRY_AGAIN: "This daemon has not reached your `since`, or messages expired during a long "
-                         "catch-up: reconnect with `since`.",
+    CloseCode.TRY_AGAIN: "This daemon has not reached your `since`, the stores did not answer your catch-up in "
+                         "time, or messages expired during a long catch-up: reconnect with `since`.",
     CloseCode.TOKEN_EXPIRED: "The token's `exp` passed: reconnect with a new token and `since`.",
     CloseCode.SLOW_CONSUMER: "The client fell CHAT_SEND_BUFFER_MAX_BYTES of unsent frames behind: reconnect "
                              "with `since`.",

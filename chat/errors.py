@@ -52,7 +52,7 @@ class CloseCode(IntEnum):
     TOO_BIG = 1009  # an inbound frame over CHAT_WS_MAX_FRAME_BYTES
     SERVER_ERROR = 1011
     RESTART = 1012  # the daemon is restarting: reconnect with since
-    TRY_AGAIN = 1013  # this daemon is behind your since: retry
+    TRY_AGAIN = 1013  # this daemon is behind your since, or its stores did not answer: retry
     TOKEN_EXPIRED = 4001  # the token's exp passed: reconnect with a new token and since
     SLOW_CONSUMER = 4008  # fell CHAT_SEND_BUFFER_MAX_BYTES behind
     UNAUTHORIZED = 4401  # no valid `auth` frame first (the handshake's 401, after the upgrade)

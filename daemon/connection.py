@@ -14,8 +14,8 @@ WebSocket, whose sink it is; what a client sends is judged by
 ``daemon.inbound``. Close codes (``chat.errors.CloseCode``): a client's
 close is answered with its own code; 1002 protocol error, 1007 text or a
 close reason that is not UTF-8, 1008 inbound frame rate, 1009 inbound frame
-too big, 1011 server error, 1012 restarting, 1013 behind the client's since
-(retry), 4001 token expired, 4008 slow consumer.
+too big, 1011 server error, 1012 restarting, 1013 behind the client's since,
+or the stores slow (retry), 4001 token expired, 4008 slow consumer.
 """
 
 from __future__ import annotations

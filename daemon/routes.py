@@ -12,6 +12,7 @@ reached its ``since`` within 2 s answers 503.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Awaitable, Callable
 
@@ -31,6 +32,9 @@ from daemon.client_frames import ClientFrames
 from daemon.connection import Connection
 from daemon.http_phase import Request
 from daemon.server import Behind, Daemon, PollWaiter
+from daemon.store_reads import STORE_ERRORS
+
+log = logging.getLogger("chat.daemon")
 
 POLL_DEFAULT_TIMEOUT = 25.0  # seconds, when a poll names none (and the cap allows it)
 
@@ -100,6 +104,13 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
         except Behind:
             metrics.REJECTS.labels("behind").inc()
             conn.respond(503, error_body("try_again_later", "this daemon is behind your since: retry"),
+                         keep, headers | {"Retry-After": "1"})
+            return
+        except STORE_ERRORS as exc:
+            metrics.REJECTS.labels("store_unavailable").inc()
+            log.warning("event=catchup_store_unavailable user=%s error=%s action=respond_503", user,
+                        exc.__class__.__name__)
+            conn.respond(503, error_body("try_again_later", "the message store did not answer in time: retry"),
                          keep, headers | {"Retry-After": "1"})
             return
         if catch.more:

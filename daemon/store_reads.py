@@ -19,6 +19,10 @@ from db.stream_ranges import StreamRanges
 
 log = logging.getLogger("chat.stream")
 
+# What a read of the stores raises when they do not answer (away, or slower than
+# CHAT_DB_TIMEOUT_SECONDS): the client is told to come back, not that the server failed.
+STORE_ERRORS = (PyMongoError, SQLAlchemyError)
+
 
 async def cache_from_mysql(ranges: StreamRanges, cache: RecentCache, high: int, page: int,
                            encode: Callable[[dict], Encoded] = encode_doc) -> bool:

@@ -4,8 +4,8 @@ at a time, then live frames.
 A client of a partition this daemon does not serve gets 421 and its
 partition, before any upgrade (or 4421 after it, when its token came in its
 first frame). A daemon that has not reached the client's
-``since`` within 2 s closes with 1013; a catch-up that meets expired messages closes with 1013 too (the
-client resumes and is told ``recovered: false``); a WebSocket whose token
+``since`` within 2 s closes with 1013; so does a catch-up the stores do not answer in time, and one
+that meets expired messages (the client resumes and is told ``recovered: false``); a WebSocket whose token
 expires is closed with 4001 by the heartbeat (``daemon.lifecycle``); one
 whose user's slot moves to another partition, with 1012 (``daemon.handover``).
 """
@@ -26,6 +26,7 @@ from daemon.connection import Connection
 from daemon.http_phase import Request
 from daemon.hub import Subscriber
 from daemon.server import Behind, Daemon
+from daemon.store_reads import STORE_ERRORS
 
 log = logging.getLogger("chat.daemon")
 
@@ -104,6 +105,12 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
     except Behind:
         metrics.REJECTS.labels("behind").inc()
         conn.close(CloseCode.TRY_AGAIN, "this daemon is behind your since: retry")
+    except STORE_ERRORS as exc:
+        # A catch-up page the stores did not give in time: the client resumes from the last id it got.
+        metrics.REJECTS.labels("store_unavailable").inc()
+        log.warning("event=catchup_store_unavailable user=%s error=%s action=close_1013", user,
+                    exc.__class__.__name__)
+        conn.close(CloseCode.TRY_AGAIN, "the message store did not answer in time: retry")
     except Exception:
         log.exception("event=ws_error user=%s", user)
         conn.close(CloseCode.SERVER_ERROR, "server error")

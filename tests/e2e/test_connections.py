@@ -531,3 +531,38 @@ async def test_each_process_serves_its_own_metrics_on_its_metrics_port(dbs, user
                 assert f'chat_daemon_info{{pid="{pid}"}} 1.0' in text and "chat_daemon_connections" in names
             else:
                 assert "chat_api_requests" in names and "chat_writer_batch_messages" in names
+
+
+@pytest.fixture
+def no_recent_cache(tmp_path_factory):
+    """Databases of its own (the test freezes FerretDB), and a daemon with no recent cache:
+    every catch-up reads the fast store."""
+    with private_system(tmp_path_factory.mktemp("no-cache"), daemons=1, apis=1, CHAT_RECENT_CACHE_MAX="0") as s:
+        yield s
+
+
+async def test_a_catch_up_the_store_does_not_answer_is_try_again_not_a_server_error(no_recent_cache, users):
+    s, alice, bob = no_recent_cache, users("alice"), users("bob")
+    live, _ = await connect(s, bob)
+    assert (await post(s, alice, bob, "kept")).status_code == 201
+    [frame] = await receive(live, 1)  # the daemon's position is past it: a catch-up from 0 reads the store
+    ferretdb = s.dbs.ferretdb.proc
+    ferretdb.send_signal(signal.SIGSTOP)
+    try:
+        headers = {"Authorization": f"Bearer {s.token(bob)}"}
+        ws = await websockets.connect(f"{s.ws_url}/v1/ws?since=0", additional_headers=headers)
+        with pytest.raises(ConnectionClosed):
+            async with asyncio.timeout(PATIENCE):
+                await ws.recv()  # no hello: the first page never came
+        assert (ws.close_code, ws.close_reason) == (1013, "the message store did not answer in time: retry")
+        async with httpx.AsyncClient(timeout=PATIENCE) as client:
+            r = await client.get(f"http://127.0.0.1:{s.daemon_port}/v1/poll", params={"since": "0", "timeout": "0"},
+                                 headers=headers)
+        assert (r.status_code, r.json()["error"], r.headers["retry-after"]) == (503, "try_again_later", "1")
+    finally:
+        ferretdb.send_signal(signal.SIGCONT)
+    again, hello = await connect(s, bob, since="0")  # what the client does next: nothing was lost
+    assert hello["recovered"] is True
+    assert [f["id"] for f in await receive(again, 1)] == [frame["id"]]
+    await again.close()
+    await live.close()
