@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal
 
+from chat.messages import Encoded
 from daemon.recent_cache import RecentCache
 
 class _Gap(enum.Enum):
@@ -38,9 +39,37 @@ async def no_items() -> AsyncGenerator[MessageOrGap, None]:
 
 async def from_cache(cache: RecentCache, user: str, since: int, upto: int) -> AsyncGenerator[MessageOrGap, None]:
     """The user's messages (either side) in (since, upto], which the cache covers."""
-    for msg_id, sender, recipient, created_at, payload in cache.between(since, upto):
+    async for item in from_entries(cache.between(since, upto), user):
+        yield item
+
+
+async def from_entries(entries: list[Encoded], user: str) -> AsyncGenerator[MessageOrGap, None]:
+    """The user's messages (either side) among ``entries``: a snapshot of the
+    recent cache, taken before anything is awaited (the cache moves on meanwhile)."""
+    for msg_id, sender, recipient, created_at, payload in entries:
         if recipient == user or sender == user:
             yield msg_id, created_at, payload
+
+
+def stored_upto(since: int, upto: int, shown: int) -> int:
+    """Where a catch-up of (since, upto] from the store stops reading the fast
+    store: at ``shown``, the highest id the oplog has shown, below which it
+    holds every id (ids reach it in id order). Past it are ids the stream
+    released from MySQL (a writer's outbox), which the fast store may lack:
+    read there, they would be skipped without a gap to say so. The reader
+    takes (since, result] from the fast store and (result, upto] from the truth."""
+    return min(upto, max(since, shown))
+
+
+async def chained(*parts: AsyncGenerator[MessageOrGap, None]) -> AsyncGenerator[MessageOrGap, None]:
+    """The items of ``parts`` one part after the other: consecutive ranges, oldest first."""
+    try:
+        for part in parts:
+            async for item in part:
+                yield item
+    finally:
+        for part in parts:  # a reader that stops early leaves no read suspended
+            await part.aclose()
 
 
 async def paginate(items: AsyncGenerator[MessageOrGap, None], cutoff: datetime, most: int | None,

@@ -66,6 +66,27 @@ async def stored_items(db: AsyncDatabase, user: str, since: int, upto: int, limi
         after = found[-1]["_id"]  # a number (the query compares numbers), not always the writer's
 
 
+async def committed_items(ranges: StreamRanges, user: str, since: int, upto: int, page: int,
+                          encode: Callable[[dict], Encoded] = encode_doc) -> AsyncGenerator[MessageOrGap, None]:
+    """The user's messages with since < id <= upto from MySQL, the truth, by
+    primary key, ``page`` rows per read: for the ids the stream released from
+    MySQL that the fast store may lack yet (``daemon.catchup.stored_upto``).
+    Every row of the range is read, the user's kept: the range is what the
+    oplog has not shown yet, a writer's outbox (a few ids, unless the fast
+    store is away for long). Raises SQLAlchemyError when MySQL fails: the
+    catch-up ends in an error (the client reconnects), never a silent gap."""
+    after = since
+    while after < upto:
+        docs = await ranges.between(after, upto, page)
+        for doc in docs:
+            if doc["to"] == user or doc["from"] == user:  # encoded only if it is the user's
+                msg_id, _, _, created_at, payload = encode(doc)
+                yield msg_id, created_at, payload
+        if len(docs) < page:
+            return
+        after = docs[-1]["_id"]
+
+
 class StoredIds:
     """Whether an id was ever written, for a client's ``since`` past the
     position: the truth (MySQL's committed head) when there is MySQL, else

@@ -137,8 +137,11 @@ class Stream:
                     from_mysql = (high is not None and self._ranges is not None
                                   and await store_reads.cache_from_mysql(self._ranges, self.cache, high, page,
                                                                          self._encode))
+                    # What the fast store holds, all of it up to here (meta.head, which the
+                    # writer moves only past ids it has copied there): below it, catch-up reads it.
+                    stored = await mongo.newest_id(self._db, self.partition)
                     if high is None:
-                        high = await mongo.newest_id(self._db, self.partition)
+                        high = stored
                     if not from_mysql and self.cache.max_messages and high:
                         most = self.cache.max_messages
                         self.cache.extend(admit(await mongo.messages_between(
@@ -151,7 +154,7 @@ class Stream:
                 log.warning("event=stream_start_retry error=%s retry_in_s=%.1f", exc.__class__.__name__, delay)
                 await asyncio.sleep(delay)
         self._tail.last_ts = last_ts
-        self.consumer.start_at(high)
+        self.consumer.start_at(high, stored)
         # What is past those reads, now: a client resuming here finds this daemon as far along as its last one.
         await self.truth.fill()
         self.ready.set()
@@ -320,18 +323,38 @@ class Stream:
         """The user's messages (either side) with since < id <= upto, oldest
         first, in pages (``daemon.catchup.paginate`` says how). From the recent
         cache when it covers the range (a snapshot taken now), else from the
-        store, whose reads say where messages expired while it was read."""
+        store, whose reads say where messages expired while it was read.
+
+        The store read covers only what the fast store is known to hold
+        (``Consumer.shown``): the ids the stream released past it came from
+        MySQL (a writer's outbox, which the fast store gets at the next
+        writer's repair), and reading them from the fast store would skip
+        them without a word. They come from the cache, which holds them whole
+        (only the oplog's ids, all at most ``shown``, can be blanks), else
+        from MySQL, as the stream's own fills do."""
         if since >= upto:
             items = catchup.no_items()
         elif self.cache.covers(since, upto) and self._cache_serves(user, since):
             metrics.CATCHUPS_FROM_CACHE.inc()
-            items = catchup.from_cache(self.cache, user, since, upto)
+            items = catchup.from_entries(self.cache.between(since, upto), user)
         else:
-            metrics.CATCHUP_QUERIES.labels("mongo").inc()
-            page = stream_fills.PAGE
-            # One past the page: the first page, all a long-poll needs, is one
-            # read of the store (a full scan on FerretDB) and still knows there is more.
-            items = store_reads.stored_items(self._db, user, since, upto, page if most is None else min(page, most + 1),
-                                             self._retention, lambda docs: admit(docs, "stored"),
-                                             self.partition, self._encode)
+            ranges, page = self._ranges, stream_fills.PAGE
+            # Without MySQL the fast store is all there is: it answers for the whole range.
+            stored = catchup.stored_upto(since, upto, self.consumer.shown if ranges is not None else upto)
+            parts = []
+            if stored > since:
+                metrics.CATCHUP_QUERIES.labels("mongo").inc()
+                # One past the page: the first page, all a long-poll needs, is one
+                # read of the store (a full scan on FerretDB) and still knows there is more.
+                parts.append(store_reads.stored_items(self._db, user, since, stored,
+                                                      page if most is None else min(page, most + 1),
+                                                      self._retention, lambda docs: admit(docs, "stored"),
+                                                      self.partition, self._encode))
+            if stored < upto and ranges is not None:
+                if self.cache.covers(stored, upto):  # a snapshot taken now, before the store is read
+                    parts.append(catchup.from_entries(self.cache.between(stored, upto), user))
+                else:
+                    metrics.CATCHUP_QUERIES.labels("mysql").inc()
+                    parts.append(store_reads.committed_items(ranges, user, stored, upto, page, self._encode))
+            items = catchup.chained(*parts)
         return catchup.paginate(items, mongo.expired_before(self._retention), most, max_bytes)

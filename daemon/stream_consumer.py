@@ -68,6 +68,11 @@ class Consumer:
         self._passed = metrics.OPLOG_PASSED.labels(label)
         # The highest id offered to the sequencer: where a relay's marker stands (daemon/interest.py).
         self.seen = 0
+        # The highest id the oplog has shown (a document, or an id passed over): ids reach
+        # the fast store in id order (docs/design.md §1), so it holds every id up to this
+        # one. Ids released past it came from MySQL, and the fast store may lack them yet
+        # (a writer's outbox): a catch-up reads them from the truth (``daemon.stream.Stream.pages``).
+        self.shown = 0
         # What a relay's marker is handed to (``Stream``, routed by user): (its token, ``seen``).
         self.on_subscribed: Callable[[int, int], None] | None = None
         self._position_gauge = metrics.PARTITION_POSITION.labels(label)
@@ -82,10 +87,12 @@ class Consumer:
         """With MySQL, nothing past ``high`` is released until MySQL confirms it."""
         return Sequencer(high=high, bound=high if self._checked else None)
 
-    def start_at(self, high: int) -> None:
-        """The position the stream's start read: every id up to ``high`` counts as released."""
+    def start_at(self, high: int, stored: int = 0) -> None:
+        """The position the stream's start read: every id up to ``high`` counts as released;
+        ``stored``: an id the fast store holds, with every id before it (``shown``)."""
         self.seq = self._sequencer(high)
         self.seen = max(self.seen, high)
+        self.shown = max(self.shown, stored)
 
     @property
     def position(self) -> int:
@@ -142,6 +149,8 @@ class Consumer:
             last = docs[-1]["_id"]
             if last > self.seen:
                 self.seen = last
+            if last > self.shown:
+                self.shown = last
             self.release(self.seq.offer(docs), received)
 
     def release(self, docs: list[dict], received: float) -> None:

@@ -143,3 +143,15 @@ def test_a_users_catch_up_joins_the_live_stream_at_the_marker_and_a_stale_marker
     assert interest.hold("u") is True
     interest.asked("u", 11)
     assert interest.subscribed(9, seen=30) == [] and interest.subscribed(11, seen=31) == ["u"]
+
+
+def test_what_the_oplog_has_shown_is_what_the_fast_store_holds_and_a_fill_does_not_move_it():
+    # Ids reach the fast store in id order: every id up to the highest the oplog showed
+    # (a document or an id passed over) is there. Ids released from MySQL past it may not be.
+    c, _hub, _cache = consumer()
+    c.start_at(2, stored=1)
+    assert c.shown == 1
+    c.take(batch([doc(4, "s", "a")], [doc(3, "s", "z")]), 0.0)
+    assert c.shown == 4
+    c.release(c.seq.offer([doc(5, "s", "a"), doc(6, "s", "z")]), 0.0)  # as a fill from MySQL releases them
+    assert c.position == 6 and c.shown == 4

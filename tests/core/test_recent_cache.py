@@ -108,3 +108,31 @@ print((p.memory_info().rss - before) / 50_000)
     per_message = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                        check=True).stdout)
     assert per_message < 1500, per_message
+
+
+@pytest.mark.parametrize(("since", "upto", "shown", "split"), [
+    (0, 10, 10, 10),  # the oplog showed all of it: the fast store answers for the whole range
+    (0, 10, 7, 7),  # 8..10 released from MySQL: read from the truth
+    (5, 10, 3, 5),  # nothing of the range is known to be in the fast store
+    (0, 10, 12, 10),  # shown past the range
+])
+def test_a_catch_up_reads_the_fast_store_only_up_to_what_the_oplog_has_shown(since, upto, shown, split):
+    assert catchup.stored_upto(since, upto, shown) == split
+
+
+async def test_chained_parts_come_one_after_the_other_and_a_started_one_is_closed_when_the_reader_stops():
+    closed: list[str] = []
+
+    async def part(name, ids):
+        try:
+            for i in ids:
+                yield i, LONG_AGO, name.encode()
+        finally:
+            closed.append(name)
+
+    parts = catchup.chained(part("store", [1, 3]), part("truth", [8, 9]))
+    assert [item[0] async for item in parts] == [1, 3, 8, 9]
+    early = catchup.chained(part("a", [1, 2]), part("b", [5]))
+    assert (await anext(early))[0] == 1
+    await early.aclose()
+    assert closed == ["store", "truth", "a"]  # b never started: no read of it is left suspended
