@@ -70,18 +70,17 @@ async def committed_items(ranges: StreamRanges, user: str, since: int, upto: int
                           encode: Callable[[dict], Encoded] = encode_doc) -> AsyncGenerator[MessageOrGap, None]:
     """The user's messages with since < id <= upto from MySQL, the truth, by
     primary key, ``page`` rows per read: for the ids the stream released from
-    MySQL that the fast store may lack yet (``daemon.catchup.stored_upto``).
-    Every row of the range is read, the user's kept: the range is what the
-    oplog has not shown yet, a writer's outbox (a few ids, unless the fast
-    store is away for long). Raises SQLAlchemyError when MySQL fails: the
-    catch-up ends in an error (the client reconnects), never a silent gap."""
+    MySQL that the fast store may lack yet (``daemon.catchup.stored_upto``),
+    and for a routed user's last seconds before the relay served it
+    (``daemon.stream.Stream.pages``). Every row of the range is looked at, the
+    user's sent back: short ranges. Raises SQLAlchemyError when MySQL fails:
+    the catch-up ends with 1013 (the client resumes), never a silent gap."""
     after = since
     while after < upto:
-        docs = await ranges.between(after, upto, page)
+        docs = await ranges.of_user(user, after, upto, page)
         for doc in docs:
-            if doc["to"] == user or doc["from"] == user:  # encoded only if it is the user's
-                msg_id, _, _, created_at, payload = encode(doc)
-                yield msg_id, created_at, payload
+            msg_id, _, _, created_at, payload = encode(doc)
+            yield msg_id, created_at, payload
         if len(docs) < page:
             return
         after = docs[-1]["_id"]

@@ -332,11 +332,25 @@ class Stream:
         them without a word. They come from the cache, which holds them whole
         (only the oplog's ids, all at most ``shown``, can be blanks), else
         from MySQL, as the stream's own fills do."""
+        covered = None if self.interest is None else self.interest.covered_from(user)
         if since >= upto:
             items = catchup.no_items()
         elif self.cache.covers(since, upto) and self._cache_serves(user, since):
             metrics.CATCHUPS_FROM_CACHE.inc()
             items = catchup.from_entries(self.cache.between(since, upto), user)
+        elif covered is not None and self._ranges is not None and self.cache.covers(since, upto):
+            # Routed by user, a first socket resuming from before the relay served its user:
+            # the cache holds the range, but the user's entries up to ``covered`` are blanks
+            # (they went to the daemons that held the user then). Those come from MySQL by
+            # the user, a short range of the primary key, not from the fast store: on
+            # FerretDB that read is a scan of `messages`, and a killed host's clients all
+            # come at once (each scan slowed the tails of every daemon until none delivered).
+            metrics.CATCHUP_QUERIES.labels("mysql").inc()
+            cut = min(covered, upto)
+            parts = [store_reads.committed_items(self._ranges, user, since, cut, stream_fills.PAGE, self._encode)]
+            if cut < upto:
+                parts.append(catchup.from_entries(self.cache.between(cut, upto), user))
+            items = catchup.chained(*parts)
         else:
             ranges, page = self._ranges, stream_fills.PAGE
             # Without MySQL the fast store is all there is: it answers for the whole range.

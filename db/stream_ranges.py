@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, or_, select, text
 from sqlalchemy.engine import Engine
 
 from chat.messages import Message
@@ -58,6 +58,13 @@ class StreamRanges:
         """Oldest first, at most ``limit``; raises SQLAlchemyError when MySQL fails."""
         return await self._threads.run(self._read, after, upto, limit)
 
+    async def of_user(self, user: str, after: int, upto: int, limit: int) -> list[dict]:
+        """The user's messages (either side) with after < id <= upto, oldest first, at most
+        ``limit``: a range of the primary key, the user picked by MySQL, so only the user's
+        rows cross the wire. For short ranges (a catch-up's last few seconds): every row of
+        the range is looked at. Raises SQLAlchemyError when MySQL fails."""
+        return await self._threads.run(self._read, after, upto, limit, user)
+
     async def committed_head(self) -> int:
         """The highest id committed to MySQL (0 if none): one look-up of the
         primary key's last entry. Ids are given in commit order under the
@@ -81,10 +88,12 @@ class StreamRanges:
         with self._engine.connect() as conn:
             return int(conn.execute(select(func.coalesce(func.max(self._messages.c.id), 0))).scalar_one())
 
-    def _read(self, after: int, upto: int, limit: int) -> list[dict]:
+    def _read(self, after: int, upto: int, limit: int, user: str | None = None) -> list[dict]:
         messages = self._messages
-        query = (select(messages).where(messages.c.id > after, messages.c.id <= upto)
-                 .order_by(messages.c.id).limit(limit))
+        query = select(messages).where(messages.c.id > after, messages.c.id <= upto)
+        if user is not None:
+            query = query.where(or_(messages.c.sender == user, messages.c.recipient == user))
+        query = query.order_by(messages.c.id).limit(limit)
         with self._engine.connect() as conn:
             return [Message.from_row(row).to_doc() for row in conn.execute(query)]
 
