@@ -311,8 +311,9 @@ class RelaySettings(_Section):
     )
     route_by_user: Annotated[bool, Env("CHAT_RELAY_ROUTE_BY_USER")] = Field(
         False, description="Daemons tell the relay which users they hold and get those users' entries only (and the "
-        "other ids): each decodes its share of the users. Opt-in: on the 3-host bench, a killed host's clients did "
-        "not come back through the other hosts' routed daemons. False: each gets every entry of its partitions.",
+        "other ids): each decodes its share of the users. Opt-in until the test suite runs routed too (the 3-host "
+        "bench's faults pass routed: docs/decisions/relay-by-user.md). False: each gets every entry of its "
+        "partitions.",
     )
     user_linger_seconds: Annotated[float, Env("CHAT_RELAY_USER_LINGER_SECONDS")] = Field(
         5.0, ge=0, description="Routed by user: a daemon keeps a user after its last socket for this long, so that "
