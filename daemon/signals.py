@@ -53,8 +53,12 @@ TYPING_QUEUE_MAX = 10_000  # typing events waiting for Redis; past it (Redis slo
 SWEEPS_PER_TICK = 20  # batches of dead daemons' users withdrawn per heartbeat
 CHANNELS_PER_COMMAND = 1_000  # channels in one SUBSCRIBE or UNSUBSCRIBE: a resubscription of many is many commands
 LISTEN_RETRY_SECONDS = 1.0  # after the pub/sub connection failed, its next try
-_TYPING_READY = object()  # the wait for the typing channels of a new pub/sub connection
 T = TypeVar("T")
+
+
+class _TypingHeld:
+    """A wait for the typing channels of the partitions served: on a new pub/sub connection,
+    and after the daemon serves more partitions. Once held, the daemon says so in its log."""
 
 
 class Watcher(Protocol):
@@ -224,6 +228,7 @@ class Signals:
         """The daemon serves more partitions (``daemon.handover``): their typing channels are listened to."""
         self._typing_channels = {typing_channel(p) for p in self.hubs.by_partition}
         self._touch(sorted(self._typing_channels))
+        self._channels.wait(_TypingHeld(), self._typing_channels)
 
     def _wanted(self, channel: str) -> bool:
         if channel.startswith(PRESENCE_PREFIX):
@@ -240,10 +245,11 @@ class Signals:
             pubsub = self._listener.pubsub()
             wanted = [*self._typing_channels, *map(presence_channel, self.watchers.by_user)]
             self._channels.reset(wanted)
+            typing_held = _TypingHeld()
             try:
                 await pubsub.connect()  # before anything is subscribed: the reader has a connection to read
-                if not self._channels.wait(_TYPING_READY, self._typing_channels):
-                    self._ended([_TYPING_READY])
+                if not self._channels.wait(typing_held, self._typing_channels):
+                    self._ended([typing_held])
                 await self._send_plan(pubsub)
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._read(pubsub), name="signals_read")
@@ -252,7 +258,7 @@ class Signals:
                 self._away(errors.exceptions[0])
                 self.subscribed_once.set()  # tried once: a Redis that is away keeps no daemon from serving
             finally:
-                self._channels.drop(_TYPING_READY)
+                self._channels.drop(typing_held)
                 await pubsub.aclose()
             await self._sleep(LISTEN_RETRY_SECONDS)
 
@@ -285,7 +291,7 @@ class Signals:
 
     def _ended(self, waits: list[object]) -> None:
         for wait in waits:
-            if wait is _TYPING_READY:
+            if isinstance(wait, _TypingHeld):
                 log.info("event=typing_listening partitions=%s",
                          ",".join(map(str, sorted(self.hubs.by_partition))))
                 self.subscribed_once.set()
