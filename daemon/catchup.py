@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Final, Literal
 
 from chat.messages import Encoded
-from daemon.recent_cache import RecentCache
 
 class _Gap(enum.Enum):
     GAP = enum.auto()
@@ -37,15 +36,11 @@ async def no_items() -> AsyncGenerator[MessageOrGap, None]:
     yield  # an async generator that yields nothing
 
 
-async def from_cache(cache: RecentCache, user: str, since: int, upto: int) -> AsyncGenerator[MessageOrGap, None]:
-    """The user's messages (either side) in (since, upto], which the cache covers."""
-    async for item in from_entries(cache.between(since, upto), user):
-        yield item
-
-
 async def from_entries(entries: list[Encoded], user: str) -> AsyncGenerator[MessageOrGap, None]:
     """The user's messages (either side) among ``entries``: a snapshot of the
-    recent cache, taken before anything is awaited (the cache moves on meanwhile)."""
+    recent cache (``RecentCache.between``), taken by the caller before anything
+    is awaited. Not the cache itself: a generator's body runs at its first
+    read, after the caller's awaits, and the cache moves on meanwhile."""
     for msg_id, sender, recipient, created_at, payload in entries:
         if recipient == user or sender == user:
             yield msg_id, created_at, payload

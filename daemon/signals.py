@@ -39,7 +39,7 @@ from daemon import metrics
 from daemon.hub import Hubs
 from chat.partitions import LiveMap
 from daemon.presence import PresenceTracker, Watchers
-from daemon.subscriptions import Subscriptions
+from daemon.subscriptions import Subscriptions, commands
 from db import presence as presence_sql
 from db.threads import Threads
 
@@ -53,6 +53,7 @@ TYPING_QUEUE_MAX = 10_000  # typing events waiting for Redis; past it (Redis slo
 SWEEPS_PER_TICK = 20  # batches of dead daemons' users withdrawn per heartbeat
 CHANNELS_PER_COMMAND = 1_000  # channels in one SUBSCRIBE or UNSUBSCRIBE: a resubscription of many is many commands
 LISTEN_RETRY_SECONDS = 1.0  # after the pub/sub connection failed, its next try
+_PRESENCE_PREFIX_BYTES = PRESENCE_PREFIX.encode()  # how redis-py hands a channel's name over
 T = TypeVar("T")
 
 
@@ -272,10 +273,10 @@ class Signals:
         self._plan_ready.clear()
         subscribe, unsubscribe, over = self._channels.plan(self._wanted)
         self._ended(over)
-        for start in range(0, len(unsubscribe), CHANNELS_PER_COMMAND):
-            await pubsub.unsubscribe(*unsubscribe[start:start + CHANNELS_PER_COMMAND])
-        for start in range(0, len(subscribe), CHANNELS_PER_COMMAND):
-            await pubsub.subscribe(*subscribe[start:start + CHANNELS_PER_COMMAND])
+        for channels in commands(unsubscribe, CHANNELS_PER_COMMAND):
+            await pubsub.unsubscribe(*channels)
+        for channels in commands(subscribe, CHANNELS_PER_COMMAND):
+            await pubsub.subscribe(*channels)
         metrics.PRESENCE_CHANNELS.set(len(self._channels.sent) - len(self._typing_channels))
 
     async def _read(self, pubsub: PubSub) -> None:
@@ -300,7 +301,7 @@ class Signals:
 
     def _received(self, channel: bytes, data: bytes) -> None:
         words = data.decode().split()
-        if channel.startswith(PRESENCE_PREFIX.encode()):
+        if channel.startswith(_PRESENCE_PREFIX_BYTES):
             frame = presence_frame(words)
             if frame is None:
                 return

@@ -27,6 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 
 
+def commands(channels: list[str], most: int) -> list[list[str]]:
+    """``channels`` as SUBSCRIBE (or UNSUBSCRIBE) commands of at most ``most`` each, in order:
+    a new connection of a daemon whose clients watch many users sends several bounded commands,
+    not one of every channel. None for no channel: an UNSUBSCRIBE of none lets go of them all."""
+    return [channels[start:start + most] for start in range(0, len(channels), most)]
+
+
 class Subscriptions:
     __slots__ = ("sent", "unconfirmed", "dirty", "_waits", "_left")
 

@@ -7,7 +7,6 @@ stream where the relay's marker stands."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 
 from chat.messages import encode_doc, shown_digest, shown_digest_of
 from daemon.hub import Hub, Subscriber
@@ -15,38 +14,9 @@ from daemon.interest import Interest
 from daemon.passed import Passed, digest_of, merged, passed_over
 from daemon.recent_cache import RecentCache
 from daemon.stream_consumer import Consumer
-from oplog.events import Batch, Subscribed
+from oplog.events import Subscribed
 from relay.routing import PASSED
-
-NS = "chat.messages"
-WHEN = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def doc(i: int, sender: str, recipient: str) -> dict:
-    return {"_id": i, "from": sender, "to": recipient, "body": f"m{i}", "created_at": WHEN, "client_msg_id": None}
-
-
-def entry(d: dict) -> dict:
-    return {"op": "i", "ns": NS, "o": d, "ts": None}
-
-
-def batch(sent: list[dict], passed: list[dict]) -> Batch:
-    """What a relay sends a daemon: ``sent`` whole, ``passed`` as (id, digest)."""
-    return Batch([entry(d) for d in sent], b"".join(PASSED.pack(d["_id"], shown_digest(d)) for d in passed), NS)
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-
-    def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
-        self.ids.append(msg_id)
-
-    def overflow(self) -> None:
-        raise AssertionError("nothing overflows here")
-
-    def signal(self, payload: bytes) -> None:
-        pass
+from tests.relay_frames import NS, Sink, batch, doc
 
 
 def consumer(checked: bool = False) -> tuple[Consumer, Hub, RecentCache]:

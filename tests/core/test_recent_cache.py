@@ -28,7 +28,7 @@ def cache():
 
 
 async def catch_up(cache, user, since, upto, most=None):
-    return await catchup.first_page(catchup.paginate(catchup.from_cache(cache, user, since, upto), LONG_AGO,
+    return await catchup.first_page(catchup.paginate(catchup.from_entries(cache.between(since, upto), user), LONG_AGO,
                                                      most, None))
 
 
@@ -83,7 +83,7 @@ async def test_the_cache_is_bounded_in_bytes_too_and_drops_the_oldest_first():
 
 async def test_expired_messages_are_left_out_and_the_page_says_not_recovered(cache):
     cutoff = datetime.now(UTC) + timedelta(seconds=1)  # everything in the cache is older
-    got = await catchup.first_page(catchup.paginate(catchup.from_cache(cache, "bob", 1490, 1500), cutoff,
+    got = await catchup.first_page(catchup.paginate(catchup.from_entries(cache.between(1490, 1500), "bob"), cutoff,
                                                     None, None))
     assert got.frames == [] and not got.recovered
 

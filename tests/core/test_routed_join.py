@@ -8,27 +8,12 @@ once and in order, because those ids are read back whole."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 
-from chat.messages import shown_digest
 from daemon.hub import Hub, Subscriber
 from daemon.stream import Stream
 from daemon.tail_reader import FillRequest
-from oplog.events import Batch, Subscribed
-from relay.routing import PASSED
-
-NS = "chat.messages"
-WHEN = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def doc(i: int, sender: str, recipient: str) -> dict:
-    return {"_id": i, "from": sender, "to": recipient, "body": f"m{i}", "created_at": WHEN, "client_msg_id": None}
-
-
-def batch(sent: list[dict], passed: list[dict]) -> Batch:
-    """What a relay sends a daemon: ``sent`` whole, ``passed`` as (id, digest)."""
-    return Batch([{"op": "i", "ns": NS, "o": d, "ts": None} for d in sent],
-                 b"".join(PASSED.pack(d["_id"], shown_digest(d)) for d in passed), NS)
+from oplog.events import Subscribed
+from tests.relay_frames import NS, Sink, batch, doc
 
 
 class FakeRelay:
@@ -46,20 +31,6 @@ class FakeRelay:
         return len(self.subs)
 
     def drop(self, namespace: str, user: str) -> None:
-        pass
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-
-    def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
-        self.ids.append(msg_id)
-
-    def overflow(self) -> None:
-        raise AssertionError("nothing overflows here")
-
-    def signal(self, payload: bytes) -> None:
         pass
 
 

@@ -1,7 +1,7 @@
 """The bookkeeping of one pub/sub connection's channels (daemon/subscriptions.py), with
 Redis's confirmations as inputs: what is sent, and when a watch may read its snapshot."""
 
-from daemon.subscriptions import Subscriptions
+from daemon.subscriptions import Subscriptions, commands
 
 
 def test_a_wait_ends_once_every_channel_is_confirmed_and_not_before():
@@ -89,3 +89,11 @@ def test_a_dropped_wait_is_forgotten():
     subs.drop("never waited")  # harmless
     assert subs.confirmed("a") == ["waits"]
     assert subs.confirmed("b") == []
+
+
+def test_many_channels_go_in_bounded_commands_in_order_and_none_sends_no_command():
+    channels = [f"chat:presence:u{i}" for i in range(2_500)]
+    sent = commands(channels, 1_000)
+    assert [len(c) for c in sent] == [1_000, 1_000, 500]
+    assert [c for command in sent for c in command] == channels
+    assert commands([], 1_000) == []  # an UNSUBSCRIBE with no channel would let go of every one
