@@ -71,6 +71,10 @@ def front_door(first: int, by_partition: dict[int, int]) -> Iterator[str]:
     try:
         wait_port(port, 10, proc)
         yield f"ws://127.0.0.1:{port}"
-    finally:
+    except BaseException:
         stop(proc)
         log.close()
+        raise  # nginx's logs stay behind, for whoever reads the failure
+    stop(proc)
+    log.close()
+    shutil.rmtree(root, ignore_errors=True)
