@@ -324,6 +324,10 @@ def create_app(settings: Settings) -> ASGIApp:
         on_stored = WakePublisher.on_redis(signal_store.client).wake if signal_store is not None else lambda: None
         writer, writer_engine = _writer(settings, db, slot_map, on_stored)
         reads = read_threads(engine)
+        # The slot map's look-up once a second, one round trip each (no ping, no rollback): an idle API
+        # process's main cost otherwise.
+        looks = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds,
+                            pool_size=1, reads_only=True)
         # A move's cutover writes the map of the next epoch: this process reads by it
         # within a gap-check period (its own writers, at their next turn).
         maps = writer.live if isinstance(writer, PartitionedWriter) else LiveMap(slot_map)
@@ -336,7 +340,7 @@ def create_app(settings: Settings) -> ASGIApp:
         tasks = [asyncio.create_task(run_sweeper(
                      db, engine, reads, settings.stores.retention_seconds, settings.stores.sweep_interval_seconds,
                      lambda: maps.current.partitions), name="sweeper"),
-                 asyncio.create_task(watch_slot_map(engine, lambda: maps.current, adopt,
+                 asyncio.create_task(watch_slot_map(looks, lambda: maps.current, adopt,
                                                     settings.daemon.gap_check_seconds), name="slot_map")]
         if isinstance(writer, PartitionedWriter):
             tasks.append(asyncio.create_task(writer.run(), name="writer"))
@@ -353,6 +357,7 @@ def create_app(settings: Settings) -> ASGIApp:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            looks.dispose()
             await client.close()
             if isinstance(writer, PartitionedWriter):
                 writer.close()

@@ -286,6 +286,13 @@ class DaemonSettings(_Section):
         return value or info.data.get("host", LOOPBACK)
 
 
+# The FerretDB tail's longest wait between idle polls, by default: with a wake through Redis a
+# write cuts it short, so only a lost wake waits it out; without one, every first message after
+# a quiet spell may (docs/decisions/idle-costs-nothing.md).
+IDLE_POLL_MS_WOKEN = 10_000.0
+IDLE_POLL_MS_UNWOKEN = 2_000.0
+
+
 class TailSettings(_Section):
     """The oplog tail: the relay's, or a daemon's own when `CHAT_OPLOG_RELAY_SOCKET` is empty."""
 
@@ -295,11 +302,12 @@ class TailSettings(_Section):
         20.0, gt=0,
         description="FerretDB only: poll period of the oplog tail (no awaitData there). MongoDB: awaitData.",
     )
-    ferretdb_idle_poll_ms: Annotated[float, Env("CHAT_FERRETDB_TAIL_IDLE_POLL_MS")] = Field(
-        2000.0, gt=0,
-        description="FerretDB only: after a second of empty polls the tail's poll period doubles up to this; the "
-        "writer's wake through Redis (`chat:wake`) cuts it short when a write commits. Without Redis it bounds the "
-        "delay of the first message after a quiet spell. MongoDB: awaitData, unused.",
+    ferretdb_idle_poll_ms: Annotated[float | None, Env("CHAT_FERRETDB_TAIL_IDLE_POLL_MS")] = Field(
+        None, gt=0,
+        description="FerretDB only: after a second of empty polls the tail's poll period doubles up to this. "
+        f"Unset: {IDLE_POLL_MS_WOKEN:g} with Redis, whose wake from the writer (`chat:wake`) cuts the wait short "
+        f"when a write commits; {IDLE_POLL_MS_UNWOKEN:g} without, where it bounds the delay of the first message "
+        "after a quiet spell. Each poll of a full oplog costs FerretDB about 12 ms of CPU. MongoDB: awaitData, unused.",
     )
 
 
@@ -452,6 +460,13 @@ class Settings(BaseSettings):
         assert isinstance(env_settings, EnvSettingsSource) and isinstance(dotenv_settings, DotEnvSettingsSource)
         return (_SetFieldsOfSections(settings_cls, init_settings),
                 _FlatEnvironment(settings_cls, env_settings, dotenv_settings))
+
+    def ferretdb_idle_poll_seconds(self) -> float:
+        """``tail.ferretdb_idle_poll_ms`` in seconds, or its default for whether writes wake the tail."""
+        if self.tail.ferretdb_idle_poll_ms is not None:
+            return self.tail.ferretdb_idle_poll_ms / 1000
+        woken = bool(self.stores.redis_url.get_secret_value())
+        return (IDLE_POLL_MS_WOKEN if woken else IDLE_POLL_MS_UNWOKEN) / 1000
 
     @classmethod
     def field(cls, path: str) -> FieldInfo:

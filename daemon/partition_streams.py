@@ -31,7 +31,7 @@ from daemon.hub import Hub, Hubs
 from daemon.partitioning import frame_encoder
 from daemon.stream import Stream
 from db.partition_map import newer_slot_map, read_slot_map
-from db.sql import make_engine
+from db.sql import make_engine, read_retrying
 from db.stream_ranges import StreamRanges
 from db.threads import Threads
 from oplog.backoff import Backoff
@@ -97,7 +97,7 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
     engine = None
     if settings.daemon.fill_holes_from_mysql:  # the engine connects on first use
         engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds,
-                             pool_size=1)
+                             pool_size=1, reads_only=True)
     threads = Threads(1, "slot-map")
     try:
         slot_map = await load_slot_map(settings, engine, threads)
@@ -107,7 +107,7 @@ async def build(settings: Settings, client: AsyncMongoClient, tail: OplogSource 
     if engine is not None and len(served) > 1:  # a connection per partition's reads of the truth
         engine.dispose()
         engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds,
-                             pool_size=len(served))
+                             pool_size=len(served), reads_only=True)
     if tail is not None and len(served) != 1:
         raise ValueError("a recorded oplog feeds a daemon of one partition")
     parts = _make(settings, client, served, slot_map, engine, tail, primary=served[0])
@@ -125,7 +125,7 @@ def extend(settings: Settings, client: AsyncMongoClient, partitions: frozenset[i
     engine = None
     if settings.daemon.fill_holes_from_mysql:
         engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds,
-                             pool_size=len(served))
+                             pool_size=len(served), reads_only=True)
     parts = _make(settings, client, served, slot_map, engine, None, primary=None)
     log.info("event=partitions_added served=%s partitions=%d epoch=%d relay=%s", ",".join(map(str, served)),
              slot_map.partitions, slot_map.epoch, bool(settings.relay.socket))
@@ -151,7 +151,7 @@ def _make(settings: Settings, client: AsyncMongoClient, served: list[int], slot_
         else:
             shared = OplogTail(client, *namespaces, silence_seconds=settings.tail.silence_seconds,
                                ferretdb_poll_seconds=settings.tail.ferretdb_poll_ms / 1000,
-                               ferretdb_idle_poll_seconds=settings.tail.ferretdb_idle_poll_ms / 1000)
+                               ferretdb_idle_poll_seconds=settings.ferretdb_idle_poll_seconds())
             if redis_url := settings.stores.redis_url.get_secret_value():  # the writer's wakes (oplog.wake)
                 loops.append(listen_for_wakes(redis_url, shared.wake,
                                               connect_seconds=settings.stores.db_timeout_seconds))
@@ -182,8 +182,7 @@ async def next_map(engine: Engine, epoch: int, period: float) -> SlotMap:
     threads = Threads(1, "epoch")
 
     def read() -> SlotMap | None:
-        with engine.connect() as conn:
-            return newer_slot_map(conn, epoch)
+        return read_retrying(engine, lambda conn: newer_slot_map(conn, epoch))
 
     try:
         while True:

@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from chat.partitions import SlotMap, suffix
 from db.threads import Threads
-from db.sql import messages, partition_map, stream_state
+from db.sql import messages, partition_map, read_retrying, stream_state
 
 log = logging.getLogger("chat.partitions")
 
@@ -92,7 +92,6 @@ def newer_slot_map(conn: Connection, epoch: int) -> SlotMap | None:
     """The map MySQL holds if its epoch is past ``epoch``, else None: when nothing moved, one short read."""
     found = conn.execute(select(func.json_value(partition_map.c.slot_map, "$.epoch"))
                          .where(partition_map.c.id == 1)).scalar()
-    conn.commit()
     if found is None or int(found) <= epoch:
         return None
     return read_slot_map(conn)
@@ -105,8 +104,7 @@ async def watch_slot_map(engine: Engine, current: Callable[[], SlotMap], adopt: 
     threads = Threads(1, "slot-map-watch")
 
     def read(epoch: int) -> SlotMap | None:
-        with engine.connect() as conn:
-            return newer_slot_map(conn, epoch)
+        return read_retrying(engine, lambda conn: newer_slot_map(conn, epoch))
 
     try:
         while True:

@@ -5,6 +5,9 @@ Migrations in db/migrations create exactly these tables; a test compares them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -20,10 +23,11 @@ from sqlalchemy import (
     false,
 )
 from sqlalchemy.dialects.mysql import DATETIME
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.pool import QueuePool
 
+T = TypeVar("T")
 
 metadata = MetaData()
 
@@ -205,14 +209,17 @@ MAX_OVERFLOW = 2  # connections an engine may open past its pool_size, under a b
 
 
 def make_engine(url: str, timeout_seconds: float, pool_size: int = 4, reads_only: bool = False) -> Engine:
-    """``reads_only``: every statement is its own transaction (autocommit), a connection going
-    back to the pool is not reset, and none is pinged when it is taken from the pool: for single
-    reads on raw pooled connections (``UnreadTotals``), whose caller reads again on a fresh
-    connection when one turns out dead (a ping per read was a round trip per hello)."""
+    """``reads_only``: every statement is its own transaction (autocommit), no ROLLBACK is sent when
+    a connection is closed or goes back to the pool, and none is pinged when it is taken from the
+    pool: a read is one round trip. Its callers read through ``read_retrying`` (or, on raw
+    connections, as ``UnreadTotals`` does), which reads again on a fresh connection when one turns
+    out dead: a ping and a rollback per read were two more round trips per hello, and most of what
+    an idle daemon's once-a-second look-ups cost."""
     # connect_timeout keeps "MySQL down" a fast 503 rather than a hang;
     # max_statement_time (MariaDB) does the same for "MySQL slow".
     timeout = max(1, int(round(timeout_seconds)))
-    reads: dict = {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None} if reads_only else {}
+    reads: dict = {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None,
+                   "skip_autocommit_rollback": True} if reads_only else {}
     return create_engine(
         url,
         **reads,
@@ -228,6 +235,23 @@ def make_engine(url: str, timeout_seconds: float, pool_size: int = 4, reads_only
             "init_command": f"SET SESSION max_statement_time={timeout_seconds:g}",
         },
     )
+
+
+def read_retrying(engine: Engine, read: Callable[[Connection], T]) -> T:
+    """``read(conn)`` on a connection of ``engine``, made again on another connection when its
+    own turns out dead, at most pool size + 1 times in all: an engine made ``reads_only`` pings
+    none (SQLAlchemy calls this optimistic disconnect handling). After a MySQL restart every pooled
+    connection is dead; the first one found so invalidates the pool, and the next attempt connects
+    anew (or fails to: the answer). Raises SQLAlchemyError as ``read`` does."""
+    for _ in range(pool_size_of(engine)):
+        try:
+            with engine.connect() as conn:
+                return read(conn)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+    with engine.connect() as conn:
+        return read(conn)
 
 
 def pool_size_of(engine: Engine) -> int:

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 
 from chat.messages import Message
 from db.partition_map import tables_of
-from db.sql import pool_size_of
+from db.sql import pool_size_of, read_retrying
 from db.threads import Threads
 
 
@@ -36,7 +36,8 @@ class Confirmation(NamedTuple):
 
 
 class StreamRanges:
-    """Reads ``after < id <= upto`` of ``partition``'s table as the documents its collection holds for them."""
+    """Reads ``after < id <= upto`` of ``partition``'s table as the documents its collection holds for them.
+    ``engine``: made ``reads_only`` (``db.sql.make_engine``), each read one round trip."""
 
     def __init__(self, engine: Engine, partition: int = 0):
         self._engine = engine
@@ -45,6 +46,7 @@ class StreamRanges:
         self._threads = Threads(pool_size_of(engine), "ranges")
         # chat.messages.shown_digest, row by row, combined by XOR: the same text,
         # hashed the same way (utf8mb4 is UTF-8; CHAR_LENGTH counts code points, as len() does)
+        self._head_sql = select(func.coalesce(func.max(self._messages.c.id), 0))
         table = self._messages.name
         self._confirm_sql = text(
             f"SELECT (SELECT COALESCE(MAX(id), 0) FROM {table}), COUNT(*), COALESCE(BIT_XOR(CAST(CONV(LEFT(SHA2("
@@ -80,13 +82,12 @@ class StreamRanges:
         return await self._threads.run(self._confirm, after, upto)
 
     def _confirm(self, after: int, upto: int) -> Confirmation:
-        with self._engine.connect() as conn:
-            head, rows, digest = conn.execute(self._confirm_sql, {"after": after, "upto": upto}).one()
+        head, rows, digest = read_retrying(
+            self._engine, lambda conn: conn.execute(self._confirm_sql, {"after": after, "upto": upto}).one())
         return Confirmation(int(head), int(rows), int(digest))
 
     def _head(self) -> int:
-        with self._engine.connect() as conn:
-            return int(conn.execute(select(func.coalesce(func.max(self._messages.c.id), 0))).scalar_one())
+        return int(read_retrying(self._engine, lambda conn: conn.execute(self._head_sql).scalar_one()))
 
     def _read(self, after: int, upto: int, limit: int, user: str | None = None) -> list[dict]:
         messages = self._messages
@@ -94,8 +95,7 @@ class StreamRanges:
         if user is not None:
             query = query.where(or_(messages.c.sender == user, messages.c.recipient == user))
         query = query.order_by(messages.c.id).limit(limit)
-        with self._engine.connect() as conn:
-            return [Message.from_row(row).to_doc() for row in conn.execute(query)]
+        return read_retrying(self._engine, lambda conn: [Message.from_row(row).to_doc() for row in conn.execute(query)])
 
     def close(self) -> None:
         self._threads.close()

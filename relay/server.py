@@ -283,7 +283,7 @@ async def run(settings: Settings) -> None:
     tail = OplogTail(client, *partition_namespaces(settings.stores.mongo_db, list(range(MAX_PARTITIONS))),
                      silence_seconds=settings.tail.silence_seconds,
                      ferretdb_poll_seconds=settings.tail.ferretdb_poll_ms / 1000,
-                     ferretdb_idle_poll_seconds=settings.tail.ferretdb_idle_poll_ms / 1000)
+                     ferretdb_idle_poll_seconds=settings.ferretdb_idle_poll_seconds())
     relay = Relay(tail, client.codec_options)
     stop = stop_on_signals()
     tailing = asyncio.create_task(relay.run(), name="relay-tail")

@@ -184,3 +184,13 @@ def test_a_list_variable_that_is_not_json_is_refused_naming_it(clean_env):
 def test_settings_field_reads_a_coded_default_by_its_path():
     assert Settings.field("api.body_max_chars").default == 4000
     assert Settings.field("log_level").default == "INFO"
+
+
+def test_the_ferretdb_tail_waits_longer_while_idle_where_a_write_wakes_it(clean_env):
+    """With Redis the writer's wake cuts an idle tail's wait short, so it may be long (each poll
+    costs FerretDB a read of the whole oplog); without, it bounds the first message's delay."""
+    assert Settings(_env_file=None).ferretdb_idle_poll_seconds() == 10.0  # Redis is on by default
+    clean_env.setenv("CHAT_REDIS_URL", "")
+    assert Settings(_env_file=None).ferretdb_idle_poll_seconds() == 2.0
+    clean_env.setenv("CHAT_FERRETDB_TAIL_IDLE_POLL_MS", "500")  # set, it is kept either way
+    assert Settings(_env_file=None).ferretdb_idle_poll_seconds() == 0.5

@@ -1,0 +1,128 @@
+"""Reads on a read-only engine (``db.sql.make_engine(reads_only=True)``), measured by MariaDB's own
+session counters: the daemon's unread totals, read at every hello, and its once-a-second look-ups
+(the committed head of each partition, the slot map's epoch). Each read is one SELECT, with no
+ROLLBACK and no ping (MariaDB counts a COM_PING in ``Com_admin_commands``); each sees what was
+committed before it (autocommit: no snapshot is kept from one read to the next); and a read whose
+pooled connection was killed is answered on a new one."""
+
+import datetime
+
+import pytest
+from sqlalchemy import create_engine
+
+from db.conversation_state import UnreadTotals
+from db.partition_map import newer_slot_map, read_slot_map, tables_of, write_slot_map
+from db.sql import conversation_key, make_engine, read_retrying
+from db.stream_ranges import StreamRanges
+from harness.system import databases
+
+COUNTERS = ("Com_select", "Com_rollback", "Com_admin_commands")
+
+
+@pytest.fixture(scope="module")
+def dbs(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("unread-reads")) as dbs:
+        yield dbs
+
+
+def message(msg_id: int, sender: str, recipient: str) -> dict:
+    return {"id": msg_id, "sender": sender, "recipient": recipient, "conversation": conversation_key(sender, recipient),
+            "body": "hi", "created_at": datetime.datetime(2026, 1, 1)}
+
+
+def session_counters(engine) -> dict[str, int]:
+    """The counters of the pool's one connection (``pool_size=1``, used one read at a time)."""
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute(f"SHOW SESSION STATUS WHERE Variable_name IN {COUNTERS!r}")
+        return {name: int(value) for name, value in cursor.fetchall()}
+    finally:
+        raw.close()
+
+
+def kill_pooled_connection(dbs, engine) -> None:
+    """Kills the pool's one connection from another session, as a MySQL restart or a
+    ``wait_timeout`` would: the pool still holds it, and only a read finds it dead."""
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute("SELECT CONNECTION_ID()")
+        (own,) = cursor.fetchone()
+    finally:
+        raw.close()
+    killer = create_engine(dbs.mariadb.url())
+    with killer.connect() as conn:
+        conn.exec_driver_sql(f"KILL CONNECTION {int(own)}")
+    killer.dispose()
+
+
+async def test_each_read_is_one_select_with_no_rollback_nor_ping_and_sees_what_was_committed_before_it(dbs):
+    engine = make_engine(dbs.mariadb.url(), 5.0, pool_size=1, reads_only=True)
+    unread = UnreadTotals(engine)
+    writes = create_engine(dbs.mariadb.url())
+    try:
+        assert await unread.total("reads-bob", 0, 5.0) == 0
+        before = session_counters(engine)
+        for n in (1, 2, 3):
+            with writes.begin() as conn:
+                conn.execute(tables_of(0).messages.insert(), [message(9_000 + n, "reads-alice", "reads-bob")])
+            assert await unread.total("reads-bob", 0, 5.0) == n  # the same pooled connection, a fresh read
+        after = session_counters(engine)
+        assert {k: after[k] - before[k] for k in COUNTERS} == {"Com_select": 3, "Com_rollback": 0,
+                                                               "Com_admin_commands": 0}
+    finally:
+        unread.close()
+        writes.dispose()
+
+
+async def test_a_read_whose_pooled_connection_was_killed_connects_again_and_is_answered(dbs):
+    engine = make_engine(dbs.mariadb.url(), 5.0, pool_size=1, reads_only=True)
+    unread = UnreadTotals(engine)
+    try:
+        assert await unread.total("reads-carol", 0, 5.0) == 0
+        kill_pooled_connection(dbs, engine)  # the next read finds it gone
+        # the read finds it dead, and is made again on a new connection: answered
+        assert await unread.total("reads-carol", 0, 5.0) == 0
+    finally:
+        unread.close()
+
+
+async def test_the_daemon_s_periodic_look_ups_are_one_select_each_with_no_rollback_nor_ping(dbs):
+    engine = make_engine(dbs.mariadb.url(), 5.0, pool_size=1, reads_only=True)
+    ranges = StreamRanges(engine)
+    writes = create_engine(dbs.mariadb.url())
+    try:
+        original = read_retrying(engine, read_slot_map)
+        assert original is not None
+        epoch = original.epoch
+        first = await ranges.committed_head()
+        before = session_counters(engine)
+        with writes.begin() as conn:
+            conn.execute(tables_of(0).messages.insert(), [message(first + 1, "look-alice", "look-bob")])
+        assert await ranges.committed_head() == first + 1  # a fresh read: what was committed before it
+        assert read_retrying(engine, lambda conn: newer_slot_map(conn, epoch)) is None  # nothing moved
+        after = session_counters(engine)
+        assert {k: after[k] - before[k] for k in COUNTERS} == {"Com_select": 2, "Com_rollback": 0,
+                                                               "Com_admin_commands": 0}
+        moved = original.move([], 0)  # the same map at the next epoch, as a cutover writes it
+        with writes.begin() as conn:
+            write_slot_map(conn, moved)
+        # the next look-up, on the same connection, sees the map of the next epoch
+        assert read_retrying(engine, lambda conn: newer_slot_map(conn, epoch)) == moved
+    finally:
+        with writes.begin() as conn:  # the map as it was, for the module's other tests
+            write_slot_map(conn, original)
+        ranges.close()
+        writes.dispose()
+
+
+async def test_a_look_up_whose_pooled_connection_was_killed_connects_again_and_is_answered(dbs):
+    engine = make_engine(dbs.mariadb.url(), 5.0, pool_size=1, reads_only=True)
+    ranges = StreamRanges(engine)
+    try:
+        head = await ranges.committed_head()
+        kill_pooled_connection(dbs, engine)
+        assert await ranges.committed_head() == head  # found dead, and read again on a new connection
+    finally:
+        ranges.close()
