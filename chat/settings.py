@@ -318,10 +318,9 @@ class RelaySettings(_Section):
         "", description="Unix socket of the host's oplog relay. Empty: each daemon tails the oplog itself.",
     )
     route_by_user: Annotated[bool, Env("CHAT_RELAY_ROUTE_BY_USER")] = Field(
-        False, description="Daemons tell the relay which users they hold and get those users' entries only (and the "
-        "other ids): each decodes its share of the users. Opt-in until the test suite runs routed too (the 3-host "
-        "bench's faults pass routed: docs/decisions/relay-by-user.md). False: each gets every entry of its "
-        "partitions.",
+        True, description="Daemons tell the relay which users they hold and get those users' entries only (and the "
+        "other ids): each decodes its share of the users, so N daemons of a host use N cores "
+        "(docs/decisions/relay-by-user.md). False: each gets and decodes every entry of its partitions.",
     )
     user_linger_seconds: Annotated[float, Env("CHAT_RELAY_USER_LINGER_SECONDS")] = Field(
         5.0, ge=0, description="Routed by user: a daemon keeps a user after its last socket for this long, so that "

@@ -9,7 +9,7 @@ The relay tails once (oplog/tail.py, the daemon's own tailer), the
 collections of every partition there can be, and writes to each daemon
 connected to its Unix socket (``CHAT_OPLOG_RELAY_SOCKET``) the entries of
 the partitions it asked for in its hello, and no others. A daemon that
-routes by user (``CHAT_RELAY_ROUTE_BY_USER``, opt-in) also says which
+routes by user (``CHAT_RELAY_ROUTE_BY_USER``, the default) also says which
 users it holds, in its hello and then as their first connection comes and
 their last goes; it gets the entries of those users only, and of the rest
 the ids (relay/routing.py): each daemon decodes what its sockets need, not

@@ -233,7 +233,7 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
                                             "starts 10 s in, and the traffic ends 20 s after its cutover"),
          budget: float = typer.Option(720.0, help="seconds before the watchdog ends the bench"),
          setting: list[str] = typer.Option([], "--set", help="KEY=VALUE: a setting of every host's processes, kept "
-                                           "in the result (e.g. CHAT_RELAY_ROUTE_BY_USER=true)"),
+                                           "in the result (e.g. CHAT_RELAY_ROUTE_BY_USER=false)"),
          out: Path = typer.Option(RESULTS / "cluster-latest.json")) -> None:
     netns.require_root()
 

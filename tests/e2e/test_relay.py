@@ -1,7 +1,8 @@
 """The host's oplog relay (relay/) as a process: one tail of the real
 FerretDB, its batches passed to real daemons over a Unix socket. A system
 whose daemons tail through the relay delivers every message once, in order,
-while the relay is killed and restarted.
+while the relay is killed and restarted, whether it routes by user (the default) or
+sends each daemon whole namespaces.
 
 The relay's logic (the ring, the namespaces, a slow daemon cut off, the
 protocol's checks) runs on a list of oplog events in tests/core/test_relay.py.
@@ -11,6 +12,7 @@ import asyncio
 import signal
 
 import httpx
+import pytest
 
 from chatctl.client import Inbox, listen
 from tests.e2e.helpers import post
@@ -22,10 +24,11 @@ def log_count(system, name: str, event: str) -> int:
     return (system.logdir / f"{name}.log").read_text().count(f"event={event}")
 
 
-async def test_daemons_behind_a_relay_killed_and_restarted_deliver_every_message_once_in_order(dbs, users):
+@pytest.mark.parametrize("routed", ["true", "false"], ids=["routed-by-user", "whole-namespaces"])
+async def test_daemons_behind_a_relay_killed_and_restarted_deliver_every_message_once_in_order(dbs, users, routed):
     daemons = ("daemon_0", "daemon_1")
     with running_system(dbs, daemons=2, apis=1, relay=True, CHAT_RATE_LIMIT_PER_SECOND=0,
-                        CHAT_GAP_CHECK_SECONDS=1) as system:
+                        CHAT_GAP_CHECK_SECONDS=1, CHAT_RELAY_ROUTE_BY_USER=routed) as system:
         receivers = [users(f"r{i}") for i in range(8)]
         inboxes = {r: Inbox() for r in receivers}
         tasks = [asyncio.create_task(listen(system.ws_url, system.token(r), None, lambda f: None,
