@@ -566,3 +566,37 @@ async def test_a_catch_up_the_store_does_not_answer_is_try_again_not_a_server_er
     assert [f["id"] for f in await receive(again, 1)] == [frame["id"]]
     await again.close()
     await live.close()
+
+
+@pytest.fixture
+def routed_behind_a_relay(tmp_path_factory):
+    """Databases of its own (the test freezes MariaDB), one daemon routed by user behind the
+    relay, as deployed: a user's first socket that resumes from before the daemon held it
+    reads its part of the range from MySQL, by the user."""
+    with private_system(tmp_path_factory.mktemp("routed-mysql"), daemons=1, apis=1, writer=True, relay=True,
+                        CHAT_RELAY_ROUTE_BY_USER="true", CHAT_DB_TIMEOUT_SECONDS="1") as s:
+        yield s
+
+
+async def test_a_routed_catch_up_mysql_does_not_answer_is_try_again_not_a_server_error(routed_behind_a_relay, users):
+    s, alice, bob, carol = routed_behind_a_relay, users("alice"), users("bob"), users("carol")
+    live, _ = await connect(s, bob)  # the stream's position moves past carol's message, which it does not hold
+    assert (await post(s, alice, carol, "kept")).status_code == 201
+    assert (await post(s, alice, bob, "after it")).status_code == 201
+    await receive(live, 1)
+    mariadb = s.dbs.mariadb.proc
+    mariadb.send_signal(signal.SIGSTOP)  # FerretDB answers: only a read of MySQL can fail to
+    try:
+        headers = {"Authorization": f"Bearer {s.token(carol)}"}
+        ws = await websockets.connect(f"{s.ws_url}/v1/ws?since=0", additional_headers=headers)
+        with pytest.raises(ConnectionClosed):
+            async with asyncio.timeout(PATIENCE):
+                await ws.recv()  # no hello: the catch-up's read of MySQL never answered
+        assert (ws.close_code, ws.close_reason) == (1013, "the message store did not answer in time: retry")
+    finally:
+        mariadb.send_signal(signal.SIGCONT)
+    again, hello = await connect(s, carol, since="0")  # what the client does next: nothing was lost
+    assert hello["recovered"] is True
+    assert [f["body"] for f in await receive(again, 1)] == ["kept"]
+    await again.close()
+    await live.close()
