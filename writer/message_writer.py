@@ -110,6 +110,7 @@ class MessageWriter:
     def __init__(self, engine: Engine, mongo_db: AsyncDatabase, *, batch_max: int, window_ms: float,
                  queue_max: int, timeout_seconds: float, retention_seconds: int,
                  observe_batch: Callable[[int, float], None] = lambda n, s: None,
+                 observe_turn: Callable[[float, float], None] = lambda waiting, holding: None,
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
                  observe_outbox: Callable[[int, float], None] = lambda n, s: None,
                  observe_copies: Callable[[int], None] = lambda n: None,
@@ -130,7 +131,7 @@ class MessageWriter:
                                 window_ms=window_ms)
         self._turn = Turn(core, self._sql, self._mongo, self._waits, outbox, partition=partition, live=live,
                           batch_max=batch_max, retention_seconds=retention_seconds, hand_over=hand_over,
-                          reroute=reroute, adopted=adopted, observe_batch=observe_batch,
+                          reroute=reroute, adopted=adopted, observe_batch=observe_batch, observe_turn=observe_turn,
                           observe_mongo_lag=observe_mongo_lag, observe_outbox=observe_outbox,
                           observe_copies=observe_copies)
 

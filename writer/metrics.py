@@ -26,6 +26,11 @@ MONGO_LAG = LoopHistogram("chat_writer_mongo_lag_seconds", "Per message, from it
                           buckets=(.0025, .005, .0075, .01, .015, .02, .025, .03, .04, .05, .075, .1, .15, .25, .5, 1,
                                    2.5))
 # Per partition: each has its own outbox, in its own collection.
+TURN_SECONDS = Histogram("chat_writer_turn_seconds", "A partition writer's turn: `waiting` for the partition's "
+                         "lock (GET_LOCK, from the turn's start), then `holding` it (every batch of the turn, each "
+                         "Mongo insert the turn waits for, to RELEASE_LOCK). Every host's writers take turns of "
+                         "the same lock: its holding time is what the others wait", ["phase"],
+                         buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
 OUTBOX_MESSAGES = Gauge("chat_writer_outbox_messages", "Messages committed to MySQL that the fast store does not "
                         "hold yet (the outbox), as of the partition writer's last turn", ["partition"])
 OUTBOX_AGE = Gauge("chat_writer_outbox_age_seconds", "Age of the oldest message in the partition's outbox (0: "
@@ -62,6 +67,11 @@ def copies_observer(partition: int) -> Callable[[int], None]:
 
 def strays_observer(partition: int) -> Callable[[int], None]:
     return STRAYS.labels(str(partition)).inc
+
+
+def observe_turn(waiting: float, holding: float) -> None:
+    TURN_SECONDS.labels("waiting").observe(waiting)
+    TURN_SECONDS.labels("holding").observe(holding)
 
 
 def observe_batch(size: int, seconds: float) -> None:

@@ -111,6 +111,7 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
                              window_ms=settings.writer.batch_window_ms,
                              queue_max=settings.writer.queue_max, timeout_seconds=settings.stores.db_timeout_seconds,
                              retention_seconds=settings.stores.retention_seconds, observe_batch=metrics.observe_batch,
+                             observe_turn=metrics.observe_turn,
                              observe_mongo_lag=metrics.MONGO_LAG.observe,
                              observe_outbox=metrics.outbox_observer(partition),
                              observe_copies=metrics.copies_observer(partition),

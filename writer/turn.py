@@ -45,6 +45,7 @@ class Turn:
                  hand_over: Callable[[int, Copy], None], reroute: Callable[[Pending], None],
                  adopted: Callable[[SlotMap], None] = lambda slot_map: None,
                  observe_batch: Callable[[int, float], None] = lambda n, s: None,
+                 observe_turn: Callable[[float, float], None] = lambda waiting, holding: None,
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
                  observe_outbox: Callable[[int, float], None] = lambda n, s: None,
                  observe_copies: Callable[[int], None] = lambda n: None):
@@ -61,6 +62,7 @@ class Turn:
         self._retention = retention_seconds
         self._hand_over = hand_over
         self._observe_batch = observe_batch
+        self._observe_turn = observe_turn  # (seconds waiting for the lock, seconds holding it), after each turn
         self._observe_mongo_lag = observe_mongo_lag
         self._observe_outbox = observe_outbox  # (messages, age of the oldest in seconds), after each turn
         self._observe_copies = observe_copies  # copies committed in this partition, per batch
@@ -70,10 +72,13 @@ class Turn:
         """One turn under the writer lock: repair, then commit batches while they come."""
         self.in_hand = batch
         sql, core, waits = self._sql, self._core, self._waits
+        started = time.perf_counter()
         conn = await sql.connect()
         mirrored, last_id = None, 0
+        locked_at = None
         try:
             last_id, mirrored, newer = await sql.lock_and_read_state(conn)
+            locked_at = time.perf_counter()
             if newer is not None and self._live.adopt(newer):
                 log.info("event=slot_map_adopted partition=%d epoch=%d partitions=%d", self._partition, newer.epoch,
                          newer.partitions)
@@ -128,6 +133,8 @@ class Turn:
                 await sql.release(conn, mirrored, last_id)
             finally:
                 core.released()
+                if locked_at is not None:
+                    self._observe_turn(locked_at - started, time.perf_counter() - locked_at)
             if mirrored is not None:
                 self._outbox.seen(last_id - mirrored)
             self._report_outbox()

@@ -27,7 +27,7 @@ from sqlalchemy import Connection, create_engine, text
 from chat.partitions import SlotMap
 from cluster import netns, procs
 from cluster.partitions import partition_of, writer_lock_names
-from cluster.plan import DAEMON_METRICS_BASE, RELAY_METRICS_PORT, make_plan
+from cluster.plan import DAEMON_METRICS_BASE, RELAY_METRICS_PORT, WRITER_METRICS_PORT, make_plan
 from cluster.up import Cluster
 from loadtest.cluster import figures as fig
 from loadtest.cluster.grow import GrowFault, grow_figures, history_check
@@ -79,6 +79,18 @@ def counters(cluster: Cluster) -> tuple[dict[str, float | None], dict[str, float
     return daemons, relays
 
 
+def writer_samples(cluster: Cluster) -> dict[str, float]:
+    """Every host's writer's samples of ``fig.WRITER_SAMPLES``, summed over the hosts (a host whose
+    writer does not answer adds nothing)."""
+    total = dict.fromkeys(fig.WRITER_SAMPLES, 0.0)
+    for host in cluster.plan.hosts:
+        with contextlib.suppress(httpx.HTTPError):
+            page = httpx.get(f"http://{host.address}:{WRITER_METRICS_PORT}/metrics", timeout=3).text
+            for name in fig.WRITER_SAMPLES:
+                total[name] += fig.prometheus_value(page, name)
+    return total
+
+
 def delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float]:
     return {k: now - then for k, now in after.items() if now is not None and (then := before.get(k)) is not None}
 
@@ -107,6 +119,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         idle = procs.cpu_by_role(idle_before, procs.snapshot(cluster.host_pids()))
         idle_seconds = time.monotonic() - idle_at
         cpu_before, (d_before, r_before) = procs.snapshot(cluster.host_pids()), counters(cluster)
+        w_before = writer_samples(cluster)
         started, busy_at = time.time(), time.monotonic()
         sent = asyncio.run(_send_with_fault(cluster, users, traffic, fault, fault_at, fault_for, frames))
         sent_end = time.time()
@@ -117,6 +130,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
             if frames.value != last:
                 last, still = frames.value, time.monotonic()
         cpu_after, (d_after, r_after) = procs.snapshot(cluster.host_pids()), counters(cluster)
+        w_after = writer_samples(cluster)
         busy_seconds = time.monotonic() - busy_at
     finally:
         stop.set()
@@ -132,6 +146,8 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         "msgs_per_s": round(stored / (sent_end - started), 1), "offered_per_s": traffic.rate, "asked": len(sent),
         "stored": stored, "delivery_p50_ms": fig.percentile(latencies, 0.5),
         "delivery_p99_ms": fig.percentile(latencies, 0.99),
+        # the stages before the tail: a POST's answer (the MySQL commit), and the writers' turns
+        "post_ms": fig.post_answer_ms(sent), "writers": fig.writer_stage(w_before, w_after, busy_seconds),
         "cpu_us_per_msg": fig.cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after), stored),
         "cpu_us_per_msg_past_idle": fig.marginal_cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after),
                                                                 busy_seconds, idle, idle_seconds, stored),
@@ -357,6 +373,10 @@ def _print_run(r: dict) -> None:
     print(f"  {r['mode']} P={r['partitions']}: {r['msgs_per_s']} msg/s, delivery p50 {r['delivery_p50_ms']} ms "
           f"p99 {r['delivery_p99_ms']} ms, lost {r['lost']}, duplicated {r['duplicated']}; "
           f"decoded shares {r['daemon_decoded_share']}; CPU us/msg: {cpu}", flush=True)
+    w = r["writers"]
+    print(f"    POST answered p50/p99 {r['post_ms']['p50']}/{r['post_ms']['p99']} ms; writers: {w['turns_per_s']} "
+          f"turns/s, {w['rows_per_commit']} rows a commit, lock waited {w['lock_wait_ms']} ms and held "
+          f"{w['lock_hold_ms']} ms a turn, Mongo insert {w['mongo_lag_ms']} ms after the commit", flush=True)
 
 
 if __name__ == "__main__":

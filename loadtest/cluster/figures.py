@@ -116,6 +116,41 @@ def expected_shares(served: dict[str, tuple[int, ...]], partitions: int) -> dict
     return {name: round(len(parts) / partitions, 3) for name, parts in served.items()}
 
 
+# The writers' samples a run's stage figures come from (writer/metrics.py): group commits, lock turns
+# and the Mongo insert's wait, as counts and sums of seconds.
+WRITER_SAMPLES = (
+    "chat_writer_batch_messages_count", "chat_writer_batch_messages_sum", "chat_writer_batch_seconds_sum",
+    'chat_writer_turn_seconds_count{phase="holding"}', 'chat_writer_turn_seconds_sum{phase="holding"}',
+    'chat_writer_turn_seconds_sum{phase="waiting"}',
+    "chat_writer_mongo_lag_seconds_count", "chat_writer_mongo_lag_seconds_sum")
+
+
+def writer_stage(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float | None]:
+    """What every host's writers did between two scrapes of ``WRITER_SAMPLES``: lock turns a second
+    (all partitions), rows per group commit, and the means of a commit, of a turn's wait for its
+    partition's lock and of its hold of it, and of a message's wait for its Mongo insert, in ms."""
+    d = {k: after[k] - before[k] for k in WRITER_SAMPLES}
+
+    def mean_ms(total: str, count: str) -> float | None:
+        return round(d[total] / d[count] * 1000, 2) if d[count] > 0 else None
+
+    turns = 'chat_writer_turn_seconds_count{phase="holding"}'
+    return {"turns_per_s": round(d[turns] / seconds, 1) if seconds > 0 else None,
+            "rows_per_commit": round(d["chat_writer_batch_messages_sum"] / d["chat_writer_batch_messages_count"], 2)
+            if d["chat_writer_batch_messages_count"] > 0 else None,
+            "commit_ms": mean_ms("chat_writer_batch_seconds_sum", "chat_writer_batch_messages_count"),
+            "lock_wait_ms": mean_ms('chat_writer_turn_seconds_sum{phase="waiting"}', turns),
+            "lock_hold_ms": mean_ms('chat_writer_turn_seconds_sum{phase="holding"}', turns),
+            "mongo_lag_ms": mean_ms("chat_writer_mongo_lag_seconds_sum", "chat_writer_mongo_lag_seconds_count")}
+
+
+def post_answer_ms(sent: list[Sent]) -> dict[str, float | None]:
+    """p50/p99 of the answer time of each stored message's storing attempt (its 201 or 200): the API,
+    the writer's queue and turn, and the MySQL commit."""
+    times = [a.seconds for s in sent if (a := accepted_attempt(s)) is not None]
+    return {"p50": percentile(times, 0.5), "p99": percentile(times, 0.99)}
+
+
 def prometheus_value(text: str, name: str) -> float:
     """The sum of a counter's samples (every label set) in a /metrics page; 0 if absent."""
     total = 0.0

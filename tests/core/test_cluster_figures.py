@@ -72,3 +72,20 @@ def test_each_daemon_is_expected_to_decode_its_partitions_share():
     assert fig.expected_shares({"h1/daemon_0": (0, 2), "h1/daemon_1": (1, 3)}, 4) == {"h1/daemon_0": 0.5,
                                                                                       "h1/daemon_1": 0.5}
     assert fig.expected_shares({"h1/daemon_0": (0,)}, 1) == {"h1/daemon_0": 1.0}
+
+
+def test_the_writers_stage_from_two_scrapes_and_the_post_answers():
+    before = dict.fromkeys(fig.WRITER_SAMPLES, 0.0)
+    after = {**before, "chat_writer_batch_messages_count": 40, "chat_writer_batch_messages_sum": 100,
+             "chat_writer_batch_seconds_sum": 0.4, 'chat_writer_turn_seconds_count{phase="holding"}': 20,
+             'chat_writer_turn_seconds_sum{phase="holding"}': 0.6, 'chat_writer_turn_seconds_sum{phase="waiting"}': 2.0,
+             "chat_writer_mongo_lag_seconds_count": 100, "chat_writer_mongo_lag_seconds_sum": 3.0}
+    assert fig.writer_stage(before, after, 10.0) == {
+        "turns_per_s": 2.0, "rows_per_commit": 2.5, "commit_ms": 10.0, "lock_wait_ms": 100.0, "lock_hold_ms": 30.0,
+        "mongo_lag_ms": 30.0}
+    assert fig.writer_stage(before, before, 10.0)["lock_hold_ms"] is None  # no turn: no mean
+    page = 'chat_writer_turn_seconds_count{phase="holding"} 7.0\nchat_writer_turn_seconds_count{phase="waiting"} 7.0\n'
+    assert fig.prometheus_value(page, 'chat_writer_turn_seconds_count{phase="holding"}') == 7.0
+    # each stored message's storing attempt; a refused one has none
+    sent = [_sent("a", "b", i, 0.0) for i in range(1, 100)] + [_sent("a", "b", None, 0.0, status=503)]
+    assert fig.post_answer_ms(sent) == {"p50": 10.0, "p99": 10.0}

@@ -175,6 +175,11 @@ async def test_each_process_exports_what_it_does_under_its_own_name(hosted, user
     writer = _families(f"http://127.0.0.1:{hosted.writer_metrics_port}")
     assert writer["chat_writer_batch_messages"]["chat_writer_batch_messages_sum"] >= len(ids)
     assert writer["chat_writer_batch_seconds"]["chat_writer_batch_seconds_count"] >= 1
+    # each turn's wait for its partition's lock and its hold of it, observed together once it ends
+    text = httpx.get(f"http://127.0.0.1:{hosted.writer_metrics_port}/metrics", timeout=PATIENCE).text
+    turns = {s.labels["phase"]: s.value for f in text_string_to_metric_families(text)
+             if f.name == "chat_writer_turn_seconds" for s in f.samples if s.name.endswith("_count")}
+    assert turns.keys() == {"waiting", "holding"} and turns["waiting"] == turns["holding"] >= 1
     assert {"chat_writer_gc_pause_seconds", "chat_writer_outbox_messages", "chat_writer_outbox_age_seconds",
             "chat_writer_mongo_lag_seconds"} <= set(writer)
     assert not [name for name in writer if name.startswith("chat_api_")]
