@@ -44,9 +44,9 @@ class StreamRanges:
         self.partition = partition
         self._messages = tables_of(partition).messages  # the partition's table: `messages` for 0
         self._threads = Threads(pool_size_of(engine), "ranges")
+        self._head_sql = select(func.coalesce(func.max(self._messages.c.id), 0))
         # chat.messages.shown_digest, row by row, combined by XOR: the same text,
         # hashed the same way (utf8mb4 is UTF-8; CHAR_LENGTH counts code points, as len() does)
-        self._head_sql = select(func.coalesce(func.max(self._messages.c.id), 0))
         table = self._messages.name
         self._confirm_sql = text(
             f"SELECT (SELECT COALESCE(MAX(id), 0) FROM {table}), COUNT(*), COALESCE(BIT_XOR(CAST(CONV(LEFT(SHA2("
