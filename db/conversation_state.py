@@ -20,7 +20,7 @@ from sqlalchemy.sql.expression import TextClause
 
 from chat.messages import Kind
 from chat.partitions import suffix
-from db.sql import pool_size_of
+from db.sql import retrying_dead_connections
 from db.threads import Threads
 
 
@@ -95,13 +95,14 @@ class UnreadTotals:
     the path of every hello. Nor is a connection pinged when it is taken from
     the pool (another round trip per read): a read that finds its connection
     dead (MySQL restarted, or the connection killed) is made once more on a
-    new one, which SQLAlchemy calls optimistic disconnect handling."""
+    new one (``db.sql.retrying_dead_connections``). It stays on the raw
+    connection: through a ``Connection`` with neither round trip, a read still
+    cost 1.3-1.45x its client CPU (3,000 reads, three rounds)."""
 
     def __init__(self, engine: Engine, threads: int = 2):
         self._engine = engine
         self._threads = Threads(threads, "unread")
         self._dbapi_error: Any = engine.dialect.loaded_dbapi.Error  # the driver's own class, as the dialect expects it
-        self._attempts = pool_size_of(engine) + 1  # each pooled connection found dead, then a new one
         self._statements: dict[int, tuple[str, tuple[str, ...]]] = {}  # per partition: driver SQL, its parameters
 
     def _statement(self, partition: int) -> tuple[str, tuple[str, ...]]:
@@ -129,19 +130,8 @@ class UnreadTotals:
             finally:
                 raw.close()
 
-        def run() -> int:
-            # A dead pooled connection is invalidated and the read made again: after a MySQL
-            # restart every pooled one is dead, then a new one connects (or fails to: the answer).
-            for _ in range(self._attempts - 1):
-                try:
-                    return read()
-                except self._dbapi_error as exc:
-                    if not self._engine.dialect.is_disconnect(exc, None, None):
-                        raise
-            return read()
-
         try:
-            return await asyncio.wait_for(self._threads.run(run), timeout)
+            return await asyncio.wait_for(self._threads.run(retrying_dead_connections, self._engine, read), timeout)
         except (SQLAlchemyError, self._dbapi_error, TimeoutError):
             return None
 

@@ -237,21 +237,36 @@ def make_engine(url: str, timeout_seconds: float, pool_size: int = 4, reads_only
     )
 
 
-def read_retrying(engine: Engine, read: Callable[[Connection], T]) -> T:
-    """``read(conn)`` on a connection of ``engine``, made again on another connection when its
-    own turns out dead, at most pool size + 1 times in all: an engine made ``reads_only`` pings
-    none (SQLAlchemy calls this optimistic disconnect handling). After a MySQL restart every pooled
-    connection is dead; the first one found so invalidates the pool, and the next attempt connects
-    anew (or fails to: the answer). Raises SQLAlchemyError as ``read`` does."""
+def retrying_dead_connections(engine: Engine, attempt: Callable[[], T]) -> T:
+    """``attempt()``, made again when the connection it took from ``engine``'s pool turns out dead,
+    at most pool size + 1 times in all: an engine made ``reads_only`` pings none (SQLAlchemy calls
+    this optimistic disconnect handling). After a MySQL restart every pooled connection is dead,
+    then a new one connects (or fails to: the answer). A dead connection shows as SQLAlchemy's
+    invalidated ``DBAPIError`` through a ``Connection``, or as the driver's own error on a raw one
+    (whose ``attempt`` invalidates it)."""
+    dialect = engine.dialect
+    driver_error = dialect.loaded_dbapi.Error  # the driver's own class, as the dialect expects it
     for _ in range(pool_size_of(engine)):
         try:
-            with engine.connect() as conn:
-                return read(conn)
+            return attempt()
         except DBAPIError as exc:
             if not exc.connection_invalidated:
                 raise
-    with engine.connect() as conn:
-        return read(conn)
+        except driver_error as exc:
+            if not dialect.is_disconnect(exc, None, None):
+                raise
+    return attempt()
+
+
+def read_retrying(engine: Engine, read: Callable[[Connection], T]) -> T:
+    """``read(conn)`` on a connection of ``engine`` (``retrying_dead_connections``). Raises
+    SQLAlchemyError as ``read`` does."""
+
+    def attempt() -> T:
+        with engine.connect() as conn:
+            return read(conn)
+
+    return retrying_dead_connections(engine, attempt)
 
 
 def pool_size_of(engine: Engine) -> int:

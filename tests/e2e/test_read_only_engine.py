@@ -6,9 +6,11 @@ committed before it (autocommit: no snapshot is kept from one read to the next);
 pooled connection was killed is answered on a new one."""
 
 import datetime
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine
+from sqlalchemy.engine import Engine
 
 from db.conversation_state import UnreadTotals
 from db.partition_map import newer_slot_map, read_slot_map, tables_of, write_slot_map
@@ -25,12 +27,30 @@ def dbs(tmp_path_factory):
         yield dbs
 
 
-def message(msg_id: int, sender: str, recipient: str) -> dict:
-    return {"id": msg_id, "sender": sender, "recipient": recipient, "conversation": conversation_key(sender, recipient),
-            "body": "hi", "created_at": datetime.datetime(2026, 1, 1)}
+@pytest.fixture
+def reads(dbs) -> Iterator[Engine]:
+    """A read-only engine of one pooled connection, as the daemon's look-ups and unread reads use."""
+    engine = make_engine(dbs.mariadb.url(), 5.0, pool_size=1, reads_only=True)
+    yield engine
+    engine.dispose()
 
 
-def session_counters(engine) -> dict[str, int]:
+@pytest.fixture
+def writes(dbs) -> Iterator[Engine]:
+    """Commits from another session, as the writer's."""
+    engine = create_engine(dbs.mariadb.url())
+    yield engine
+    engine.dispose()
+
+
+def commit_message(writes: Engine, msg_id: int, sender: str, recipient: str) -> None:
+    with writes.begin() as conn:
+        conn.execute(tables_of(0).messages.insert(), [{
+            "id": msg_id, "sender": sender, "recipient": recipient, "conversation": conversation_key(sender, recipient),
+            "body": "hi", "created_at": datetime.datetime(2026, 1, 1)}])
+
+
+def session_counters(engine: Engine) -> dict[str, int]:
     """The counters of the pool's one connection (``pool_size=1``, used one read at a time)."""
     raw = engine.raw_connection()
     try:
@@ -41,7 +61,12 @@ def session_counters(engine) -> dict[str, int]:
         raw.close()
 
 
-def kill_pooled_connection(dbs, engine) -> None:
+def counted_since(engine: Engine, before: dict[str, int]) -> dict[str, int]:
+    after = session_counters(engine)
+    return {k: after[k] - before[k] for k in COUNTERS}
+
+
+def kill_pooled_connection(dbs, engine: Engine) -> None:
     """Kills the pool's one connection from another session, as a MySQL restart or a
     ``wait_timeout`` would: the pool still holds it, and only a read finds it dead."""
     raw = engine.raw_connection()
@@ -57,72 +82,57 @@ def kill_pooled_connection(dbs, engine) -> None:
     killer.dispose()
 
 
-async def test_each_read_is_one_select_with_no_rollback_nor_ping_and_sees_what_was_committed_before_it(dbs):
-    engine = make_engine(dbs.mariadb.url(), 5.0, pool_size=1, reads_only=True)
-    unread = UnreadTotals(engine)
-    writes = create_engine(dbs.mariadb.url())
+async def test_each_read_is_one_select_with_no_rollback_nor_ping_and_sees_what_was_committed_before_it(reads, writes):
+    unread = UnreadTotals(reads)
     try:
         assert await unread.total("reads-bob", 0, 5.0) == 0
-        before = session_counters(engine)
+        before = session_counters(reads)
         for n in (1, 2, 3):
-            with writes.begin() as conn:
-                conn.execute(tables_of(0).messages.insert(), [message(9_000 + n, "reads-alice", "reads-bob")])
+            commit_message(writes, 9_000 + n, "reads-alice", "reads-bob")
             assert await unread.total("reads-bob", 0, 5.0) == n  # the same pooled connection, a fresh read
-        after = session_counters(engine)
-        assert {k: after[k] - before[k] for k in COUNTERS} == {"Com_select": 3, "Com_rollback": 0,
-                                                               "Com_admin_commands": 0}
+        assert counted_since(reads, before) == {"Com_select": 3, "Com_rollback": 0, "Com_admin_commands": 0}
     finally:
         unread.close()
-        writes.dispose()
 
 
-async def test_a_read_whose_pooled_connection_was_killed_connects_again_and_is_answered(dbs):
-    engine = make_engine(dbs.mariadb.url(), 5.0, pool_size=1, reads_only=True)
-    unread = UnreadTotals(engine)
+async def test_a_read_whose_pooled_connection_was_killed_connects_again_and_is_answered(dbs, reads):
+    unread = UnreadTotals(reads)
     try:
         assert await unread.total("reads-carol", 0, 5.0) == 0
-        kill_pooled_connection(dbs, engine)  # the next read finds it gone
+        kill_pooled_connection(dbs, reads)  # the next read finds it gone
         # the read finds it dead, and is made again on a new connection: answered
         assert await unread.total("reads-carol", 0, 5.0) == 0
     finally:
         unread.close()
 
 
-async def test_the_daemon_s_periodic_look_ups_are_one_select_each_with_no_rollback_nor_ping(dbs):
-    engine = make_engine(dbs.mariadb.url(), 5.0, pool_size=1, reads_only=True)
-    ranges = StreamRanges(engine)
-    writes = create_engine(dbs.mariadb.url())
+async def test_the_daemon_s_periodic_look_ups_are_one_select_each_with_no_rollback_nor_ping(reads, writes):
+    ranges = StreamRanges(reads)
+    original = read_retrying(reads, read_slot_map)
+    assert original is not None
     try:
-        original = read_retrying(engine, read_slot_map)
-        assert original is not None
-        epoch = original.epoch
         first = await ranges.committed_head()
-        before = session_counters(engine)
-        with writes.begin() as conn:
-            conn.execute(tables_of(0).messages.insert(), [message(first + 1, "look-alice", "look-bob")])
+        before = session_counters(reads)
+        commit_message(writes, first + 1, "look-alice", "look-bob")
         assert await ranges.committed_head() == first + 1  # a fresh read: what was committed before it
-        assert read_retrying(engine, lambda conn: newer_slot_map(conn, epoch)) is None  # nothing moved
-        after = session_counters(engine)
-        assert {k: after[k] - before[k] for k in COUNTERS} == {"Com_select": 2, "Com_rollback": 0,
-                                                               "Com_admin_commands": 0}
+        assert read_retrying(reads, lambda conn: newer_slot_map(conn, original.epoch)) is None  # nothing moved
+        assert counted_since(reads, before) == {"Com_select": 2, "Com_rollback": 0, "Com_admin_commands": 0}
         moved = original.move([], 0)  # the same map at the next epoch, as a cutover writes it
         with writes.begin() as conn:
             write_slot_map(conn, moved)
         # the next look-up, on the same connection, sees the map of the next epoch
-        assert read_retrying(engine, lambda conn: newer_slot_map(conn, epoch)) == moved
+        assert read_retrying(reads, lambda conn: newer_slot_map(conn, original.epoch)) == moved
     finally:
         with writes.begin() as conn:  # the map as it was, for the module's other tests
             write_slot_map(conn, original)
         ranges.close()
-        writes.dispose()
 
 
-async def test_a_look_up_whose_pooled_connection_was_killed_connects_again_and_is_answered(dbs):
-    engine = make_engine(dbs.mariadb.url(), 5.0, pool_size=1, reads_only=True)
-    ranges = StreamRanges(engine)
+async def test_a_look_up_whose_pooled_connection_was_killed_connects_again_and_is_answered(dbs, reads):
+    ranges = StreamRanges(reads)
     try:
         head = await ranges.committed_head()
-        kill_pooled_connection(dbs, engine)
+        kill_pooled_connection(dbs, reads)
         assert await ranges.committed_head() == head  # found dead, and read again on a new connection
     finally:
         ranges.close()
