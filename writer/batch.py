@@ -20,14 +20,16 @@ class Pending:
     """One request: its draft (or a copy owed to this partition), and the future its answer settles."""
     draft: Draft | Copy
     future: asyncio.Future = field(repr=False)
+    handed: int | None = None  # a copy handed over in this process: its number (copies.OwedRead)
 
 
-def owed_copy(copy: Copy) -> Pending:
-    """A copy owed to this partition as a request. Nobody waits for its answer: a
+def owed_copy(copy: Copy, handed: int | None = None) -> Pending:
+    """A copy owed to this partition as a request (``handed``: its hand-over's
+    number, None for one drained from the echoes). Nobody waits for its answer: a
     failure leaves its echo row, and a later turn's drain makes the copy."""
     future = asyncio.get_running_loop().create_future()
     future.add_done_callback(_copy_settled)
-    return Pending(copy, future)
+    return Pending(copy, future, handed)
 
 
 def _copy_settled(future: asyncio.Future) -> None:

@@ -96,6 +96,31 @@ def copy_message(copy: Copy, new_id: int, keep_client_msg_id: bool, ref_id: int 
                    copy.from_part, o.id, o.kind, ref_id if o.kind else None, o.edited_at, o.deleted)
 
 
+@dataclass(frozen=True, slots=True)
+class OwedRead:
+    """The copies owed to a partition as its writer read them under the lock, at a
+    turn's start (``echo_sql.leftover_copies``): the origins of the echo rows
+    found, all of them if ``complete`` (fewer than the read's limit), and
+    ``handed_before``: this process's hand-overs numbered below it were made
+    before the read began."""
+
+    origins: frozenset[tuple[int, int]]
+    complete: bool
+    handed_before: int
+
+    def made_already(self, origin: tuple[int, int], handed: int | None) -> bool:
+        """Whether a copy of ``origin``, handed over as number ``handed`` (None: not
+        handed over), is made already, so that offering it to a batch would only
+        have the unique (origin_part, origin_id) refuse the batch's INSERT, which is
+        then looked up and written again. Its original's commit, and the echo row
+        in it, came before the hand-over, so before the read: a complete read that
+        did not find the echo means a copy's commit deleted it (another host's
+        writer drained it first) or a drain sent it on to the recipient's new
+        partition. Either way nothing is owed here."""
+        return (handed is not None and handed < self.handed_before and self.complete
+                and origin not in self.origins)
+
+
 @dataclass(slots=True)
 class Known:
     """What a partition's table already holds of a batch, looked up after its unique keys refused it."""

@@ -36,17 +36,21 @@ def settle_echoes(conn: Connection, partition: int, owed: list[tuple[int, Copy]]
                                            tuple_(echoes.c.from_part, echoes.c.from_id).in_(paid)))
 
 
-def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: SlotMap) -> list[Copy]:
-    """Up to ``limit`` copies owed to ``partition`` (oldest originals first), each
-    read from its original's table. An echo whose original is gone (a table
-    emptied by hand) is dropped, loudly: nothing is left to copy. One whose
-    recipient lives elsewhere now (a move cut over after the original's writer
-    chose this partition) is sent on to the recipient's partition of ``slot_map``."""
+def leftover_copies(conn: Connection, partition: int, limit: int,
+                    slot_map: SlotMap) -> tuple[list[Copy], frozenset[tuple[int, int]], bool]:
+    """(copies, the origins still owed, whether those are all of them): up to
+    ``limit`` copies owed to ``partition`` (oldest originals first), each read
+    from its original's table. An echo whose original is gone (a table emptied
+    by hand) is dropped, loudly: nothing is left to copy. One whose recipient
+    lives elsewhere now (a move cut over after the original's writer chose this
+    partition) is sent on to the recipient's partition of ``slot_map``. Neither
+    is owed here any more."""
     owed = conn.execute(select(echoes.c.from_part, echoes.c.from_id).where(echoes.c.to_part == partition)
                         .order_by(echoes.c.from_part, echoes.c.from_id).limit(limit)).all()
+    complete = len(owed) < limit
     if not owed:
         conn.commit()
-        return []
+        return [], frozenset(), complete
     by_part: dict[int, list[int]] = defaultdict(list)
     for from_part, from_id in owed:
         by_part[from_part].append(from_id)
@@ -69,7 +73,7 @@ def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: Slot
     conn.commit()
     if copies:
         log.info("event=leftover_copies to_part=%d copies=%d", partition, len(copies))
-    return copies
+    return copies, frozenset(copy.origin for copy in copies), complete
 
 
 def _send_on(conn: Connection, partition: int, now_in: int, from_part: int, from_id: int) -> None:

@@ -73,7 +73,7 @@ from chat.messages import Message
 from chat.partitions import LiveMap, SlotMap
 from chat.stopping import reraise_if_cancelling
 from chat.write_errors import PartitionBusy, WriterOverloaded, WriteUnavailable
-from writer.batch import Pending, fail, owed_copy
+from writer.batch import Pending, fail
 from writer.copies import Copy
 from writer.core import DEFAULT_TIMING, Timing, WriterCore
 from writer.mongo_steps import MongoSteps
@@ -161,7 +161,7 @@ class MessageWriter:
         """Queues a copy owed to this partition. Nobody waits for it: its echo row
         is committed, so a copy that is not made now (a full queue, a failed turn)
         is made by a later turn's drain (``Turn._leftovers``)."""
-        pending = owed_copy(copy)
+        pending = self._turn.offered(copy)
         try:
             self._queue.put_nowait(pending)
         except asyncio.QueueFull:

@@ -120,8 +120,9 @@ class MySQLSteps:
         except SQLAlchemyError:
             return False
 
-    async def leftover_copies(self, conn: Connection, limit: int) -> list[Copy]:
-        """Copies owed to this partition that no hand-over brought (echo_sql.leftover_copies)."""
+    async def leftover_copies(self, conn: Connection,
+                              limit: int) -> tuple[list[Copy], frozenset[tuple[int, int]], bool]:
+        """Copies owed to this partition, the origins owed and whether that is all (echo_sql.leftover_copies)."""
         return await self._run(echo_sql.leftover_copies, conn, self._partition, limit, self._live.current)
 
     async def _run(self, fn, *args):

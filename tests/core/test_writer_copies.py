@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 
 from chat.messages import Message
 from chat.partitions import SlotMap
-from writer.copies import Copy, Echo, Known, copy_message, copy_plan, echo_rows, home_of, owed_copies
+from writer.copies import Copy, Echo, Known, OwedRead, copy_message, copy_plan, echo_rows, home_of, owed_copies
 
 FOUR = SlotMap.even(4)
 AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -57,3 +57,13 @@ def test_a_copy_already_made_is_not_made_again_and_a_taken_key_is_dropped():
     other = Message(3, original.sender, "x", "other", AT, "c1")  # the key names another message there
     assert copy_plan(copy, Known({(original.sender, "c1"): other}, {})) == (True, False)
     assert copy_plan(Copy(msg(8, original.sender, original.recipient), 1), Known({}, {(1, 7): stored})) == (True, True)
+
+
+def test_a_handed_over_copy_is_made_already_only_if_a_complete_read_after_its_hand_over_found_no_echo():
+    read = OwedRead(frozenset({(1, 7)}), complete=True, handed_before=3)
+    assert read.made_already((1, 8), handed=2)  # handed before the read, and its echo was gone
+    assert not read.made_already((1, 7), handed=2)  # still owed: this writer makes it
+    assert not read.made_already((1, 8), handed=3)  # handed after the read began: its echo may be newer than it
+    assert not read.made_already((1, 8), handed=None)  # drained from the echoes, not handed over
+    partial = OwedRead(frozenset({(1, 7)}), complete=False, handed_before=3)
+    assert not partial.made_already((1, 8), handed=2)  # the read stopped at its limit: (1, 8) may be past it

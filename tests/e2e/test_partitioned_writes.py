@@ -18,7 +18,8 @@ from chat.partitions import SlotMap, collection_name, lock_name, suffix
 from tests.e2e.helpers import post, running_writer
 from harness.system import databases, running_system
 from tests.timing import PATIENCE, eventually
-from writer.mysql_steps import next_lock_name
+from writer.message_writer import MessageWriter
+from writer.mysql_steps import MySQLSteps, next_lock_name
 
 FOUR = SlotMap.even(4)
 
@@ -176,6 +177,44 @@ async def test_a_leftover_echo_becomes_exactly_one_copy(hosted):
     assert not [e for e in echoes(hosted.dbs) if (e.from_part, e.from_id) == (1, original.id)]
     in_theirs = await soon(lambda: docs(hosted.dbs, 2, {"from": alice}), "the copy in its collection")
     assert [d["_id"] for d in in_theirs] == [copies[0].id]
+
+
+class _CountedLookUps(MySQLSteps):
+    """Counts the look-ups a batch makes once its INSERT was refused (a retry or a copy stored already)."""
+    look_ups = 0
+
+    def _existing(self, conn, batch):
+        type(self).look_ups += 1
+        return super()._existing(conn, batch)
+
+
+class _LookUpsCounted(MessageWriter):
+    mysql_steps = _CountedLookUps
+
+
+async def test_a_copy_handed_over_after_another_host_s_writer_made_it_is_not_written_again(hosted):
+    # This host's writer of partition 1 commits alice -> bob and hands the copy to
+    # this host's writer of partition 2. Before that one's turn, another host's
+    # writer of partition 2 (the writer process) drains the echo into the copy.
+    alice, bob, carl = user_in(1, "alice"), user_in(2, "bob"), user_in(2, "carl")
+    handed = []
+    async with running_writer(hosted.dbs, partition=1, slot_map=FOUR,
+                              hand_over=lambda part, copy: handed.append((part, copy))) as (home, _engine, _db):
+        original, _ = await home.submit(Draft(alice, bob, "made elsewhere", "k7"))
+    assert [(part, copy.origin) for part, copy in handed] == [(2, (1, original.id))]
+    await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice), "the copy, made by the other host's writer")
+
+    _CountedLookUps.look_ups = 0
+    async with running_writer(hosted.dbs, _LookUpsCounted, partition=2, slot_map=FOUR) as (theirs, _engine, _db):
+        theirs.offer_copy(handed[0][1])
+        later, created = await theirs.submit(Draft(carl, bob, "after it", "k8"))
+    assert created
+    assert [(r.origin_id, r.body) for r in rows(hosted.dbs, 2, "sender = :s", s=alice)] == \
+        [(original.id, "made elsewhere")]
+    table = rows(hosted.dbs, 2)
+    assert [r.id for r in table] == list(range(1, len(table) + 1)) and later.id in {r.id for r in table}
+    # The copy was dropped before the batch: no INSERT of it was refused and looked up.
+    assert _CountedLookUps.look_ups == 0
 
 
 async def test_a_stalled_partition_holds_back_no_other_and_loses_nothing(hosted):
