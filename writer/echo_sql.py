@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Connection
@@ -36,13 +37,22 @@ def settle_echoes(conn: Connection, partition: int, owed: list[tuple[int, Copy]]
                                            tuple_(echoes.c.from_part, echoes.c.from_id).in_(paid)))
 
 
-def leftover_copies(conn: Connection, partition: int, limit: int,
-                    slot_map: SlotMap) -> tuple[list[Copy], frozenset[tuple[int, int]], bool]:
-    """(copies, the origins still owed, whether those are all of them): up to
-    ``limit`` copies owed to ``partition`` (oldest originals first), each read
-    from its original's table. An echo whose original is gone (a table emptied
-    by hand) is dropped, loudly: nothing is left to copy. One whose recipient
-    lives elsewhere now (a move cut over after the original's writer chose this
+@dataclass(frozen=True, slots=True)
+class Leftovers:
+    """What a turn's drain of the echoes found: the copies to make, the origins
+    still owed (theirs), and whether that is every echo owed to the partition."""
+
+    copies: list[Copy]
+    origins: frozenset[tuple[int, int]]
+    complete: bool
+
+
+def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: SlotMap) -> Leftovers:
+    """Up to ``limit`` copies owed to ``partition`` (oldest originals first), each
+    read from its original's table, in the transaction at hand, which it
+    commits. An echo whose original is gone (a table emptied by hand) is
+    dropped, loudly: nothing is left to copy. One whose recipient lives
+    elsewhere now (a move cut over after the original's writer chose this
     partition) is sent on to the recipient's partition of ``slot_map``. Neither
     is owed here any more."""
     owed = conn.execute(select(echoes.c.from_part, echoes.c.from_id).where(echoes.c.to_part == partition)
@@ -50,7 +60,7 @@ def leftover_copies(conn: Connection, partition: int, limit: int,
     complete = len(owed) < limit
     if not owed:
         conn.commit()
-        return [], frozenset(), complete
+        return Leftovers([], frozenset(), complete)
     by_part: dict[int, list[int]] = defaultdict(list)
     for from_part, from_id in owed:
         by_part[from_part].append(from_id)
@@ -73,7 +83,7 @@ def leftover_copies(conn: Connection, partition: int, limit: int,
     conn.commit()
     if copies:
         log.info("event=leftover_copies to_part=%d copies=%d", partition, len(copies))
-    return copies, frozenset(copy.origin for copy in copies), complete
+    return Leftovers(copies, frozenset(copy.origin for copy in copies), complete)
 
 
 def _send_on(conn: Connection, partition: int, now_in: int, from_part: int, from_id: int) -> None:

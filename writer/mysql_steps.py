@@ -46,6 +46,16 @@ log = logging.getLogger("chat.writer")
 LOCK_NAME = lock_name(0)
 
 
+@dataclass(frozen=True, slots=True)
+class TurnStart:
+    """What a turn starts from, read under the lock just taken."""
+
+    last_id: int  # the highest id stored
+    mirrored: int  # mirrored_upto: every id up to it is in Mongo
+    newer_map: SlotMap | None  # the slot map, if MySQL holds a newer one than the writer's
+    leftovers: echo_sql.Leftovers | None  # the drain of the echoes owed here (a partitioned map only)
+
+
 def next_lock_name(partition: int) -> str:
     """Held by the process queued for the partition's writer lock while it waits:
     the holder sees it and ends its turn after the batch in hand instead of taking another."""
@@ -86,9 +96,9 @@ class MySQLSteps:
         """The connection of one turn; a MySQL error is ``WriteUnavailable``."""
         return await self._run(self.engine.connect)
 
-    async def lock_and_read_state(self, conn: Connection) -> tuple[int, int, SlotMap | None]:
-        """(last_id, mirrored_upto, the slot map if MySQL holds a newer one than ``live``'s), under the lock."""
-        return await self._run(self._lock_and_read_state, conn)
+    async def lock_and_read_state(self, conn: Connection, drain_limit: int) -> TurnStart:
+        """The lock taken, what the turn starts from (``TurnStart``)."""
+        return await self._run(self._lock_and_read_state, conn, drain_limit)
 
     async def commit_batch(self, conn: Connection, batch: list[Pending], last_id: int,
                            ask_others: bool) -> tuple[Committed, int]:
@@ -120,11 +130,6 @@ class MySQLSteps:
         except SQLAlchemyError:
             return False
 
-    async def leftover_copies(self, conn: Connection,
-                              limit: int) -> tuple[list[Copy], frozenset[tuple[int, int]], bool]:
-        """Copies owed to this partition, the origins owed and whether that is all (echo_sql.leftover_copies)."""
-        return await self._run(echo_sql.leftover_copies, conn, self._partition, limit, self._live.current)
-
     async def _run(self, fn, *args):
         """``fn(*args)`` on the writer's one MySQL thread; a MySQL error is ``WriteUnavailable``."""
         try:
@@ -135,20 +140,29 @@ class MySQLSteps:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}{' ' + str(code[0]) if code else ''}") from None
 
     # --- the statements, run in the thread ---------------------------------------
-    def _lock_and_read_state(self, conn: Connection) -> tuple[int, int, SlotMap | None]:
-        """Takes the writer lock (queued behind the next-lock); returns (last_id, mirrored_upto).
-        GET_LOCK answers 0 when the wait ran out with the lock still held by
-        another session (another writer, of another host): ``PartitionBusy``,
-        not "MySQL unavailable"; NULL on an error."""
+    def _lock_and_read_state(self, conn: Connection, drain_limit: int) -> TurnStart:
+        """Takes the writer lock (queued behind the next-lock) and reads what the
+        turn starts from, in as few round trips as the lock's holder can: each is
+        one more that every other host's writer of the partition waits. The
+        next-lock is let go in the read's statement; a partitioned map's drain of
+        up to ``drain_limit`` echoes follows in the read's transaction, and one
+        COMMIT ends both (the GET_LOCKs touch no table, so the read's snapshot is
+        taken after the lock). GET_LOCK answers 0 when the wait ran out with the
+        lock still held by another session (another writer, of another host):
+        ``PartitionBusy``, not "MySQL unavailable"; NULL on an error."""
         started = time.monotonic()
         wait = _LockWait(started + self._timeout)
         got = self._wait_for(conn, self._next_lock, wait)
         if got == 1:
+            locked = None
             try:
-                got = self._wait_for(conn, self._lock, wait)
+                locked = self._wait_for(conn, self._lock, wait)
             finally:
-                conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self._next_lock})
-        conn.commit()
+                if locked != 1:  # held, the next-lock is let go in the read below
+                    conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self._next_lock})
+            got = locked
+        if got != 1:
+            conn.commit()
         if got == 0:
             log.warning("event=writer_lock_timeout partition=%d waited_s=%.1f meaning=another_writer_held_the_lock "
                         "answer=partition_busy", self._partition, time.monotonic() - started)
@@ -164,13 +178,25 @@ class MySQLSteps:
         newest = select(func.max(messages.c.id)).scalar_subquery()
         epoch = (select(func.json_value(partition_map.c.slot_map, "$.epoch")).where(partition_map.c.id == 1)
                  .scalar_subquery())
-        state = conn.execute(select(func.greatest(stream_state.c.last_id, func.coalesce(newest, 0)),
-                                    stream_state.c.mirrored_upto, epoch).where(stream_state.c.id == 1)).one()
+        try:
+            state = conn.execute(select(func.greatest(stream_state.c.last_id, func.coalesce(newest, 0)),
+                                        stream_state.c.mirrored_upto, epoch,
+                                        func.release_lock(self._next_lock)).where(stream_state.c.id == 1)).one()
+        except SQLAlchemyError:
+            # the session may live on (a statement's time-out): the next-lock must not stay with it
+            with contextlib.suppress(SQLAlchemyError):
+                conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": self._next_lock})
+            raise
         found = None
         if state[2] is not None and int(state[2]) > self._live.current.epoch:
             found = read_slot_map(conn)
-        conn.commit()
-        return state[0], state[1], found
+        slot_map = found or self._live.current
+        if slot_map.partitions > 1:
+            leftovers = echo_sql.leftover_copies(conn, self._partition, drain_limit, slot_map)  # it commits
+        else:
+            leftovers = None
+            conn.commit()
+        return TurnStart(state[0], state[1], found, leftovers)
 
     def _wait_for(self, conn: Connection, name: str, wait: _LockWait) -> int | None:
         """GET_LOCK of ``name`` until the wait's deadline; if a move's session holds it then, once per

@@ -26,6 +26,7 @@ from chat.write_errors import WriteOutcomeUnknown, WriteUnavailable
 from db import mongo
 from writer.batch import CommitFailed, Pending, answer_all, fail, owed_copy
 from writer.copies import Copy, OwedRead, home_of
+from writer.echo_sql import Leftovers
 from writer.core import NextStep, OutboxPlan, WriterCore, unsent_max
 from writer.mirror import Mirror
 from writer.mongo_steps import MongoSteps
@@ -79,8 +80,10 @@ class Turn:
         conn = await sql.connect()
         mirrored, last_id = None, 0
         locked_at = None
+        handed_before = self._handed  # hand-overs before the drain's read, which follows the lock
         try:
-            last_id, mirrored, newer = await sql.lock_and_read_state(conn)
+            start = await sql.lock_and_read_state(conn, self._batch_max)
+            last_id, mirrored, newer = start.last_id, start.mirrored, start.newer_map
             locked_at = time.perf_counter()
             if newer is not None and self._live.adopt(newer):
                 log.info("event=slot_map_adopted partition=%d epoch=%d partitions=%d", self._partition, newer.epoch,
@@ -91,8 +94,8 @@ class Turn:
             if core.locked(mirrored, last_id, time.monotonic()) is OutboxPlan.REPAIR:
                 mirrored, in_step = await self._repair(conn, mirrored, last_id)
                 core.repaired(in_step, time.monotonic())
-            if self._live.current.partitions > 1:
-                batch = self.in_hand = await self._leftovers(conn) + batch
+            if start.leftovers is not None:
+                batch = self.in_hand = self._leftovers(start.leftovers, handed_before) + batch
             mirror = Mirror(self._mongo.inserter(core.turn), core.mirroring, mirrored, last_id,
                             unsent_max(self._batch_max), self._observe_mongo_lag)
             try:
@@ -198,17 +201,15 @@ class Turn:
                 self._reroute(pending)
         return mine
 
-    async def _leftovers(self, conn: Connection) -> list[Pending]:
+    def _leftovers(self, found: Leftovers, handed_before: int) -> list[Pending]:
         """Copies owed to this partition that no hand-over made (a writer killed
-        between the two commits, a full queue, another host's original). What the
-        read found owed drops, for this turn, the copies handed over that another
-        host's writer made first, as a drain of their echoes: at P = 4 on three hosts
-        half of all turns offered one, and each such offer cost the batch a refused
-        INSERT, a look-up and a second INSERT under the lock."""
-        handed_before = self._handed
-        copies, origins, complete = await self._sql.leftover_copies(conn, self._batch_max)
-        self._owed = OwedRead(origins, complete, handed_before)
-        return [owed_copy(copy) for copy in copies]
+        between the two commits, a full queue, another host's original), as the
+        drain at the lock found them. What it found owed drops, for this turn, the
+        copies handed over that another host's writer made first, as a drain of
+        their echoes: at P = 4 on three hosts half of all turns offered one, and each
+        such offer cost the batch a refused INSERT, a look-up and a second INSERT under the lock."""
+        self._owed = OwedRead(found.origins, found.complete, handed_before)
+        return [owed_copy(copy) for copy in found.copies]
 
     def _pass_on(self, owed: list[tuple[int, Copy]], new: list[Message]) -> None:
         """After a commit: the copies its originals owe, to their partitions' writers at once."""

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pymongo
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 
 from chat.drafts import Draft
 from chat.partitions import SlotMap, collection_name, lock_name, suffix
@@ -215,6 +215,37 @@ async def test_a_copy_handed_over_after_another_host_s_writer_made_it_is_not_wri
     assert [r.id for r in table] == list(range(1, len(table) + 1)) and later.id in {r.id for r in table}
     # The copy was dropped before the batch: no INSERT of it was refused and looked up.
     assert _CountedLookUps.look_ups == 0
+
+
+def _statement_kind(statement: str) -> str:
+    s = statement.lower()
+    if "get_lock(" in s:
+        return "get_lock"
+    if "stream_state" in s and "release_lock(" in s:
+        return "state and next-lock let go"
+    if "from echoes" in s:
+        return "echoes"
+    if s.startswith("insert into messages"):
+        return "insert"
+    if s.startswith("select") and "from messages" in s:
+        return "originals"
+    return s.split()[0]
+
+
+async def test_a_turn_takes_the_lock_and_reads_its_start_in_one_commit(four):
+    # Every statement a turn runs between the lock and its first INSERT is one more
+    # round trip that each other host's writer of the partition waits for.
+    said: list[str] = []
+    carl, bob = user_in(2, "carl"), user_in(2, "bob")
+    async with running_writer(four, partition=2, slot_map=FOUR) as (writer, engine, _db):
+        event.listen(engine, "before_cursor_execute", lambda _c, _cur, statement, *_: said.append(statement))
+        event.listen(engine, "commit", lambda _c: said.append("COMMIT"))
+        await writer.submit(Draft(carl, bob, "one turn", None))
+    kinds = [_statement_kind(s) for s in said]
+    insert = kinds.index("insert")
+    start = max(i for i, kind in enumerate(kinds[:insert]) if kind == "get_lock") - 1
+    turn = [kind for kind in kinds[start:insert + 1] if kind != "originals"]  # the drain's, if echoes are owed
+    assert turn == ["get_lock", "get_lock", "state and next-lock let go", "echoes", "commit", "insert"], said[start:]
 
 
 async def test_a_stalled_partition_holds_back_no_other_and_loses_nothing(hosted):
