@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from sqlalchemy import func, select, text, tuple_
+from sqlalchemy import bindparam, func, select, text, tuple_
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
@@ -80,6 +80,22 @@ class MySQLSteps:
         tables = tables_of(partition)
         self._messages, self._stream_state = tables.messages, tables.stream_state
         self._lock, self._next_lock = lock_name(partition), next_lock_name(partition)
+        # The statements every turn runs, built once (echo_sql says why).
+        # The batches do not move stream_state.last_id (one round trip fewer
+        # each): the highest id in `messages` is the truth, and a look-up of
+        # the primary key's last entry. last_id is recorded with mirrored_upto.
+        # The map's epoch in the same statement: a move's cutover writes the map
+        # under this lock, so a turn that holds it routes by the map of now.
+        messages, stream_state = self._messages, self._stream_state
+        newest = select(func.max(messages.c.id)).scalar_subquery()
+        epoch = (select(func.json_value(partition_map.c.slot_map, "$.epoch")).where(partition_map.c.id == 1)
+                 .scalar_subquery())
+        self._state_read = select(func.greatest(stream_state.c.last_id, func.coalesce(newest, 0)),
+                                  stream_state.c.mirrored_upto, epoch,
+                                  func.release_lock(self._next_lock)).where(stream_state.c.id == 1)
+        self._state_mark = stream_state.update().where(stream_state.c.id == 1).values(
+            mirrored_upto=func.greatest(stream_state.c.mirrored_upto, bindparam("mirrored_to")),
+            last_id=func.greatest(stream_state.c.last_id, bindparam("last_id_to")))
         # A thread of its own for its MySQL calls: slow reads elsewhere must not
         # hold a message back (db.threads). One, so that they run in order: a
         # turn cancelled while a call is under way (a shutdown) releases the
@@ -169,19 +185,8 @@ class MySQLSteps:
             raise PartitionBusy(f"partition {self._partition}: another writer held its lock for {self._timeout:g} s")
         if got != 1:
             raise WriteUnavailable("mysql: GET_LOCK failed")
-        # The batches do not move stream_state.last_id (one round trip fewer
-        # each): the highest id in `messages` is the truth, and a look-up of
-        # the primary key's last entry. last_id is recorded with mirrored_upto.
-        # The map's epoch in the same statement: a move's cutover writes the map
-        # under this lock, so a turn that holds it routes by the map of now.
-        messages, stream_state = self._messages, self._stream_state
-        newest = select(func.max(messages.c.id)).scalar_subquery()
-        epoch = (select(func.json_value(partition_map.c.slot_map, "$.epoch")).where(partition_map.c.id == 1)
-                 .scalar_subquery())
         try:
-            state = conn.execute(select(func.greatest(stream_state.c.last_id, func.coalesce(newest, 0)),
-                                        stream_state.c.mirrored_upto, epoch,
-                                        func.release_lock(self._next_lock)).where(stream_state.c.id == 1)).one()
+            state = conn.execute(self._state_read).one()
         except SQLAlchemyError:
             # the session may live on (a statement's time-out): the next-lock must not stay with it
             with contextlib.suppress(SQLAlchemyError):
@@ -399,10 +404,7 @@ class MySQLSteps:
     def _mark(self, conn: Connection, mirrored: int, last_id: int) -> None:
         """Records that Mongo holds every id up to ``mirrored`` (the outbox starts
         after it), and the last id written (for operators: the writer reads it from `messages`)."""
-        stream_state = self._stream_state
-        conn.execute(stream_state.update().where(stream_state.c.id == 1).values(
-            mirrored_upto=func.greatest(stream_state.c.mirrored_upto, mirrored),
-            last_id=func.greatest(stream_state.c.last_id, last_id)))
+        conn.execute(self._state_mark, {"mirrored_to": mirrored, "last_id_to": last_id})
         conn.commit()
 
     def _mark_alone(self, mirrored: int, last_id: int) -> None:
