@@ -36,7 +36,6 @@ class Mirror:
         self._observe_lag = observe_lag
         self.inserting: asyncio.Task | None = None  # the pump
         self._room: asyncio.Future | None = None  # a commit waiting for the pump to take what is unsent
-        self._last_ended = float("-inf")  # when the last insert ended, on ``clock``: the next pauses after it
 
     async def add(self, new: list[Message], last_id: int, stamped: float) -> None:
         """Messages just committed, up to ``last_id``; ``stamped``: their created_at, on ``clock``."""
@@ -72,12 +71,6 @@ class Mirror:
     async def _pump(self) -> None:
         try:
             while self._unsent:
-                # The pause goes before an insert, not after one: a pump with nothing
-                # left ends at once, and a turn that waits for it (under the writer
-                # lock, at its end) waits for the insert only. Under a flood
-                # (insert_gap 0) the next insert goes at once.
-                if (wait := self._last_ended + insert_gap(len(self._unsent)) - self._clock()) > 0:
-                    await self._sleep(wait)
                 docs = [m.to_doc() for m in self._unsent]
                 commits, upto = self._unsent_commits, self._last_id
                 self._unsent, self._unsent_commits = [], []
@@ -87,9 +80,10 @@ class Mirror:
                     return
                 self.mirrored = upto
                 now = self._clock()
-                self._last_ended = now
                 for stamped, count in commits:  # weighted by messages: a quantile of messages, not of batches
                     self._observe_lag(now - stamped, count)
+                if gap := insert_gap(len(self._unsent)):  # under a flood the next insert goes at once
+                    await self._sleep(gap)
         finally:
             self._make_room()  # a commit never waits on a pump that has ended
 
