@@ -96,6 +96,7 @@ class Turn:
                 core.repaired(in_step, time.monotonic())
             if start.leftovers is not None:
                 batch = self.in_hand = self._leftovers(start.leftovers, handed_before) + batch
+            batch = self.in_hand = waits.topped_up(batch)
             mirror = Mirror(self._mongo.inserter(core.turn), core.mirroring, mirrored, last_id,
                             unsent_max(self._batch_max), self._observe_mongo_lag)
             try:

@@ -57,6 +57,16 @@ class TurnWaits:
             batch.append(self._queue.get_nowait())
         return batch
 
+    def topped_up(self, batch: list[Pending]) -> list[Pending]:
+        """``batch``, with the requests that queued while the turn waited for the
+        lock, up to ``batch_max``, taken without waiting: they join this turn's
+        first commit. Left in the queue, they waited for this host's next turn,
+        after a whole round of the other hosts' turns, and a writer queued
+        behind them waits most of its time for the lock."""
+        for _ in range(batch_room(len(batch), self._queue.qsize(), self._batch_max)):
+            batch.append(self._queue.get_nowait())
+        return batch
+
     async def _request_or_done(self, inserting: asyncio.Task, timeout: float) -> list[Pending]:
         """A batch as soon as a request comes, or [] once the insert is done or ``timeout`` has passed."""
         getter = asyncio.ensure_future(self._queue.get())

@@ -21,7 +21,7 @@ from harness.system import databases
 from tests.timing import PATIENCE, eventually
 from writer.core import HANDOVER_CHECK_SECONDS, Timing
 from writer.message_writer import MessageWriter
-from writer.mysql_steps import NEXT_LOCK_NAME
+from writer.mysql_steps import LOCK_NAME, NEXT_LOCK_NAME
 
 
 def _writer(dbs, **options) -> MessageWriter:
@@ -154,3 +154,29 @@ async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
         for w in writers:
             w._sql.engine.dispose()
             await w._mongo.db.client.close()
+
+
+async def test_requests_that_queue_while_the_writer_waits_for_the_lock_join_its_first_commit(own_dbs):
+    # Another host's writer holds the lock. What reaches this writer while it waits
+    # for it is committed with the batch it waits with, not in its next turn.
+    batches: list[int] = []
+    writer = _writer(own_dbs, observe_batch=lambda n, _seconds: batches.append(n))
+    other = make_engine(own_dbs.settings().stores.mysql_url.get_secret_value(), 1)
+    running = asyncio.create_task(writer.run())
+    tag = uuid.uuid4().hex[:8]
+    try:
+        with other.connect() as holder:
+            assert holder.execute(text("SELECT GET_LOCK(:n, 0)"), {"n": LOCK_NAME}).scalar() == 1
+            first = asyncio.create_task(writer.submit(Draft(f"a{tag}", "r", "first")))
+            await eventually(lambda: asyncio.to_thread(_queued, other), "the writer queued for the lock")
+            later = [writer.enqueue(Draft(f"b{tag}{i}", "r", "while it waited")) for i in range(3)]
+            holder.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
+            stored = [await asyncio.wait_for(task, PATIENCE) for task in [first, *later]]
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        writer.close()
+        other.dispose()
+    ids = [msg.id for msg, created in stored if created]
+    assert len(ids) == 4 and ids == list(range(ids[0], ids[0] + 4))
+    assert batches == [4]  # one commit, the four of them
