@@ -99,11 +99,12 @@ def copy_message(copy: Copy, new_id: int, keep_client_msg_id: bool, ref_id: int 
 @dataclass(frozen=True, slots=True)
 class OwedRead:
     """The copies owed to a partition as its writer read them under the lock, at a
-    turn's start (``echo_sql.leftover_copies``): the origins of the echo rows
-    found, all of them if ``complete`` (fewer than the read's limit), and
+    turn's start (``echo_sql.leftover_copies``): the ``copies`` to make, their
+    origins, all that is owed if ``complete`` (fewer than the read's limit), and
     ``handed_before``: this process's hand-overs numbered below it were made
     before the read began."""
 
+    copies: list[Copy]
     origins: frozenset[tuple[int, int]]
     complete: bool
     handed_before: int

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cache
 
 from sqlalchemy import Delete, Select, bindparam, select, tuple_
@@ -19,7 +18,7 @@ from chat.messages import Message
 from chat.partitions import SlotMap
 from db.partition_map import tables_of
 from db.sql import echoes
-from writer.copies import Copy, echo_rows
+from writer.copies import Copy, OwedRead, echo_rows
 
 log = logging.getLogger("chat.writer")
 
@@ -53,29 +52,20 @@ def _originals(from_part: int) -> Select:
     return select(table).where(table.c.id.in_(bindparam("ids", expanding=True))).order_by(table.c.id)
 
 
-@dataclass(frozen=True, slots=True)
-class Leftovers:
-    """What a turn's drain of the echoes found: the copies to make, the origins
-    still owed (theirs), and whether that is every echo owed to the partition."""
-
-    copies: list[Copy]
-    origins: frozenset[tuple[int, int]]
-    complete: bool
-
-
-def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: SlotMap) -> Leftovers:
+def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: SlotMap,
+                    handed_before: int) -> OwedRead:
     """Up to ``limit`` copies owed to ``partition`` (oldest originals first), each
     read from its original's table, in the transaction at hand, which it
     commits. An echo whose original is gone (a table emptied by hand) is
     dropped, loudly: nothing is left to copy. One whose recipient lives
     elsewhere now (a move cut over after the original's writer chose this
     partition) is sent on to the recipient's partition of ``slot_map``. Neither
-    is owed here any more."""
+    is owed here any more. ``handed_before``: the hand-overs made before the read (``OwedRead``)."""
     owed = conn.execute(_OWED, {"to_part": partition, "limit": limit}).all()
     complete = len(owed) < limit
     if not owed:
         conn.commit()
-        return Leftovers([], frozenset(), complete)
+        return OwedRead([], frozenset(), complete, handed_before)
     by_part: dict[int, list[int]] = defaultdict(list)
     for from_part, from_id in owed:
         by_part[from_part].append(from_id)
@@ -97,7 +87,7 @@ def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: Slot
     conn.commit()
     if copies:
         log.info("event=leftover_copies to_part=%d copies=%d", partition, len(copies))
-    return Leftovers(copies, frozenset(copy.origin for copy in copies), complete)
+    return OwedRead(copies, frozenset(copy.origin for copy in copies), complete, handed_before)
 
 
 def _send_on(conn: Connection, partition: int, now_in: int, from_part: int, from_id: int) -> None:

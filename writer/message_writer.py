@@ -160,7 +160,7 @@ class MessageWriter:
     def offer_copy(self, copy: Copy) -> None:
         """Queues a copy owed to this partition. Nobody waits for it: its echo row
         is committed, so a copy that is not made now (a full queue, a failed turn)
-        is made by a later turn's drain (``Turn._leftovers``)."""
+        is made by a later turn's drain (``echo_sql.leftover_copies``)."""
         pending = self._turn.offered(copy)
         try:
             self._queue.put_nowait(pending)

@@ -29,7 +29,7 @@ from db.sql import conversation_key, is_deadlock, partition_map
 from db.threads import Threads
 from writer import echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
-from writer.copies import Copy, Known, copy_message, copy_plan, owed_copies
+from writer.copies import Copy, Known, OwedRead, copy_message, copy_plan, owed_copies
 from writer.events import (
     Facts,
     delivered_rows,
@@ -53,7 +53,7 @@ class TurnStart:
     last_id: int  # the highest id stored
     mirrored: int  # mirrored_upto: every id up to it is in Mongo
     newer_map: SlotMap | None  # the slot map, if MySQL holds a newer one than the writer's
-    leftovers: echo_sql.Leftovers | None  # the drain of the echoes owed here (a partitioned map only)
+    owed: OwedRead | None  # the drain of the echoes owed here (a partitioned map only)
 
 
 def next_lock_name(partition: int) -> str:
@@ -112,9 +112,9 @@ class MySQLSteps:
         """The connection of one turn; a MySQL error is ``WriteUnavailable``."""
         return await self._run(self.engine.connect)
 
-    async def lock_and_read_state(self, conn: Connection, drain_limit: int) -> TurnStart:
-        """The lock taken, what the turn starts from (``TurnStart``)."""
-        return await self._run(self._lock_and_read_state, conn, drain_limit)
+    async def lock_and_read_state(self, conn: Connection, drain_limit: int, handed_before: int) -> TurnStart:
+        """The lock taken, what the turn starts from (``TurnStart``); ``handed_before``: see ``OwedRead``."""
+        return await self._run(self._lock_and_read_state, conn, drain_limit, handed_before)
 
     async def commit_batch(self, conn: Connection, batch: list[Pending], last_id: int,
                            ask_others: bool) -> tuple[Committed, int]:
@@ -156,7 +156,7 @@ class MySQLSteps:
             raise WriteUnavailable(f"mysql: {exc.__class__.__name__}{' ' + str(code[0]) if code else ''}") from None
 
     # --- the statements, run in the thread ---------------------------------------
-    def _lock_and_read_state(self, conn: Connection, drain_limit: int) -> TurnStart:
+    def _lock_and_read_state(self, conn: Connection, drain_limit: int, handed_before: int) -> TurnStart:
         """Takes the writer lock (queued behind the next-lock) and reads what the
         turn starts from, in as few round trips as the lock's holder can: each is
         one more that every other host's writer of the partition waits. The
@@ -179,11 +179,12 @@ class MySQLSteps:
             got = locked
         if got != 1:
             conn.commit()
-        if got == 0:
-            log.warning("event=writer_lock_timeout partition=%d waited_s=%.1f meaning=another_writer_held_the_lock "
-                        "answer=partition_busy", self._partition, time.monotonic() - started)
-            raise PartitionBusy(f"partition {self._partition}: another writer held its lock for {self._timeout:g} s")
-        if got != 1:
+            if got == 0:
+                log.warning("event=writer_lock_timeout partition=%d waited_s=%.1f "
+                            "meaning=another_writer_held_the_lock answer=partition_busy", self._partition,
+                            time.monotonic() - started)
+                raise PartitionBusy(f"partition {self._partition}: another writer held its lock for "
+                                    f"{self._timeout:g} s")
             raise WriteUnavailable("mysql: GET_LOCK failed")
         try:
             state = conn.execute(self._state_read).one()
@@ -196,12 +197,12 @@ class MySQLSteps:
         if state[2] is not None and int(state[2]) > self._live.current.epoch:
             found = read_slot_map(conn)
         slot_map = found or self._live.current
+        owed = None
         if slot_map.partitions > 1:
-            leftovers = echo_sql.leftover_copies(conn, self._partition, drain_limit, slot_map)  # it commits
+            owed = echo_sql.leftover_copies(conn, self._partition, drain_limit, slot_map, handed_before)  # commits
         else:
-            leftovers = None
             conn.commit()
-        return TurnStart(state[0], state[1], found, leftovers)
+        return TurnStart(state[0], state[1], found, owed)
 
     def _wait_for(self, conn: Connection, name: str, wait: _LockWait) -> int | None:
         """GET_LOCK of ``name`` until the wait's deadline; if a move's session holds it then, once per

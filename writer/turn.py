@@ -26,7 +26,6 @@ from chat.write_errors import WriteOutcomeUnknown, WriteUnavailable
 from db import mongo
 from writer.batch import CommitFailed, Pending, answer_all, fail, owed_copy
 from writer.copies import Copy, OwedRead, home_of
-from writer.echo_sql import Leftovers
 from writer.core import NextStep, OutboxPlan, WriterCore, unsent_max
 from writer.mirror import Mirror
 from writer.mongo_steps import MongoSteps
@@ -80,9 +79,9 @@ class Turn:
         conn = await sql.connect()
         mirrored, last_id = None, 0
         locked_at = None
-        handed_before = self._handed  # hand-overs before the drain's read, which follows the lock
         try:
-            start = await sql.lock_and_read_state(conn, self._batch_max)
+            # the hand-overs so far came before the drain's read, which follows the lock
+            start = await sql.lock_and_read_state(conn, self._batch_max, self._handed)
             last_id, mirrored, newer = start.last_id, start.mirrored, start.newer_map
             locked_at = time.perf_counter()
             if newer is not None and self._live.adopt(newer):
@@ -94,8 +93,14 @@ class Turn:
             if core.locked(mirrored, last_id, time.monotonic()) is OutboxPlan.REPAIR:
                 mirrored, in_step = await self._repair(conn, mirrored, last_id)
                 core.repaired(in_step, time.monotonic())
-            if start.leftovers is not None:
-                batch = self.in_hand = self._leftovers(start.leftovers, handed_before) + batch
+            if start.owed is not None:
+                # Copies owed that no hand-over made (a writer killed between the two commits, a
+                # full queue, another host's original); and what the drain found owed drops the
+                # handed-over copies another host's writer made first (``_own``): at P = 4 on three
+                # hosts half of all turns offered one, and each cost a refused INSERT, a look-up
+                # and a second INSERT under the lock.
+                self._owed = start.owed
+                batch = self.in_hand = [owed_copy(copy) for copy in start.owed.copies] + batch
             batch = self.in_hand = waits.topped_up(batch)
             mirror = Mirror(self._mongo.inserter(core.turn), core.mirroring, mirrored, last_id,
                             unsent_max(self._batch_max), self._observe_mongo_lag)
@@ -190,9 +195,8 @@ class Turn:
         for pending in batch:
             d = pending.draft
             if isinstance(d, Copy):
-                if owed is not None and owed.made_already(d.origin, pending.handed):
-                    pending.future.cancel()
-                elif slot_map.partition_of(d.recipient) == partition:
+                if slot_map.partition_of(d.recipient) == partition and not (
+                        owed is not None and owed.made_already(d.origin, pending.handed)):
                     mine.append(pending)
                 else:
                     pending.future.cancel()
@@ -201,16 +205,6 @@ class Turn:
             else:
                 self._reroute(pending)
         return mine
-
-    def _leftovers(self, found: Leftovers, handed_before: int) -> list[Pending]:
-        """Copies owed to this partition that no hand-over made (a writer killed
-        between the two commits, a full queue, another host's original), as the
-        drain at the lock found them. What it found owed drops, for this turn, the
-        copies handed over that another host's writer made first, as a drain of
-        their echoes: at P = 4 on three hosts half of all turns offered one, and each
-        such offer cost the batch a refused INSERT, a look-up and a second INSERT under the lock."""
-        self._owed = OwedRead(found.origins, found.complete, handed_before)
-        return [owed_copy(copy) for copy in found.copies]
 
     def _pass_on(self, owed: list[tuple[int, Copy]], new: list[Message]) -> None:
         """After a commit: the copies its originals owe, to their partitions' writers at once."""

@@ -60,10 +60,10 @@ def test_a_copy_already_made_is_not_made_again_and_a_taken_key_is_dropped():
 
 
 def test_a_handed_over_copy_is_made_already_only_if_a_complete_read_after_its_hand_over_found_no_echo():
-    read = OwedRead(frozenset({(1, 7)}), complete=True, handed_before=3)
+    read = OwedRead([], frozenset({(1, 7)}), complete=True, handed_before=3)
     assert read.made_already((1, 8), handed=2)  # handed before the read, and its echo was gone
     assert not read.made_already((1, 7), handed=2)  # still owed: this writer makes it
     assert not read.made_already((1, 8), handed=3)  # handed after the read began: its echo may be newer than it
     assert not read.made_already((1, 8), handed=None)  # drained from the echoes, not handed over
-    partial = OwedRead(frozenset({(1, 7)}), complete=False, handed_before=3)
+    partial = OwedRead([], frozenset({(1, 7)}), complete=False, handed_before=3)
     assert not partial.made_already((1, 8), handed=2)  # the read stopped at its limit: (1, 8) may be past it

@@ -24,11 +24,11 @@ from writer.message_writer import MessageWriter
 from writer.mysql_steps import LOCK_NAME, NEXT_LOCK_NAME
 
 
-def _writer(dbs, **options) -> MessageWriter:
+def _writer(dbs, batch_max: int = 50, **options) -> MessageWriter:
     settings = dbs.settings()
     engine = make_engine(settings.stores.mysql_url.get_secret_value(), 5)
     client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), 5)
-    return MessageWriter(engine, client[settings.stores.mongo_db], batch_max=50, window_ms=2, queue_max=10_000,
+    return MessageWriter(engine, client[settings.stores.mongo_db], batch_max=batch_max, window_ms=2, queue_max=10_000,
                          timeout_seconds=5, retention_seconds=86_400, **options)
 
 
@@ -156,11 +156,14 @@ async def test_two_busy_writers_insert_into_mongo_in_id_order(own_dbs, caplog):
             await w._mongo.db.client.close()
 
 
-async def test_requests_that_queue_while_the_writer_waits_for_the_lock_join_its_first_commit(own_dbs):
+@pytest.mark.parametrize(("batch_max", "queued", "commits"), [(50, 3, [4]), (3, 4, [3, 2])])
+async def test_requests_that_queue_while_the_writer_waits_for_the_lock_join_its_first_commit(
+        own_dbs, batch_max, queued, commits):
     # Another host's writer holds the lock. What reaches this writer while it waits
-    # for it is committed with the batch it waits with, not in its next turn.
+    # for it is committed with the batch it waits with, not in its next turn, up to
+    # batch_max: the rest is the next commit's.
     batches: list[int] = []
-    writer = _writer(own_dbs, observe_batch=lambda n, _seconds: batches.append(n))
+    writer = _writer(own_dbs, batch_max, observe_batch=lambda n, _seconds: batches.append(n))
     other = make_engine(own_dbs.settings().stores.mysql_url.get_secret_value(), 1)
     running = asyncio.create_task(writer.run())
     tag = uuid.uuid4().hex[:8]
@@ -169,7 +172,7 @@ async def test_requests_that_queue_while_the_writer_waits_for_the_lock_join_its_
             assert holder.execute(text("SELECT GET_LOCK(:n, 0)"), {"n": LOCK_NAME}).scalar() == 1
             first = asyncio.create_task(writer.submit(Draft(f"a{tag}", "r", "first")))
             await eventually(lambda: asyncio.to_thread(_queued, other), "the writer queued for the lock")
-            later = [writer.enqueue(Draft(f"b{tag}{i}", "r", "while it waited")) for i in range(3)]
+            later = [writer.enqueue(Draft(f"b{tag}{i}", "r", "while it waited")) for i in range(queued)]
             holder.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": LOCK_NAME})
             stored = [await asyncio.wait_for(task, PATIENCE) for task in [first, *later]]
     finally:
@@ -178,5 +181,5 @@ async def test_requests_that_queue_while_the_writer_waits_for_the_lock_join_its_
         writer.close()
         other.dispose()
     ids = [msg.id for msg, created in stored if created]
-    assert len(ids) == 4 and ids == list(range(ids[0], ids[0] + 4))
-    assert batches == [4]  # one commit, the four of them
+    assert len(ids) == queued + 1 and ids == list(range(ids[0], ids[0] + queued + 1))  # in the order they came
+    assert batches == commits
