@@ -22,7 +22,8 @@ outbox that a later turn copies first.
 
 A turn keeps another process waiting on its Mongo for a moment at most: once
 one is queued for the lock (``queued``), a Mongo call the turn waits on is
-waited for ``handover_grace_seconds`` at most (``mongo_patience``); then the
+waited for the grace at most (``grace``: ``handover_grace_seconds``, longer
+while the store answers slowly, ``mongo_answered``; ``mongo_patience``); then the
 turn leaves it in flight (``mongo_left``), ends after the batch in hand and
 releases the lock. A call left in flight, or cut off at its timeout, may end in any later
 phase: its failure is taken wherever it lands, and none of its successors
@@ -35,6 +36,7 @@ tests drive it with a fake clock.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
@@ -79,6 +81,17 @@ MONGO_RETRY_SECONDS = 2.0
 # Mongo timeout (CHAT_DB_TIMEOUT_SECONDS) under the lock, and the queued
 # writers, whose lock wait is the same timeout, answered 503.
 HANDOVER_GRACE_SECONDS = 0.25
+# But a store that answers every insert, slowly, is not one that hangs. FerretDB at the limit
+# of its core took 100-300 ms an insert at P = 4 on three hosts: past a fixed 0.25 s the turn
+# left it in flight, the next holder copied the same rows again (a duplicate costs FerretDB a
+# read that scans the collection), which slowed every insert more, until inserts timed out. So
+# the grace is GRACE_PER_INSERT times the recent inserts' time when that is longer, up to
+# HANDOVER_GRACE_MAX_SECONDS: the third writer in line, behind two holders' grace, still gets
+# the lock well within its own lock wait (CHAT_DB_TIMEOUT_SECONDS).
+GRACE_PER_INSERT = 3.0
+HANDOVER_GRACE_MAX_SECONDS = 0.45
+# The recent inserts' time: up at once to a slower insert, down by this factor at each faster one.
+INSERT_TIME_DECAY = 0.9
 # How often a batch's commit asks whether another process is queued for the
 # lock (one more round trip, and the host's one writer process is nearly
 # always alone): a waiting process waits this much longer at most.
@@ -167,6 +180,12 @@ class Timing:
     handover_check_seconds: float = HANDOVER_CHECK_SECONDS
     head_every_seconds: float = HEAD_EVERY_SECONDS
     handover_grace_seconds: float = HANDOVER_GRACE_SECONDS
+    handover_grace_max_seconds: float = HANDOVER_GRACE_MAX_SECONDS
+
+    def within_lock_wait(self, seconds: float) -> Timing:
+        """This timing for a queued writer's lock wait of ``seconds``: the grace's cap lowered, if
+        need be, so that two holders' longest grace stay within half of it."""
+        return dataclasses.replace(self, handover_grace_max_seconds=min(self.handover_grace_max_seconds, seconds / 4))
 
 
 DEFAULT_TIMING = Timing()
@@ -190,9 +209,9 @@ def insert_gap(unsent: int) -> float:
 class WriterCore:
     """The state the writer's decisions need, across turns and within one."""
 
-    __slots__ = ("checkpointed", "handover_check_at", "head_at", "head_written", "left", "mongo_retry_at", "phase",
-                 "queued", "repair_page", "repair_page_max", "retry_for_left", "sending", "timing", "turn",
-                 "turn_started")
+    __slots__ = ("checkpointed", "handover_check_at", "head_at", "head_written", "insert_seconds", "left",
+                 "mongo_retry_at", "phase", "queued", "repair_page", "repair_page_max", "retry_for_left", "sending",
+                 "timing", "turn", "turn_started")
 
     def __init__(self, timing: Timing = DEFAULT_TIMING, repair_page: int | None = None):
         self.timing = timing
@@ -210,6 +229,7 @@ class WriterCore:
         self.queued = False  # another process is known to be queued for the lock (in this turn)
         self.left = False  # this turn left a Mongo call in flight (and hands the lock over)
         self.sending = False  # the turn's committed messages may still go to Mongo
+        self.insert_seconds = 0.0  # the recent answered inserts' time (``mongo_answered``)
 
     def _on(self, event: Event) -> Phase:
         try:
@@ -301,10 +321,22 @@ class WriterCore:
         Nobody queued: as long as the call takes (each call has its own timeout)."""
         if self.left:
             return None  # one call left in flight: the turn waits on Mongo no more
-        grace = self.timing.handover_grace_seconds
+        grace = self.grace()
         if waited < grace:
             return grace - waited
         return None if self.queued else self.timing.handover_check_seconds
+
+    def grace(self) -> float:
+        """How long a Mongo call is waited for while another process is queued: the
+        configured grace, or ``GRACE_PER_INSERT`` times the recent inserts' time, up to the cap."""
+        t = self.timing
+        return min(max(t.handover_grace_seconds, t.handover_grace_max_seconds),
+                   max(t.handover_grace_seconds, GRACE_PER_INSERT * self.insert_seconds))
+
+    def mongo_answered(self, seconds: float) -> None:
+        """An insert (or a repair's) was answered after ``seconds``: the recent
+        inserts' time follows a slower one at once, and a faster one slowly."""
+        self.insert_seconds = max(seconds, self.insert_seconds * INSERT_TIME_DECAY)
 
     def mongo_left(self, now: float) -> None:
         """The turn leaves a Mongo call in flight and hands the lock over: it

@@ -122,7 +122,8 @@ class MessageWriter:
         live = slot_map if isinstance(slot_map, LiveMap) else LiveMap(slot_map)
         self._partition = partition
         self._queue: asyncio.Queue[Pending] = asyncio.Queue(maxsize=queue_max)
-        core, outbox = WriterCore(timing), OutboxWatch()
+        # A queued writer waits for the lock as long as for any other statement: timeout_seconds.
+        core, outbox = WriterCore(timing.within_lock_wait(timeout_seconds)), OutboxWatch()
         self._sql = self.mysql_steps(engine, partition=partition, live=live, timeout_seconds=timeout_seconds,
                                      edit_window_seconds=edit_window_seconds)
         self._mongo = self.mongo_steps(mongo_db, partition=partition, timeout_seconds=timeout_seconds, core=core,

@@ -93,7 +93,9 @@ class MongoSteps:
         become visible out of id order; a daemon reads such a hole back from
         MySQL, where all of them are committed."""
         try:
+            asked = time.monotonic()
             await self._within_timeout(self.db[self._collection].insert_many(docs, ordered=ordered))
+            self._core.mongo_answered(time.monotonic() - asked)
             return True
         except BulkWriteError as exc:
             if not mongo.only_duplicates(exc):

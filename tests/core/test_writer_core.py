@@ -4,7 +4,8 @@ import pytest
 
 from chat.settings import Settings
 from writer.core import (
-    HANDOVER_GRACE_SECONDS,
+    GRACE_PER_INSERT,
+    HANDOVER_GRACE_MAX_SECONDS,
     INSERT_GAP_BELOW,
     INSERT_GAP_SECONDS,
     REPAIR_PAGE_MIN,
@@ -226,7 +227,36 @@ def test_an_insert_that_outlived_its_turn_may_fail_in_any_later_phase(phase):
 
 def test_the_default_grace_is_far_below_a_queued_writer_s_lock_wait():
     # The lock wait is CHAT_DB_TIMEOUT_SECONDS; the third writer in line waits for two holders' grace.
-    assert 2 * HANDOVER_GRACE_SECONDS < Settings.field("stores.db_timeout_seconds").default / 2
+    assert 2 * HANDOVER_GRACE_MAX_SECONDS < Settings.field("stores.db_timeout_seconds").default / 2
+
+
+def test_the_grace_grows_with_slow_inserts_up_to_its_cap_and_falls_back_as_they_speed_up():
+    """A store that answers every insert slowly is not hung: a turn waits its
+    inserts out rather than leave them for the next holder to copy again."""
+    core = core_in(Phase.MIRRORING, now=100.0)
+    core.mongo_answered(0.03)
+    assert core.grace() == GRACE  # fast inserts: the configured grace
+    core.mongo_answered(0.12)
+    assert core.grace() == pytest.approx(GRACE_PER_INSERT * 0.12)  # at once, after one slow insert
+    assert core.mongo_patience(waited=GRACE) == pytest.approx(GRACE_PER_INSERT * 0.12 - GRACE)
+    core.others_asked(True)
+    assert core.mongo_patience(waited=GRACE_PER_INSERT * 0.12) is None  # past it, queued: left in flight
+    core.mongo_answered(1.9)  # an insert near the Mongo timeout
+    assert core.grace() == HANDOVER_GRACE_MAX_SECONDS
+    for _ in range(200):  # then fast ones: back to the configured grace, not below it
+        core.mongo_answered(0.01)
+    assert core.grace() == GRACE
+
+
+def test_a_writer_caps_the_grace_at_a_quarter_of_its_lock_wait():
+    core = WriterCore(Timing(handover_grace_seconds=0.25).within_lock_wait(1.2))
+    core.mongo_answered(5.0)
+    assert core.grace() == 0.3
+    assert Timing().within_lock_wait(10.0).handover_grace_max_seconds == HANDOVER_GRACE_MAX_SECONDS
+    # a cap below the configured grace leaves the configured one
+    core = WriterCore(Timing(handover_grace_seconds=0.25, handover_grace_max_seconds=0.1))
+    core.mongo_answered(5.0)
+    assert core.grace() == 0.25
 
 
 # --- meta.head ---------------------------------------------------------------------------------
