@@ -3,7 +3,9 @@
 Routing (deploy/nginx/chat.conf holds the production site it follows):
   /v1/ws, /v1/poll with ?partition=k -> the daemons that serve partition k, on every host
   /v1/ws, /v1/poll without it         -> every daemon
-  everything else                     -> every host's API
+  anything else with ?partition=k     -> partition k's leading API (host k mod hosts), the
+                                         others as backups
+  anything else without it            -> every host's API
 Each partition has an upstream group of its own; a ``map`` on
 ``$arg_partition`` picks the group, and ``proxy_pass`` names it through the
 variable (an upstream group's name needs no resolver).
@@ -59,8 +61,19 @@ API_SERVER = "max_fails=1 fail_timeout=10s"
 DAEMON_CONNECT_TIMEOUT = "500ms"
 
 
+def api_upstream(leader: int) -> str:
+    return f"chat_api_h{leader}"
+
+
 def _servers(addresses: list[str], params: str) -> str:
     return "\n".join(f"        server {a} {params};" for a in addresses)
+
+
+def _led_by(apis: list[str], leader: int) -> str:
+    """``apis[leader]`` first, the others only while it is down (nginx's ``backup``)."""
+    ordered = apis[leader:] + apis[:leader]
+    return "\n".join([f"        server {ordered[0]} {API_SERVER};"]
+                     + [f"        server {a} {API_SERVER} backup;" for a in ordered[1:]])
 
 
 def render(listen: str, apis: list[str], daemons: list[ClusterDaemon], partitions: int, paths: EdgePaths,
@@ -92,6 +105,14 @@ def render(listen: str, apis: list[str], daemons: list[ClusterDaemon], partition
         if later in by_members:
             routes[k] = by_members[later]
     mapping = "\n".join(f'        "{k}" {name};' for k, name in routes.items())
+    # Writes led per partition: partition k's requests (the client's ?partition=k, the one it
+    # connects with) go to one host's API, so one writer mostly holds k's lock, lingers in it
+    # while requests come, and does not queue behind the other hosts' writers for every turn.
+    # Its own partition is a hint only: a request on any host is stored in its sender's partition.
+    api_mapping = "\n".join(f'        "{k}" {api_upstream(k % len(apis))};' for k in range(MAX_PARTITIONS))
+    api_upstreams = "\n\n".join(
+        f"    upstream {api_upstream(i)} {{\n{_led_by(apis, i)}\n        keepalive 64;\n    }}"
+        for i in range(len(apis)))
     daemon_location = f"""
             proxy_pass http://$chat_daemons;
             proxy_http_version 1.1;
@@ -144,7 +165,15 @@ http {{
 {mapping}
     }}
 
+    # ?partition=k -> the API leading k; no (or an unknown) partition -> every API
+    map $arg_partition $chat_api {{
+        default chat_api;
+{api_mapping}
+    }}
+
 {upstreams}
+
+{api_upstreams}
 
     upstream chat_api {{
 {_servers(apis, API_SERVER)}
@@ -162,7 +191,7 @@ http {{
         }}
 
         location / {{
-            proxy_pass http://chat_api;
+            proxy_pass http://$chat_api;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Host $host;

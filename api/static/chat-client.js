@@ -687,7 +687,9 @@ export class ChatClient extends EventTarget {
     for (let attempt = 1; ; attempt++) {
       let retryAfterMs = 0;
       try {
-        const reply = await this.fetchImpl(`${this.apiUrl}/v1/messages`, {
+        // ?partition=k: the proxy's route to the partition's leading API (the API ignores it)
+        const route = this.partition === null ? "" : `?partition=${this.partition}`;
+        const reply = await this.fetchImpl(`${this.apiUrl}/v1/messages${route}`, {
           method: "POST",
           headers: { "Content-Type": "application/json", Authorization: `Bearer ${this.token}` },
           body: JSON.stringify({ to: entry.to, body: entry.body, client_msg_id: entry.clientMsgId }),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import signal
 import tempfile
@@ -53,6 +54,7 @@ class Traffic:
     rate: float  # messages/s offered
     seconds: float
     settle: float = 15.0
+    writes_led: bool = True  # POSTs carry the sender's ?partition= (partitioned runs)
 
 
 @dataclass
@@ -98,6 +100,10 @@ def delta(before: dict[str, float | None], after: dict[str, float | None]) -> di
 def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool, traffic: Traffic,
                 fault: Fault | None = None, fault_at: float = 0.0, fault_for: float = 0.0) -> dict:
     users = [f"{label}-u{i}" for i in range(traffic.users)]
+    # A client posts with the ?partition= it connects with, the edge's route to its partition's leading API.
+    def route(user: str) -> int | None:
+        return partition_of(user, partitions) if partitioned and traffic.writes_led else None
+
     devices = [ClientDevice(u, j, partition_of(u, partitions) if partitioned else None)
                for u in users for j in range(traffic.devices)]
     tmp = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
@@ -121,7 +127,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         cpu_before, (d_before, r_before) = procs.snapshot(cluster.host_pids()), counters(cluster)
         w_before = writer_samples(cluster)
         started, busy_at = time.time(), time.monotonic()
-        sent = asyncio.run(_send_with_fault(cluster, users, traffic, fault, fault_at, fault_for, frames))
+        sent = asyncio.run(_send_with_fault(cluster, users, route, traffic, fault, fault_at, fault_for, frames))
         sent_end = time.time()
         want = sum(2 * traffic.devices for s in sent if s.msg_id is not None)
         last, still, hard = frames.value, time.monotonic(), time.monotonic() + 60
@@ -166,14 +172,16 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
     return result
 
 
-async def _send_with_fault(cluster: Cluster, users: list[str], traffic: Traffic, fault: Fault | None,
-                           fault_at: float, fault_for: float, frames: Synchronized[int]) -> list[Sent]:
+async def _send_with_fault(cluster: Cluster, users: list[str], route: Callable[[str], int | None], traffic: Traffic,
+                           fault: Fault | None, fault_at: float, fault_for: float,
+                           frames: Synchronized[int]) -> list[Sent]:
     def tick(i: int) -> None:
         if i and i % int(traffic.rate * 5) == 0:
             print(f"    sent {i}, frames received {frames.value}", flush=True)
 
     sending = asyncio.create_task(send(cluster.plan.edge_url, cluster.secret, users, traffic.rate, traffic.seconds,
-                                       tick=tick, until=None if fault is None else fault.until))
+                                       tick=tick, until=None if fault is None else fault.until,
+                                       partition_of=route))
     if fault is not None:
         await asyncio.sleep(fault_at)
         print(f"    fault on: {fault.name}", flush=True)
@@ -247,6 +255,9 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
          grow_users: int = typer.Option(200), grow_rate: float = typer.Option(50.0),
          grow_seconds: float = typer.Option(240.0, min=40.0, help="the grow scenario's traffic at most: the mover "
                                             "starts 10 s in, and the traffic ends 20 s after its cutover"),
+         writes_led: bool = typer.Option(True, help="partitioned runs: each POST carries its sender's ?partition=, "
+                                         "which the edge sends to that partition's leading API (--no-writes-led: "
+                                         "to any API)"),
          budget: float = typer.Option(720.0, help="seconds before the watchdog ends the bench"),
          setting: list[str] = typer.Option([], "--set", help="KEY=VALUE: a setting of every host's processes, kept "
                                            "in the result (e.g. CHAT_RELAY_ROUTE_BY_USER=false)"),
@@ -259,14 +270,14 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
     signal.alarm(int(budget))
     signal.signal(signal.SIGTERM, lambda s, f: (_ for _ in ()).throw(KeyboardInterrupt()))
     began = time.monotonic()
-    traffic = Traffic(users, devices, rate, seconds)
+    traffic = Traffic(users, devices, rate, seconds, writes_led=writes_led)
     plist = [int(p) for p in partitions.split(",")]
     plan = make_plan(hosts)
     result: dict = {"hosts": hosts, "where": WHERE, "rtt_ms": rtt_ms, "rtt_how": (
         f"Toxiproxy latency toxic of {rtt_ms:g} ms on every answer (downstream) of every host-MySQL and host-Mongo "
         "link: each round trip between a host and a database takes that much longer"),
         "traffic": {"users": users, "devices_per_user": devices, "clients": users * devices, "offered_per_s": rate,
-                    "seconds": seconds}, **machine.describe(), "runs": [], "faults": []}
+                    "seconds": seconds, "writes_led": writes_led}, **machine.describe(), "runs": [], "faults": []}
     env = {"CHAT_RATE_LIMIT_PER_SECOND": "0", "CHAT_LOG_LEVEL": "WARNING", "CHAT_DRAIN_SECONDS": "0",
            **dict(kv.split("=", 1) for kv in setting)}
     result["env"] = env
@@ -286,7 +297,8 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
                 result["faults"] = run_faults(cluster, max(plist), traffic, fault_seconds)
             if grow_to:
                 result["grow"] = run_grow(cluster, max(plist), grow_to,
-                                          Traffic(grow_users, devices, grow_rate, grow_seconds))
+                                          Traffic(grow_users, devices, grow_rate, grow_seconds,
+                                                  writes_led=writes_led))
             state = cluster.state
         # After the cluster stopped: every process has flushed its logs.
         result["tokens_in_logs"] = tokens_in_logs(state)
@@ -329,7 +341,7 @@ def run_faults(cluster: Cluster, partitions: int, traffic: Traffic, seconds: flo
         Fault("host killed", lambda: print(f"    killed {cluster.kill_host(victim)} processes of {victim}"),
               None, elsewhere),
     ]
-    fault_traffic = Traffic(traffic.users, traffic.devices, traffic.rate, seconds)
+    fault_traffic = dataclasses.replace(traffic, seconds=seconds)
     fault_at, fault_for = seconds / 3, seconds * 0.4
     cluster.start_hosts(partitions)
     results = []

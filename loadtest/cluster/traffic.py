@@ -167,9 +167,11 @@ class Sent:
 
 
 async def send(url: str, secret: str, users: list[str], rate: float, seconds: float, seed: int = 1,
-               tick: Callable[[int], None] | None = None, until: Callable[[], bool] | None = None) -> list[Sent]:
+               tick: Callable[[int], None] | None = None, until: Callable[[], bool] | None = None,
+               partition_of: Callable[[str], int | None] = lambda user: None) -> list[Sent]:
     """Posts ``rate`` messages/s for ``seconds`` between random pairs, each retried
-    (the same client_msg_id) on 5xx or no answer for up to 5 attempts.
+    (the same client_msg_id) on 5xx or no answer for up to 5 attempts, with
+    ``?partition=`` the sender's ``partition_of`` as a client sends it (None: none).
     ``tick(i)`` is called once a second with the messages scheduled so far.
     ``until()``, if given, ends the sending early once it says so (``seconds`` bounds it)"""
     rng = random.Random(seed)
@@ -185,11 +187,13 @@ async def send(url: str, secret: str, users: list[str], rate: float, seconds: fl
             headers = {"Authorization": f"Bearer {tok}", "Content-Type": "application/json"}
             body = orjson.dumps({"to": record.recipient, "body": f"{record.at:.6f} cluster",
                                  "client_msg_id": record.key})
+            partition = partition_of(record.sender)
+            query = "" if partition is None else f"?partition={partition}"
             for attempt in range(5):
                 t0 = time.time()
                 status, upstream, answer = 0, "", b""
                 try:
-                    async with gate, session.post(f"{url}/v1/messages", data=body, headers=headers) as r:
+                    async with gate, session.post(f"{url}/v1/messages{query}", data=body, headers=headers) as r:
                         answer = await r.read()
                         status = r.status
                         upstream = r.headers.get("X-Chat-Upstream", "").split(",")[-1].strip()

@@ -158,8 +158,30 @@ def test_nginx_routes_each_partition_to_its_daemons_on_every_host(tmp_path):
 
 def test_nginx_without_partitions_has_one_group_besides_all(tmp_path):
     ups = _upstreams(_config(tmp_path, 1))
-    assert set(ups) == {"chat_daemons_all", "chat_daemons_p0", "chat_api"}
+    assert set(ups) == {"chat_daemons_all", "chat_daemons_p0", "chat_api", "chat_api_h0", "chat_api_h1", "chat_api_h2"}
     assert ups["chat_daemons_p0"] == ups["chat_daemons_all"]
+
+
+def test_nginx_sends_a_partition_s_requests_to_its_leading_api_and_the_others_only_while_it_is_down(tmp_path):
+    """One writer mostly holds a partition's lock: it lingers in it while requests come, instead
+    of queueing behind the other hosts' writers for every turn (docs/cluster.md)."""
+    config = _config(tmp_path, 4)
+    ups = nginx_checks.upstreams(config)
+    for leader in range(3):
+        lines = nginx_checks.servers(ups[f"chat_api_h{leader}"])
+        apis = [f"10.0.0.1{1 + (leader + i) % 3}:8000" for i in range(3)]
+        assert [address for address, _ in lines] == apis
+        assert ["backup" in params for _, params in lines] == [False, True, True]
+        assert all(params["max_fails"] == "1" and params["fail_timeout"] == "10s" for _, params in lines)
+    mapping = nginx_checks.block(config, "map $arg_partition $chat_api")
+    routes = re.findall(r'"(\d+)" (\w+);', mapping)
+    # every partition a grow may add has its leader already: k mod hosts
+    assert routes == [(str(k), f"chat_api_h{k % 3}") for k in range(64)]
+    assert "default chat_api;" in mapping  # no partition (or a stray one): every API, round robin
+    location = nginx_checks.block(config, "location /")
+    assert "proxy_pass http://$chat_api;" in location
+    # a POST goes to a backup only when no byte of it reached the leader (a refused or timed-out connect)
+    assert nginx_checks.directive(location, "proxy_next_upstream") == "error timeout"
 
 
 def test_nginx_refuses_a_partition_without_daemons(tmp_path):

@@ -595,7 +595,18 @@ def test_nginx_site_matches_the_code():
     assert directive(poll, "proxy_buffering") == "off"
     assert seconds(directive(poll, "proxy_read_timeout")) > default("daemon.poll_max_timeout_seconds")
 
-    assert "proxy_pass http://chat_api;" in block(tls, "location /")
+    assert "proxy_pass http://$chat_api;" in block(tls, "location /")
+    # ?partition=k sends an API request to k's leading API first, the others only while it is down
+    leads = block(conf, "map $arg_partition $chat_api")
+    assert directive(leads, "default") == "chat_api"
+    led = re.findall(r"^\s*(\d+)\s+(\S+);", leads, re.M)
+    assert [k for k, _ in led] == ["0", "1"]
+    every_api = sorted(address for address, _ in servers(api))
+    for _, upstream in led:
+        lines = servers(block(conf, f"upstream {upstream}"))
+        assert sorted(address for address, _ in lines) == every_api
+        assert ["backup" in params for _, params in lines] == [False] + [True] * (len(lines) - 1)
+    assert len({servers(block(conf, f"upstream {u}"))[0][0] for _, u in led}) == 2  # a leader each
     assert directive(block(tls, "location /"), "proxy_next_upstream") == "error timeout"  # never a POST sent
 
 

@@ -143,6 +143,19 @@ async def test_hostile_and_unicode_text_is_stored_and_returned_byte_for_byte(sys
     assert [m["body"] for m in history["messages"]] == [body]
 
 
+@pytest.mark.parametrize("partition", ["0", "7", "-1", "not a number", "9" * 40])
+def test_a_post_s_partition_is_the_proxy_s_route_and_the_api_ignores_it(system, users, partition):
+    """A client sends its ?partition= on POST /v1/messages for the proxy to route on; a stale,
+    wrong or hostile one changes nothing: the message is stored in its sender's partition."""
+    alice, bob = users("alice"), users("bob")
+    r = httpx.post(f"{system.api_url}/v1/messages", params={"partition": partition},
+                   json={"to": bob, "body": "routed"},
+                   headers={"Authorization": f"Bearer {system.token(alice)}"}, timeout=PATIENCE)
+    assert r.status_code == 201, r.text
+    [row] = mysql_rows(system, "sender = :s", s=alice)
+    assert (str(row.id), row.body) == (r.json()["id"], "routed")
+
+
 async def test_racing_retries_store_exactly_one_message(system, users):
     alice, bob = users("alice"), users("bob")
     async with httpx.AsyncClient(timeout=PATIENCE) as c:

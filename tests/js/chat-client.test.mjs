@@ -139,6 +139,21 @@ test("a send is retried with the same client_msg_id, then stored, then seen on t
   client.stop();
 });
 
+test("a send carries the user's partition, the proxy's route to its leading API, and follows a new one", async () => {
+  const urls = [];
+  const fetchImpl = async (url) => {
+    urls.push(url);
+    return { status: 201, ok: true, json: async () => msg("20", { from: "bob", to: "alice", body: "hi" }) };
+  };
+  const unrouted = makeClient({ fetchImpl });
+  await unrouted.client.send("alice", "hi").done;
+  const { client } = makeClient({ fetchImpl, partition: 2 });
+  await client.send("alice", "hi").done;
+  client.follow(3, client.generation); // told another partition (a 421, client-config)
+  await client.send("alice", "hi").done;
+  assert.deepEqual(urls, ["/v1/messages", "/v1/messages?partition=2", "/v1/messages?partition=3"]);
+});
+
 test("a refusal (4xx) fails the send without retrying", async () => {
   let calls = 0;
   const fetchImpl = async () => {
