@@ -21,7 +21,7 @@
 // - Drop repeats by id; the stream is in order, so arrival order is the order. When the
 //   server cannot resume us (`recovered: false`) the stream starts over: the ids seen
 //   are forgotten (after a slot move the new partition's ids may equal old ones).
-// - Partitions: `/v1/ws` and `/v1/poll` carry `partition=k` when the client knows the
+// - Partitions: `/v1/ws`, `/v1/poll` and each send carry `partition=k` when the client knows the
 //   user's partition (`GET /v1/client-config` with the token says it). A daemon of another
 //   partition refuses with 421 and names the user's: the poll reads it, a WebSocket whose
 //   auth frame named such a user is closed with 4421 and the partition; a refused WebSocket
@@ -687,8 +687,9 @@ export class ChatClient extends EventTarget {
     for (let attempt = 1; ; attempt++) {
       let retryAfterMs = 0;
       try {
-        // ?partition=k: the proxy's route to the partition's leading API (the API ignores it)
-        const route = this.partition === null ? "" : `?partition=${this.partition}`;
+        // ?partition=k: the proxy's route to the partition's leading API (the API ignores it). A
+        // retry goes to any API: the leader may be the host that cannot store (its MySQL away).
+        const route = this.partition === null || attempt > 1 ? "" : `?partition=${this.partition}`;
         const reply = await this.fetchImpl(`${this.apiUrl}/v1/messages${route}`, {
           method: "POST",
           headers: { "Content-Type": "application/json", Authorization: `Bearer ${this.token}` },

@@ -170,8 +170,8 @@ async def send(url: str, secret: str, users: list[str], rate: float, seconds: fl
                tick: Callable[[int], None] | None = None, until: Callable[[], bool] | None = None,
                partition_of: Callable[[str], int | None] = lambda user: None) -> list[Sent]:
     """Posts ``rate`` messages/s for ``seconds`` between random pairs, each retried
-    (the same client_msg_id) on 5xx or no answer for up to 5 attempts, with
-    ``?partition=`` the sender's ``partition_of`` as a client sends it (None: none).
+    (the same client_msg_id) on 5xx or no answer for up to 5 attempts; the first
+    with ``?partition=`` the sender's ``partition_of`` (None: none), the retries without, as a client sends them.
     ``tick(i)`` is called once a second with the messages scheduled so far.
     ``until()``, if given, ends the sending early once it says so (``seconds`` bounds it)"""
     rng = random.Random(seed)
@@ -188,8 +188,9 @@ async def send(url: str, secret: str, users: list[str], rate: float, seconds: fl
             body = orjson.dumps({"to": record.recipient, "body": f"{record.at:.6f} cluster",
                                  "client_msg_id": record.key})
             partition = partition_of(record.sender)
-            query = "" if partition is None else f"?partition={partition}"
             for attempt in range(5):
+                # A retry goes to any API: its leader may be the host that cannot store (its MySQL link cut)
+                query = "" if partition is None or attempt else f"?partition={partition}"
                 t0 = time.time()
                 status, upstream, answer = 0, "", b""
                 try:

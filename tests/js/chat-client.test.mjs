@@ -154,6 +154,21 @@ test("a send carries the user's partition, the proxy's route to its leading API,
   assert.deepEqual(urls, ["/v1/messages", "/v1/messages?partition=2", "/v1/messages?partition=3"]);
 });
 
+test("a retried send goes to any API, not again to the leader that could not store it", async () => {
+  const urls = [];
+  let unavailable = 2;
+  const fetchImpl = async (url) => {
+    urls.push(url);
+    if (unavailable-- > 0) {
+      return { status: 503, ok: false, headers: { get: () => null }, json: async () => ({ error: "mysql_unavailable" }) };
+    }
+    return { status: 201, ok: true, json: async () => msg("20", { from: "bob", to: "alice", body: "hi" }) };
+  };
+  const { client } = makeClient({ fetchImpl, partition: 1 });
+  await client.send("alice", "hi").done;
+  assert.deepEqual(urls, ["/v1/messages?partition=1", "/v1/messages", "/v1/messages"]);
+});
+
 test("a refusal (4xx) fails the send without retrying", async () => {
   let calls = 0;
   const fetchImpl = async () => {
