@@ -32,6 +32,8 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
+from chat.partitions import MAX_PARTITIONS, parse_served
+
 # Public (it is in this file), so only development mode accepts it (chat.auth_config).
 DEV_JWT_SECRET = "dev-secret-change-me-0123456789abcdef"
 
@@ -203,12 +205,32 @@ class WriterSettings(_Section):
     edit_window_seconds: Annotated[int, Env("CHAT_EDIT_WINDOW_SECONDS")] = Field(
         48 * 3600, ge=0, description="How long after sending a sender may edit or delete a message.",
     )
+    leads: Annotated[str, Env("CHAT_WRITER_LEADS")] = Field(
+        "", description="Partitions whose writes the proxy sends to this host first: `0,2`, or `%3=1` (every k "
+        "with k mod 3 = 1, also those a grow adds); empty: all. This writer makes the copies owed to those, "
+        "watching their echoes; the copies owed to the others are their leaders' to make.",
+    )
+    echo_watch_ms: Annotated[float, Env("CHAT_WRITER_ECHO_WATCH_MS")] = Field(
+        50.0, gt=0, le=1000, description="With CHAT_WRITER_LEADS: how often a led partition's echoes (copies owed "
+        "to it by other hosts' commits) are read: a copy waits half of it on average; each read costs the writer "
+        "and MySQL a statement.",
+    )
     metrics_host: Annotated[str, Env("CHAT_WRITER_METRICS_HOST", "CHAT_METRICS_HOST")] = Field(
         LOOPBACK, description=f"{METRICS_HOST} Empty: {LOOPBACK} (the writer listens on a Unix socket only).")
     metrics_port: Annotated[int, Env("CHAT_WRITER_METRICS_PORT", "CHAT_METRICS_PORT")] = Field(
         0, ge=0, le=65535, description=METRICS_PORT)
 
     _metrics_host = field_validator("metrics_host")(_loopback_if_empty)
+
+    @field_validator("leads")
+    @classmethod
+    def _a_partition_rule(cls, value: str) -> str:
+        parse_served(value, MAX_PARTITIONS)  # refused at start, with the reason
+        return value
+
+    def led(self) -> frozenset[int] | None:
+        """The partitions this host leads (of any map), or None: every one, and no other host leads any."""
+        return parse_served(self.leads, MAX_PARTITIONS) if self.leads.strip() else None
 
 
 class DaemonSettings(_Section):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chat.partitions import MAX_PARTITIONS
-from cluster.partitions import ClusterDaemon
+from cluster.partitions import ClusterDaemon, leader_of
 
 ALL_DAEMONS = "chat_daemons_all"
 
@@ -106,10 +106,10 @@ def render(listen: str, apis: list[str], daemons: list[ClusterDaemon], partition
             routes[k] = by_members[later]
     mapping = "\n".join(f'        "{k}" {name};' for k, name in routes.items())
     # Writes led per partition: partition k's requests (the client's ?partition=k, the one it
-    # connects with) go to one host's API, so one writer mostly holds k's lock, lingers in it
-    # while requests come, and does not queue behind the other hosts' writers for every turn.
-    # Its own partition is a hint only: a request on any host is stored in its sender's partition.
-    api_mapping = "\n".join(f'        "{k}" {api_upstream(k % len(apis))};' for k in range(MAX_PARTITIONS))
+    # connects with) go to one host's API, whose writer leads k (CHAT_WRITER_LEADS, the same
+    # rule): it mostly holds k's lock alone, lingers in it while requests come, and makes the
+    # copies owed to k. The partition is a hint only: any host stores a request in its sender's.
+    api_mapping = "\n".join(f'        "{k}" {api_upstream(leader_of(k, len(apis)))};' for k in range(MAX_PARTITIONS))
     api_upstreams = "\n\n".join(
         f"    upstream {api_upstream(i)} {{\n{_led_by(apis, i)}\n        keepalive 64;\n    }}"
         for i in range(len(apis)))

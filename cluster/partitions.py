@@ -17,6 +17,16 @@ def _even(partitions: int) -> SlotMap:
     return SlotMap.even(partitions)
 
 
+def leader_of(partition: int, hosts: int) -> int:
+    """The host (its index) whose API the edge sends partition ``partition``'s requests to first."""
+    return partition % hosts
+
+
+def leads_rule(host: int, hosts: int) -> str:
+    """``CHAT_WRITER_LEADS`` of host ``host``: the partitions ``leader_of`` gives it, also those a grow adds."""
+    return f"%{hosts}={host}"
+
+
 def partition_of(user: str, partitions: int) -> int:
     return _even(partitions).partition_of(user)
 

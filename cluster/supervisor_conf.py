@@ -22,6 +22,7 @@ class HostSpec:
     env: dict[str, str]  # for every process: the stores, the secret, ...
     daemons: list[ClusterDaemon] = field(default_factory=list)
     partitions: int | None = None  # None: the data path is not partitioned (no partition settings at all)
+    leads: str = ""  # the writer's CHAT_WRITER_LEADS (partitioned only); "": every partition
 
 
 def _env(values: dict[str, str]) -> str:
@@ -79,8 +80,10 @@ pidfile = {spec.root}/supervisord.pid
 directory = {spec.repo}
 minfds = 20000
 """]
-    parts.append(_program("writer", "writer", spec, {**base, "CHAT_WRITER_SOCKET": str(writer_sock),
-                                                     "CHAT_METRICS_PORT": str(WRITER_METRICS_PORT)}, 25, 15))
+    writer = {**base, "CHAT_WRITER_SOCKET": str(writer_sock), "CHAT_METRICS_PORT": str(WRITER_METRICS_PORT)}
+    if spec.partitions is not None and spec.leads:
+        writer["CHAT_WRITER_LEADS"] = spec.leads
+    parts.append(_program("writer", "writer", spec, writer, 25, 15))
     parts.append(_program("api", "api", spec, {**base, "CHAT_WRITER_SOCKET": str(writer_sock),
                                                "CHAT_API_PORT": str(API_PORT),
                                                "CHAT_METRICS_PORT": str(API_METRICS_PORT)}, 30, 15))

@@ -25,7 +25,7 @@ from sqlalchemy import create_engine, text
 from chat.settings import Settings, StoresSettings
 from chatctl.partitions import grow
 from cluster import netns, nginx_conf, supervisor_conf
-from cluster.partitions import ClusterDaemon, assign
+from cluster.partitions import ClusterDaemon, assign, leads_rule
 from cluster.plan import (
     API_PORT,
     DAEMON_PORT_BASE,
@@ -50,8 +50,12 @@ MYSQL_USER = "chat"
 
 
 class Cluster:
-    def __init__(self, plan: Plan, state: Path | None = None, extra_env: dict[str, str] | None = None):
+    def __init__(self, plan: Plan, state: Path | None = None, extra_env: dict[str, str] | None = None,
+                 writes_led: bool = True):
         self.plan = plan
+        # Partitioned: each partition's requests go to one host first (cluster.partitions.leader_of),
+        # whose writer makes the copies owed to it; False: to any host, every writer making them.
+        self.writes_led = writes_led
         self.state = state or ROOT / "var/cluster"
         self.extra_env = extra_env or {}
         self.secret = secrets.token_urlsafe(48)
@@ -218,9 +222,13 @@ class Cluster:
         root = self.state / namespace
         for sub in ("log", "run"):
             (root / sub).mkdir(parents=True, exist_ok=True)
+        index = self.plan.hosts.index(host)
         spec = supervisor_conf.HostSpec(namespace, host.address, root, ROOT, Path(sys.executable),
                                         self.host_env(namespace), [d for d in self.daemons if d.host == namespace],
-                                        self.partitions)
+                                        self.partitions,
+                                        # a --set CHAT_WRITER_LEADS (even empty) is the bench's to choose
+                                        leads_rule(index, len(self.plan.hosts))
+                                        if self.writes_led and "CHAT_WRITER_LEADS" not in self.extra_env else "")
         conf = root / "supervisord.conf"
         conf.write_text(supervisor_conf.render(spec))
         env = {k: v for k, v in os.environ.items() if not k.startswith("CHAT_")}

@@ -25,5 +25,8 @@ class Threads:
     def run(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    def close(self) -> None:
+    def close(self, last: Callable[[], object] | None = None) -> None:
+        """No more work; ``last`` runs after whatever work is under way (a connection's close, on its thread)."""
+        if last is not None:
+            self._pool.submit(last)
         self._pool.shutdown(wait=False)

@@ -122,6 +122,32 @@ class OwedRead:
                 and origin not in self.origins)
 
 
+class Offers:
+    """Which of the copies a leader's watch read as owed (``EchoWatch``) it offers to
+    its writer now: each once, and again only if still owed ``again_after`` seconds
+    later (the offer was lost: a full queue, a failed turn). A copy's commit deletes
+    its echo, so a read after it no longer holds it, and it is forgotten."""
+
+    __slots__ = ("_again_after", "_offered")
+
+    def __init__(self, again_after: float = 1.0):
+        self._again_after = again_after
+        self._offered: dict[tuple[int, int], float] = {}  # origin -> when it was last offered
+
+    def fresh(self, owed: list[Copy], complete: bool, now: float) -> list[Copy]:
+        """Of ``owed`` (a read of the echoes, every one owed if ``complete``), those to offer at ``now``."""
+        if complete:  # an origin the read no longer holds is copied (or sent on): forget it
+            held = {copy.origin for copy in owed}
+            self._offered = {o: at for o, at in self._offered.items() if o in held}
+        out = []
+        for copy in owed:
+            at = self._offered.get(copy.origin)
+            if at is None or now - at >= self._again_after:
+                self._offered[copy.origin] = now
+                out.append(copy)
+        return out
+
+
 @dataclass(slots=True)
 class Known:
     """What a partition's table already holds of a batch, looked up after its unique keys refused it."""

@@ -1,7 +1,8 @@
 """The ``echoes`` table's statements: copies owed between partitions (writer/copies.py).
 
 Run in the writer's thread, inside the transaction of the batch they belong
-to, or (``leftover_copies``) at the start of a turn under the partition's lock.
+to, or (``leftover_copies``) at the start of a turn under the partition's lock;
+``owed_now`` is a leader's watch's read, without the lock.
 """
 
 from __future__ import annotations
@@ -88,6 +89,26 @@ def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: Slot
     if copies:
         log.info("event=leftover_copies to_part=%d copies=%d", partition, len(copies))
     return OwedRead(copies, frozenset(copy.origin for copy in copies), complete, handed_before)
+
+
+def owed_now(conn: Connection, partition: int, limit: int, slot_map: SlotMap) -> tuple[list[Copy], bool]:
+    """Up to ``limit`` copies owed to ``partition`` and still its own under ``slot_map``,
+    read without its lock and writing nothing (a leader's watch, ``writer.echo_watch``),
+    and whether that is all of them. What a move sends on, or an echo without its
+    original, is left to the drain of a turn, under the lock."""
+    try:
+        owed = conn.execute(_OWED, {"to_part": partition, "limit": limit}).all()
+        by_part: dict[int, list[int]] = defaultdict(list)
+        for from_part, from_id in owed:
+            by_part[from_part].append(from_id)
+        copies = []
+        for from_part, ids in by_part.items():
+            for r in conn.execute(_originals(from_part), {"ids": ids}).all():
+                if slot_map.partition_of(r.recipient) == partition:
+                    copies.append(Copy(Message.from_row(r), from_part))
+        return copies, len(owed) < limit
+    finally:
+        conn.rollback()  # a read: its snapshot ends here, and the next read sees the commits since
 
 
 def _send_on(conn: Connection, partition: int, now_in: int, from_part: int, from_id: int) -> None:

@@ -76,6 +76,7 @@ from chat.write_errors import PartitionBusy, WriterOverloaded, WriteUnavailable
 from writer.batch import Pending, fail
 from writer.copies import Copy
 from writer.core import DEFAULT_TIMING, Timing, WriterCore
+from writer.echo_watch import EchoWatch
 from writer.mongo_steps import MongoSteps
 from writer.mysql_steps import MySQLSteps
 from writer.outbox_watch import OutboxWatch
@@ -118,7 +119,8 @@ class MessageWriter:
                  timing: Timing = DEFAULT_TIMING, partition: int = 0, slot_map: SlotMap | LiveMap = ONE_PARTITION,
                  hand_over: Callable[[int, Copy], None] = _no_hand_over, edit_window_seconds: int = 48 * 3600,
                  on_stored: Callable[[], None] = lambda: None, reroute: Callable[[Pending], None] = _no_reroute,
-                 adopted: Callable[[SlotMap], None] = lambda slot_map: None):
+                 adopted: Callable[[SlotMap], None] = lambda slot_map: None, watch_echoes_every: float | None = None,
+                 observe_insert: Callable[[float], None] = lambda s: None):
         live = slot_map if isinstance(slot_map, LiveMap) else LiveMap(slot_map)
         self._partition = partition
         self._queue: asyncio.Queue[Pending] = asyncio.Queue(maxsize=queue_max)
@@ -127,7 +129,8 @@ class MessageWriter:
         self._sql = self.mysql_steps(engine, partition=partition, live=live, timeout_seconds=timeout_seconds,
                                      edit_window_seconds=edit_window_seconds)
         self._mongo = self.mongo_steps(mongo_db, partition=partition, timeout_seconds=timeout_seconds, core=core,
-                                       outbox=outbox, observe_strays=observe_strays, on_stored=on_stored)
+                                       outbox=outbox, observe_strays=observe_strays, on_stored=on_stored,
+                                       observe_insert=observe_insert)
         self._waits = TurnWaits(self._queue, core=core, sql=self._sql, partition=partition, batch_max=batch_max,
                                 window_ms=window_ms)
         self._turn = Turn(core, self._sql, self._mongo, self._waits, outbox, partition=partition, live=live,
@@ -135,6 +138,10 @@ class MessageWriter:
                           reroute=reroute, adopted=adopted, observe_batch=observe_batch, observe_turn=observe_turn,
                           observe_mongo_lag=observe_mongo_lag, observe_outbox=observe_outbox,
                           observe_copies=observe_copies)
+        # A leader of its partition makes the copies other hosts' commits owe it (writer.echo_watch).
+        self._watch = None if watch_echoes_every is None else EchoWatch(
+            engine, partition=partition, live=live, offer=self.offer_copy, interval=watch_echoes_every,
+            limit=batch_max)
 
     # --- the request side -------------------------------------------------
     async def submit(self, draft: Draft) -> tuple[Message, bool]:
@@ -170,6 +177,14 @@ class MessageWriter:
 
     # --- the writer task --------------------------------------------------
     async def run(self, repair_every: float = 1.0) -> None:
+        if self._watch is None:
+            await self._turns(repair_every)
+            return
+        async with asyncio.TaskGroup() as both:
+            both.create_task(self._watch.run(), name=f"echo_watch_p{self._partition}")
+            await self._turns(repair_every)
+
+    async def _turns(self, repair_every: float) -> None:
         turn = self._turn
         while True:
             try:
@@ -194,3 +209,5 @@ class MessageWriter:
 
     def close(self) -> None:
         self._sql.close()
+        if self._watch is not None:
+            self._watch.close()

@@ -25,6 +25,9 @@ MONGO_LAG = LoopHistogram("chat_writer_mongo_lag_seconds", "Per message, from it
                           "the insert ahead, its own insert",
                           buckets=(.0025, .005, .0075, .01, .015, .02, .025, .03, .04, .05, .075, .1, .15, .25, .5, 1,
                                    2.5))
+MONGO_INSERT = LoopHistogram("chat_writer_mongo_insert_seconds", "One insert into the fast store that it answered "
+                             "(a batch's, or an outbox page's), from sent to answered: what the hand-over grace "
+                             "follows", buckets=(.0025, .005, .01, .02, .03, .05, .075, .1, .15, .25, .5, 1, 2.5))
 # Per partition: each has its own outbox, in its own collection.
 TURN_SECONDS = Histogram("chat_writer_turn_seconds", "A partition writer's turn: `waiting` for the partition's "
                          "lock (GET_LOCK, from the turn's start), then `holding` it (every batch of the turn, each "

@@ -33,7 +33,8 @@ class MongoSteps:
 
     def __init__(self, db: AsyncDatabase, *, partition: int, timeout_seconds: float, core: WriterCore,
                  outbox: OutboxWatch, observe_strays: Callable[[int], None] = lambda n: None,
-                 on_stored: Callable[[], None] = lambda: None):
+                 on_stored: Callable[[], None] = lambda: None,
+                 observe_insert: Callable[[float], None] = lambda seconds: None):
         self.db = db
         self._partition = partition
         self._collection = collection_name(partition)
@@ -42,6 +43,7 @@ class MongoSteps:
         self._outbox = outbox
         self._observe_strays = observe_strays
         self._on_stored = on_stored
+        self._observe_insert = observe_insert  # seconds of each insert answered
         self._head_task: asyncio.Task | None = None  # a meta.head write under way, in the background
 
     async def _within_timeout(self, operation):
@@ -95,7 +97,9 @@ class MongoSteps:
         try:
             asked = time.monotonic()
             await self._within_timeout(self.db[self._collection].insert_many(docs, ordered=ordered))
-            self._core.mongo_answered(time.monotonic() - asked)
+            took = time.monotonic() - asked
+            self._core.mongo_answered(took)
+            self._observe_insert(took)
             return True
         except BulkWriteError as exc:
             if not mongo.only_duplicates(exc):

@@ -30,14 +30,21 @@ from writer.batch import Pending
 from writer.copies import Copy, home_of
 from writer.message_writer import MessageWriter
 
+# How often the writer of a partition led by another host takes an idle turn (writer.echo_watch).
+NOT_LED_IDLE_TURN_SECONDS = 5.0
+
 # Makes the writer of one partition: (partition, live map, hand_over, reroute, adopted) -> MessageWriter.
 WriterFactory = Callable[[int, LiveMap, Callable[[int, Copy], None], Callable[[Pending], None],
                           Callable[[SlotMap], None]], MessageWriter]
 
 
 class PartitionedWriter:
-    def __init__(self, slot_map: SlotMap, make: WriterFactory):
+    """``led``: the partitions this host leads (``CHAT_WRITER_LEADS``), whose copies its
+    writers make; None: all of them, with no leader elsewhere."""
+
+    def __init__(self, slot_map: SlotMap, make: WriterFactory, led: frozenset[int] | None = None):
         self.live = LiveMap(slot_map)
+        self._led = led
         self._make = make
         self.writers: list[MessageWriter] = []
         self._running: asyncio.TaskGroup | None = None
@@ -62,7 +69,7 @@ class PartitionedWriter:
             writer = self._make(k, self.live, self._hand_over, self._reroute, self._adopted)
             self.writers.append(writer)
             if self._running is not None:
-                self._running.create_task(writer.run(self._repair_every), name=f"writer_p{k}")
+                self._running.create_task(writer.run(self._idle_turn_every(k)), name=f"writer_p{k}")
 
     def _reroute(self, pending: Pending) -> None:
         self.writer_of(pending.draft).take_over(pending)  # type: ignore[arg-type]  # a Draft: copies never reroute
@@ -75,8 +82,9 @@ class PartitionedWriter:
         return self.writer_of(draft).enqueue(draft)
 
     def _hand_over(self, partition: int, copy: Copy) -> None:
-        if partition < len(self.writers):
-            self.writers[partition].offer_copy(copy)  # else its echo row waits for that writer's drain
+        # Else its echo row waits: for that partition's leader, which watches it, or for a turn's drain.
+        if partition < len(self.writers) and (self._led is None or partition in self._led):
+            self.writers[partition].offer_copy(copy)
 
     async def run(self, repair_every: float = 1.0) -> None:
         """Every partition's writer, until cancelled. One that fails ends them all,
@@ -86,11 +94,20 @@ class PartitionedWriter:
             async with asyncio.TaskGroup() as writers:
                 self._running = writers
                 for k, w in enumerate(self.writers):
-                    writers.create_task(w.run(repair_every), name=f"writer_p{k}")
+                    writers.create_task(w.run(self._idle_turn_every(k)), name=f"writer_p{k}")
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0] from None
         finally:
             self._running = None
+
+    def _idle_turn_every(self, partition: int) -> float:
+        """How long partition ``partition``'s writer waits idle before a turn that repairs and drains.
+        One of a partition another host leads is idle nearly always (its requests go to the
+        leader), and each of its idle turns stopped the leader's turn for two hand-overs of the
+        lock; it is there for when the leader is away, when the backups' turns drain too."""
+        if self._led is None or partition in self._led:
+            return self._repair_every
+        return max(self._repair_every, NOT_LED_IDLE_TURN_SECONDS)
 
     def close(self) -> None:
         for writer in self.writers:
@@ -112,20 +129,23 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
                              queue_max=settings.writer.queue_max, timeout_seconds=settings.stores.db_timeout_seconds,
                              retention_seconds=settings.stores.retention_seconds, observe_batch=metrics.observe_batch,
                              observe_turn=metrics.observe_turn,
-                             observe_mongo_lag=metrics.MONGO_LAG.observe,
+                             observe_mongo_lag=metrics.MONGO_LAG.observe, observe_insert=metrics.MONGO_INSERT.observe,
                              observe_outbox=metrics.outbox_observer(partition),
                              observe_copies=metrics.copies_observer(partition),
                              observe_strays=metrics.strays_observer(partition),
                              partition=partition, slot_map=live, hand_over=hand_over, reroute=reroute,
                              adopted=adopted, edit_window_seconds=settings.writer.edit_window_seconds,
-                             on_stored=on_stored)
+                             on_stored=on_stored,
+                             watch_echoes_every=settings.writer.echo_watch_ms / 1000
+                             if led is not None and partition in led else None)
 
-    return PartitionedWriter(slot_map, make)
+    led = settings.writer.led()
+    return PartitionedWriter(slot_map, make, led)
 
 
 def engine_pool_size(slot_map: SlotMap) -> int:
-    """Connections the writers' engine may keep: one per partition's turn, and one to
-    check a failed COMMIT on (``Turn._settle``), for as many partitions as a map can
-    have: a move may add partitions while the process runs. A pool opens a connection
-    only when a turn needs one, so the unused ones cost nothing."""
-    return MAX_PARTITIONS + 1
+    """Connections the writers' engine may keep: one per partition's turn and one per
+    led partition's echo watch, and one to check a failed COMMIT on (``Turn._settle``),
+    for as many partitions as a map can have: a move may add partitions while the
+    process runs. A pool opens a connection only when one is needed, so the unused ones cost nothing."""
+    return 2 * MAX_PARTITIONS + 1

@@ -256,8 +256,8 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
          grow_seconds: float = typer.Option(240.0, min=40.0, help="the grow scenario's traffic at most: the mover "
                                             "starts 10 s in, and the traffic ends 20 s after its cutover"),
          writes_led: bool = typer.Option(True, help="partitioned runs: each POST carries its sender's ?partition=, "
-                                         "which the edge sends to that partition's leading API (--no-writes-led: "
-                                         "to any API)"),
+                                         "which the edge sends to that partition's leading host, whose writer makes "
+                                         "the copies owed to it (--no-writes-led: any host, every writer)"),
          budget: float = typer.Option(720.0, help="seconds before the watchdog ends the bench"),
          setting: list[str] = typer.Option([], "--set", help="KEY=VALUE: a setting of every host's processes, kept "
                                            "in the result (e.g. CHAT_RELAY_ROUTE_BY_USER=false)"),
@@ -282,7 +282,7 @@ def main(hosts: int = typer.Option(3), rtt_ms: float = typer.Option(2.0, help="a
            **dict(kv.split("=", 1) for kv in setting)}
     result["env"] = env
     try:
-        with Cluster(plan, extra_env=env) as cluster:
+        with Cluster(plan, extra_env=env, writes_led=writes_led) as cluster:
             cluster.set_rtt(rtt_ms)
             print(f"cluster up in {time.monotonic() - began:.0f} s: {hosts} hosts, rtt {rtt_ms:g} ms", flush=True)
             modes = [("global-lock", 1)] + [("partitioned", p) for p in plist]
@@ -388,7 +388,8 @@ def _print_run(r: dict) -> None:
     w = r["writers"]
     print(f"    POST answered p50/p99 {r['post_ms']['p50']}/{r['post_ms']['p99']} ms; writers: {w['turns_per_s']} "
           f"turns/s, {w['rows_per_commit']} rows a commit, lock waited {w['lock_wait_ms']} ms and held "
-          f"{w['lock_hold_ms']} ms a turn, Mongo insert {w['mongo_lag_ms']} ms after the commit", flush=True)
+          f"{w['lock_hold_ms']} ms a turn, Mongo insert {w['mongo_lag_ms']} ms after the commit "
+          f"({w['mongo_inserts_per_s']} inserts/s of {w['mongo_insert_ms']} ms)", flush=True)
 
 
 if __name__ == "__main__":

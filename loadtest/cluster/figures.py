@@ -122,7 +122,8 @@ WRITER_SAMPLES = (
     "chat_writer_batch_messages_count", "chat_writer_batch_messages_sum", "chat_writer_batch_seconds_sum",
     'chat_writer_turn_seconds_count{phase="holding"}', 'chat_writer_turn_seconds_sum{phase="holding"}',
     'chat_writer_turn_seconds_sum{phase="waiting"}',
-    "chat_writer_mongo_lag_seconds_count", "chat_writer_mongo_lag_seconds_sum")
+    "chat_writer_mongo_lag_seconds_count", "chat_writer_mongo_lag_seconds_sum",
+    "chat_writer_mongo_insert_seconds_count", "chat_writer_mongo_insert_seconds_sum")
 
 
 def writer_stage(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float | None]:
@@ -141,7 +142,11 @@ def writer_stage(before: dict[str, float], after: dict[str, float], seconds: flo
             "commit_ms": mean_ms("chat_writer_batch_seconds_sum", "chat_writer_batch_messages_count"),
             "lock_wait_ms": mean_ms('chat_writer_turn_seconds_sum{phase="waiting"}', turns),
             "lock_hold_ms": mean_ms('chat_writer_turn_seconds_sum{phase="holding"}', turns),
-            "mongo_lag_ms": mean_ms("chat_writer_mongo_lag_seconds_sum", "chat_writer_mongo_lag_seconds_count")}
+            "mongo_lag_ms": mean_ms("chat_writer_mongo_lag_seconds_sum", "chat_writer_mongo_lag_seconds_count"),
+            "mongo_inserts_per_s": round(d["chat_writer_mongo_insert_seconds_count"] / seconds, 1)
+            if seconds > 0 else None,
+            "mongo_insert_ms": mean_ms("chat_writer_mongo_insert_seconds_sum",
+                                       "chat_writer_mongo_insert_seconds_count")}
 
 
 def post_answer_ms(sent: list[Sent]) -> dict[str, float | None]:

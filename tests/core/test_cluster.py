@@ -13,9 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from chat.partitions import parse_served
+from chat.partitions import MAX_PARTITIONS, parse_served
 from cluster import nginx_conf, supervisor_conf, toxiproxy
-from cluster.partitions import assign, daemon_partitions, partition_of, serving, writer_lock_names
+from cluster.partitions import (
+    assign,
+    daemon_partitions,
+    leader_of,
+    leads_rule,
+    partition_of,
+    serving,
+    writer_lock_names,
+)
 from cluster.plan import PlanError, make_plan, overlaps
 from cluster.procs import cpu_by_role, cpu_ticks_from_stat, role_of
 from tests import nginx_checks
@@ -240,7 +248,7 @@ def test_host_supervisord_config(tmp_path):
     spec = supervisor_conf.HostSpec("chat-h1", "10.0.0.11", tmp_path, Path("/repo"), Path("/repo/.venv/bin/python"),
                                     {"CHAT_MYSQL_URL": "mysql+mysqldb://chat:p%w@10.0.0.2:3311/chat",
                                      "CHAT_JWT_SECRET": "s" * 40},
-                                    [d for d in daemons if d.host == "chat-h1"], partitions=4)
+                                    [d for d in daemons if d.host == "chat-h1"], partitions=4, leads="%2=0")
     parser = configparser.RawConfigParser()
     parser.read_string(supervisor_conf.render(spec))
     programs = [s.removeprefix("program:") for s in parser.sections() if s.startswith("program:")]
@@ -260,6 +268,18 @@ def test_host_supervisord_config(tmp_path):
     assert all(env(p)["CHAT_PARTITIONS"] == "4" for p in programs)
     assert env("writer")["CHAT_MYSQL_URL"] == "mysql+mysqldb://chat:p%%w@10.0.0.2:3311/chat"  # supervisord's escape
     assert parser.get("program:api", "command") == "/repo/.venv/bin/python -m api"
+    # the writer leads what the edge sends this host first; no other process reads it
+    assert env("writer")["CHAT_WRITER_LEADS"] == "%%2=0"
+    assert [p for p in programs if "CHAT_WRITER_LEADS" in env(p)] == ["writer"]
+
+
+def test_the_partitions_a_host_s_writer_leads_are_those_the_edge_sends_it_first(tmp_path):
+    config = _config(tmp_path, 4)  # three hosts
+    mapping = dict(re.findall(r'"(\d+)" (chat_api_h\d);', nginx_checks.block(config, "map $arg_partition $chat_api")))
+    for host in range(3):
+        led = parse_served(leads_rule(host, 3), MAX_PARTITIONS)
+        assert led == {int(k) for k, upstream in mapping.items() if upstream == f"chat_api_h{host}"}
+        assert all(leader_of(k, 3) == host for k in led)
 
 
 def test_host_supervisord_config_without_partitions_sets_none(tmp_path):

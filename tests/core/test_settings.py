@@ -194,3 +194,15 @@ def test_the_ferretdb_tail_waits_longer_while_idle_where_a_write_wakes_it(clean_
     assert Settings(_env_file=None).ferretdb_idle_poll_seconds() == 2.0
     clean_env.setenv("CHAT_FERRETDB_TAIL_IDLE_POLL_MS", "500")  # set, it is kept either way
     assert Settings(_env_file=None).ferretdb_idle_poll_seconds() == 0.5
+
+
+def test_a_writer_leads_every_partition_unless_told_which_and_a_bad_rule_is_refused_at_start(clean_env):
+    assert Settings(_env_file=None).writer.led() is None  # one host, or no proxy leading writes: all
+    clean_env.setenv("CHAT_WRITER_LEADS", "%3=1")  # also the partitions a grow adds
+    assert Settings(_env_file=None).writer.led() == frozenset(range(1, 64, 3))
+    clean_env.setenv("CHAT_WRITER_LEADS", "0, 2")
+    assert Settings(_env_file=None).writer.led() == {0, 2}
+    for bad in ("%3=3", "two", "64", "%0=0"):
+        clean_env.setenv("CHAT_WRITER_LEADS", bad)
+        with pytest.raises(ValidationError, match="leads"):
+            Settings(_env_file=None)

@@ -4,7 +4,18 @@ from datetime import UTC, datetime
 
 from chat.messages import Message
 from chat.partitions import SlotMap
-from writer.copies import Copy, Echo, Known, OwedRead, copy_message, copy_plan, echo_rows, home_of, owed_copies
+from writer.copies import (
+    Copy,
+    Echo,
+    Known,
+    Offers,
+    OwedRead,
+    copy_message,
+    copy_plan,
+    echo_rows,
+    home_of,
+    owed_copies,
+)
 
 FOUR = SlotMap.even(4)
 AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -67,3 +78,28 @@ def test_a_handed_over_copy_is_made_already_only_if_a_complete_read_after_its_ha
     assert not read.made_already((1, 8), handed=None)  # drained from the echoes, not handed over
     partial = OwedRead([], frozenset({(1, 7)}), complete=False, handed_before=3)
     assert not partial.made_already((1, 8), handed=2)  # the read stopped at its limit: (1, 8) may be past it
+
+
+def test_a_leader_s_watch_offers_each_owed_copy_once_again_only_if_still_owed_a_second_later():
+    a, b = user_in(1), user_in(2)
+    first, second = Copy(msg(7, a, b), 1), Copy(msg(8, a, b), 1)
+    offers = Offers(again_after=1.0)
+    assert offers.fresh([first], complete=True, now=10.0) == [first]
+    # read again before its copy's commit: offered already, not twice
+    assert offers.fresh([first, second], complete=True, now=10.02) == [second]
+    # still owed a second after its offer (the offer was lost: a full queue, a failed turn): again
+    assert offers.fresh([first, second], complete=True, now=11.0) == [first]
+    # made: a complete read no longer holds it, so it is forgotten; owed anew (a move sent it
+    # back), it is offered at once
+    assert offers.fresh([second], complete=True, now=11.01) == []
+    assert offers.fresh([first, second], complete=True, now=11.015) == [first]
+
+
+def test_a_partial_read_forgets_nothing_it_did_not_reach():
+    a, b = user_in(1), user_in(2)
+    first, second = Copy(msg(7, a, b), 1), Copy(msg(8, a, b), 1)
+    offers = Offers(again_after=1.0)
+    assert offers.fresh([first, second], complete=True, now=10.0) == [first, second]
+    # a read stopped at its limit before (1, 8): that one may still be owed and offered
+    assert offers.fresh([first], complete=False, now=10.5) == []
+    assert offers.fresh([first, second], complete=True, now=10.6) == []

@@ -1,0 +1,101 @@
+"""Writes led per partition (CHAT_WRITER_LEADS) against real MariaDB and FerretDB.
+
+Two hosts' writers side by side, each leading one partition. A copy owed to a
+partition is made by that partition's leader, which watches its echoes; the
+writer whose commit owes it never takes that partition's lock. Nothing else
+drains the echoes here: the writers take no idle turn.
+"""
+
+import asyncio
+import contextlib
+import uuid
+from collections import Counter
+
+import pymongo
+import pytest
+from sqlalchemy import create_engine, text
+
+from chat.drafts import Draft
+from chat.partitions import SlotMap, collection_name, suffix
+from db import mongo
+from db.sql import make_engine
+from harness.system import databases
+from tests.timing import eventually
+from writer.message_writer import MessageWriter
+from writer.partitioned import PartitionedWriter
+
+FOUR = SlotMap.even(4)
+NO_IDLE_TURNS = 3600.0  # an idle turn drains echoes too: here only the watch may
+
+
+def user_in(partition: int, name: str) -> str:
+    tag = uuid.uuid4().hex[:6]
+    return next(u for i in range(10_000) if FOUR.partition_of(u := f"{name}{i}-{tag}") == partition)
+
+
+@pytest.fixture(scope="module")
+def dbs(tmp_path_factory):
+    with databases(tmp_path_factory.mktemp("leads"), partitions=4) as dbs:
+        yield dbs
+
+
+@contextlib.asynccontextmanager
+async def running_host(dbs, name: str, led: frozenset[int], turns: Counter):
+    """One host's writers of every partition, leading ``led``; each turn counted in ``turns[(name, partition)]``."""
+    settings = dbs.settings()
+    engine = make_engine(settings.stores.mysql_url.get_secret_value(), 5)
+    client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), 5)
+
+    def make(partition, live, hand_over, reroute, adopted):
+        def counted(waiting: float, holding: float) -> None:
+            turns[name, partition] += 1
+        return MessageWriter(engine, client[settings.stores.mongo_db], batch_max=50, window_ms=2, queue_max=100,
+                             timeout_seconds=5, retention_seconds=86_400, partition=partition, slot_map=live,
+                             hand_over=hand_over, reroute=reroute, adopted=adopted, observe_turn=counted,
+                             watch_echoes_every=0.01 if partition in led else None)
+
+    host = PartitionedWriter(FOUR, make, led)
+    task = asyncio.create_task(host.run(repair_every=NO_IDLE_TURNS))
+    try:
+        yield host
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        host.close()
+        engine.dispose()
+        await client.close()
+
+
+def copies_in(dbs, partition: int, sender: str) -> list:
+    engine = create_engine(dbs.mariadb.url())
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(f"SELECT * FROM messages{suffix(partition)} WHERE sender = :s ORDER BY id"),
+                                {"s": sender}).all()
+    finally:
+        engine.dispose()
+
+
+def docs(dbs, partition: int, query: dict) -> list[dict]:
+    client = pymongo.MongoClient(dbs.ferretdb.url, tz_aware=True)
+    try:
+        return list(client["chat"][collection_name(partition)].find(query).sort("_id", 1))
+    finally:
+        client.close()
+
+
+async def test_a_copy_is_made_by_its_partition_s_leader_and_the_sender_s_host_never_takes_that_lock(dbs):
+    alice, bob = user_in(1, "alice"), user_in(2, "bob")
+    turns: Counter = Counter()
+    async with running_host(dbs, "a", frozenset({1}), turns) as a, running_host(dbs, "b", frozenset({2}), turns):
+        originals = [(await a.submit(Draft(alice, bob, f"led {i}", f"k{i}")))[0] for i in range(3)]
+        copies = await eventually(lambda: asyncio.to_thread(
+            lambda: (rows := copies_in(dbs, 2, alice)) and len(rows) == 3 and rows), "the leader's copies")
+        in_store = await eventually(lambda: asyncio.to_thread(
+            lambda: (found := docs(dbs, 2, {"from": alice})) and len(found) == 3 and found), "the copies in Mongo")
+    assert [(r.origin_part, r.origin_id, r.body) for r in copies] == [(1, m.id, m.body) for m in originals]
+    assert [d["_id"] for d in in_store] == [r.id for r in copies]
+    # Host a committed the originals under partition 1's lock and never took partition 2's;
+    # host b, partition 2's leader, made the copies and never took partition 1's.
+    assert turns["a", 1] >= 1 and turns["b", 2] >= 1
+    assert turns["a", 2] == 0 and turns["b", 1] == 0
