@@ -95,20 +95,20 @@ def owed_now(conn: Connection, partition: int, limit: int, slot_map: SlotMap) ->
     """Up to ``limit`` copies owed to ``partition`` and still its own under ``slot_map``,
     read without its lock and writing nothing (a leader's watch, ``writer.echo_watch``),
     and whether that is all of them. What a move sends on, or an echo without its
-    original, is left to the drain of a turn, under the lock."""
-    try:
-        owed = conn.execute(_OWED, {"to_part": partition, "limit": limit}).all()
-        by_part: dict[int, list[int]] = defaultdict(list)
-        for from_part, from_id in owed:
-            by_part[from_part].append(from_id)
-        copies = []
-        for from_part, ids in by_part.items():
-            for r in conn.execute(_originals(from_part), {"ids": ids}).all():
-                if slot_map.partition_of(r.recipient) == partition:
-                    copies.append(Copy(Message.from_row(r), from_part))
-        return copies, len(owed) < limit
-    finally:
-        conn.rollback()  # a read: its snapshot ends here, and the next read sees the commits since
+    original, is left to the drain of a turn, under the lock. ``conn`` runs each
+    statement as its own transaction (autocommit): a read that finds nothing is one
+    round trip, and each sees the commits before it. An echo and its original are
+    committed together, so an echo read has its original to read."""
+    owed = conn.execute(_OWED, {"to_part": partition, "limit": limit}).all()
+    by_part: dict[int, list[int]] = defaultdict(list)
+    for from_part, from_id in owed:
+        by_part[from_part].append(from_id)
+    copies = []
+    for from_part, ids in by_part.items():
+        for r in conn.execute(_originals(from_part), {"ids": ids}).all():
+            if slot_map.partition_of(r.recipient) == partition:
+                copies.append(Copy(Message.from_row(r), from_part))
+    return copies, len(owed) < limit
 
 
 def _send_on(conn: Connection, partition: int, now_in: int, from_part: int, from_id: int) -> None:

@@ -8,19 +8,22 @@ drains the echoes here: the writers take no idle turn.
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections import Counter
 
 import pymongo
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from chat.drafts import Draft
-from chat.partitions import SlotMap, collection_name, suffix
+from chat.partitions import LiveMap, SlotMap, collection_name, suffix
 from db import mongo
 from db.sql import make_engine
 from harness.system import databases
 from tests.timing import eventually
+from writer.echo_watch import EchoWatch
 from writer.message_writer import MessageWriter
 from writer.partitioned import PartitionedWriter
 
@@ -99,3 +102,45 @@ async def test_a_copy_is_made_by_its_partition_s_leader_and_the_sender_s_host_ne
     # host b, partition 2's leader, made the copies and never took partition 1's.
     assert turns["a", 1] >= 1 and turns["b", 2] >= 1
     assert turns["a", 2] == 0 and turns["b", 1] == 0
+
+
+class _Refusing:
+    """The real engine, whose first ``refusals`` connects fail as a lost MySQL link does."""
+
+    def __init__(self, engine, refusals: int):
+        self._engine, self.refusals = engine, refusals
+
+    def connect(self):
+        if self.refusals:
+            self.refusals -= 1
+            raise OperationalError("connect", {}, Exception("(2003) can't connect to MySQL server"))
+        return self._engine.connect()
+
+
+async def test_a_watch_that_cannot_read_says_so_once_and_offers_what_is_owed_once_it_can(dbs, caplog):
+    alice, bob = user_in(1, "alice"), user_in(2, "bob")
+    turns: Counter = Counter()
+    # another host commits an original owed to partition 2; nothing here makes its copy
+    async with running_host(dbs, "a", frozenset({1}), turns) as a:
+        original, _ = await a.submit(Draft(alice, bob, "while the link was down", "w1"))
+    engine = make_engine(dbs.settings().stores.mysql_url.get_secret_value(), 5)
+    offered: list = []
+    reads = 0
+
+    async def next_read(seconds: float) -> None:  # the watch's pause: counts reads, ends the watch after 5
+        nonlocal reads
+        reads += 1
+        if reads > 5:
+            raise asyncio.CancelledError
+
+    watch = EchoWatch(_Refusing(engine, 3), partition=2, live=LiveMap(FOUR), offer=offered.append,
+                      interval=0.05, limit=10, sleep=next_read)
+    try:
+        with caplog.at_level(logging.WARNING, logger="chat.writer"), pytest.raises(asyncio.CancelledError):
+            await watch.run()
+    finally:
+        watch.close()
+        engine.dispose()
+    events = [r.getMessage().split()[0] for r in caplog.records if "echo_watch" in r.getMessage()]
+    assert events == ["event=echo_watch_failed", "event=echo_watch_resumed"]  # three failed reads, one line
+    assert [copy.origin for copy in offered] == [(1, original.id)]  # offered once, though read twice since
