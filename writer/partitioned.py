@@ -101,17 +101,22 @@ class PartitionedWriter:
             self._running = None
 
     def _idle_turn_every(self, partition: int) -> float:
-        """How long partition ``partition``'s writer waits idle before a turn that repairs and drains.
-        One of a partition another host leads is idle nearly always (its requests go to the
-        leader), and each of its idle turns stopped the leader's turn for two hand-overs of the
-        lock; it is there for when the leader is away, when the backups' turns drain too."""
-        if self._led is None or partition in self._led:
-            return self._repair_every
-        return max(self._repair_every, NOT_LED_IDLE_TURN_SECONDS)
+        return idle_turn_every(partition, self._led, self._repair_every)
 
     def close(self) -> None:
         for writer in self.writers:
             writer.close()
+
+
+def idle_turn_every(partition: int, led: frozenset[int] | None, repair_every: float) -> float:
+    """How long partition ``partition``'s writer waits idle before a turn that repairs and
+    drains, on a host that leads ``led`` (None: every partition). A writer of a partition
+    another host leads is idle nearly always (its requests go to the leader), and each of its
+    idle turns stopped the leader's turn for two hand-overs of the lock; it is there for when
+    the leader is away, and then the backups' turns, which its POSTs reach, drain too."""
+    if led is None or partition in led:
+        return repair_every
+    return max(repair_every, NOT_LED_IDLE_TURN_SECONDS)
 
 
 def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map: SlotMap,

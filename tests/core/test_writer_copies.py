@@ -1,4 +1,5 @@
-"""Where a message is written and which copies it owes (writer/copies.py): pure, no database."""
+"""Where a message is written, which copies it owes and who makes them (writer/copies.py,
+``writer.partitioned.idle_turn_every``): pure, no database."""
 
 from datetime import UTC, datetime
 
@@ -16,6 +17,7 @@ from writer.copies import (
     home_of,
     owed_copies,
 )
+from writer.partitioned import NOT_LED_IDLE_TURN_SECONDS, idle_turn_every
 
 FOUR = SlotMap.even(4)
 AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -103,3 +105,10 @@ def test_a_partial_read_forgets_nothing_it_did_not_reach():
     # a read stopped at its limit before (1, 8): that one may still be owed and offered
     assert offers.fresh([first], complete=False, now=10.5) == []
     assert offers.fresh([first, second], complete=True, now=10.6) == []
+
+
+def test_a_writer_of_a_partition_led_elsewhere_takes_an_idle_turn_every_few_seconds_not_every_second():
+    assert idle_turn_every(1, None, 1.0) == 1.0  # no leaders: every writer leads every partition
+    assert idle_turn_every(1, frozenset({1, 4}), 1.0) == 1.0  # its own
+    assert idle_turn_every(2, frozenset({1, 4}), 1.0) == NOT_LED_IDLE_TURN_SECONDS  # the leader's, elsewhere
+    assert idle_turn_every(2, frozenset({1, 4}), 3600.0) == 3600.0  # never more often than asked
