@@ -126,7 +126,8 @@ class Offers:
     """Which of the copies a leader's watch read as owed (``EchoWatch``) it offers to
     its writer now: each once, and again only if still owed ``again_after`` seconds
     later (the offer was lost: a full queue, a failed turn). A copy's commit deletes
-    its echo, so a read after it no longer holds it, and it is forgotten."""
+    its echo, so a read after it no longer holds it, and it is forgotten: what it
+    remembers is at most one read's worth."""
 
     __slots__ = ("_again_after", "_offered")
 
@@ -134,11 +135,18 @@ class Offers:
         self._again_after = again_after
         self._offered: dict[tuple[int, int], float] = {}  # origin -> when it was last offered
 
+    def __len__(self) -> int:
+        return len(self._offered)
+
     def fresh(self, owed: list[Copy], complete: bool, now: float) -> list[Copy]:
         """Of ``owed`` (a read of the echoes, every one owed if ``complete``), those to offer at ``now``."""
-        if complete:  # an origin the read no longer holds is copied (or sent on): forget it
-            held = {copy.origin for copy in owed}
-            self._offered = {o: at for o, at in self._offered.items() if o in held}
+        # An origin the read no longer holds is copied (or sent on): forget it. A read stopped at
+        # its limit holds the oldest echoes, in origin order: what it did not reach, past its last, may be owed.
+        held = {copy.origin for copy in owed}
+        if complete or held:
+            reached = None if complete else max(held)
+            self._offered = {o: at for o, at in self._offered.items()
+                             if o in held or (reached is not None and o > reached)}
         out = []
         for copy in owed:
             at = self._offered.get(copy.origin)

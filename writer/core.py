@@ -330,8 +330,7 @@ class WriterCore:
         """How long a Mongo call is waited for while another process is queued: the
         configured grace, or ``GRACE_PER_INSERT`` times the recent inserts' time, up to the cap."""
         t = self.timing
-        return min(max(t.handover_grace_seconds, t.handover_grace_max_seconds),
-                   max(t.handover_grace_seconds, GRACE_PER_INSERT * self.insert_seconds))
+        return max(t.handover_grace_seconds, min(t.handover_grace_max_seconds, GRACE_PER_INSERT * self.insert_seconds))
 
     def mongo_answered(self, seconds: float) -> None:
         """An insert (or a repair's) was answered after ``seconds``: the recent

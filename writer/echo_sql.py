@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from functools import cache
 
 from sqlalchemy import Delete, Select, bindparam, select, tuple_
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Row
 
 from chat.messages import Message
 from chat.partitions import SlotMap
@@ -62,17 +62,12 @@ def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: Slot
     elsewhere now (a move cut over after the original's writer chose this
     partition) is sent on to the recipient's partition of ``slot_map``. Neither
     is owed here any more. ``handed_before``: the hand-overs made before the read (``OwedRead``)."""
-    owed = conn.execute(_OWED, {"to_part": partition, "limit": limit}).all()
-    complete = len(owed) < limit
-    if not owed:
+    found, complete = _owed_originals(conn, partition, limit)
+    if not found:
         conn.commit()
         return OwedRead([], frozenset(), complete, handed_before)
-    by_part: dict[int, list[int]] = defaultdict(list)
-    for from_part, from_id in owed:
-        by_part[from_part].append(from_id)
     copies: list[Copy] = []
-    for from_part, ids in by_part.items():
-        rows = conn.execute(_originals(from_part), {"ids": ids}).all()
+    for from_part, ids, rows in found:
         for r in rows:
             now_in = slot_map.partition_of(r.recipient) if slot_map.partitions > 1 else 0
             if now_in == partition:
@@ -99,16 +94,26 @@ def owed_now(conn: Connection, partition: int, limit: int, slot_map: SlotMap) ->
     statement as its own transaction (autocommit): a read that finds nothing is one
     round trip, and each sees the commits before it. An echo and its original are
     committed together, so an echo read has its original to read."""
+    found, complete = _owed_originals(conn, partition, limit)
+    return [Copy(Message.from_row(r), from_part) for from_part, _ids, rows in found for r in rows
+            if slot_map.partition_of(r.recipient) == partition], complete
+
+
+# (the originals' partition, their ids, their rows as found), and whether that is every echo owed
+OwedOriginals = tuple[list[tuple[int, list[int], list[Row]]], bool]
+
+
+def _owed_originals(conn: Connection, partition: int, limit: int) -> OwedOriginals:
+    """The echoes owed to ``partition``, oldest first, up to ``limit``, by the partition
+    of their originals: (that partition, the originals' ids, their rows as found), and
+    whether that is every echo owed."""
     owed = conn.execute(_OWED, {"to_part": partition, "limit": limit}).all()
     by_part: dict[int, list[int]] = defaultdict(list)
     for from_part, from_id in owed:
         by_part[from_part].append(from_id)
-    copies = []
-    for from_part, ids in by_part.items():
-        for r in conn.execute(_originals(from_part), {"ids": ids}).all():
-            if slot_map.partition_of(r.recipient) == partition:
-                copies.append(Copy(Message.from_row(r), from_part))
-    return copies, len(owed) < limit
+    found = [(from_part, ids, list(conn.execute(_originals(from_part), {"ids": ids}).all()))
+             for from_part, ids in by_part.items()]
+    return found, len(owed) < limit
 
 
 def _send_on(conn: Connection, partition: int, now_in: int, from_part: int, from_id: int) -> None:

@@ -206,3 +206,11 @@ def test_a_writer_leads_every_partition_unless_told_which_and_a_bad_rule_is_refu
         clean_env.setenv("CHAT_WRITER_LEADS", bad)
         with pytest.raises(ValidationError, match="leads"):
             Settings(_env_file=None)
+
+
+def test_the_echo_watch_reads_at_least_once_a_second_and_never_without_a_pause(clean_env):
+    assert Settings(_env_file=None).writer.echo_watch_ms == 50.0
+    for bad in ("0", "-5", "1001"):
+        clean_env.setenv("CHAT_WRITER_ECHO_WATCH_MS", bad)
+        with pytest.raises(ValidationError, match="echo_watch_ms"):
+            Settings(_env_file=None)

@@ -97,6 +97,19 @@ def test_a_leader_s_watch_offers_each_owed_copy_once_again_only_if_still_owed_a_
     assert offers.fresh([first, second], complete=True, now=11.015) == [first]
 
 
+def test_what_the_watch_remembers_stays_within_a_read_while_a_backlog_lasts():
+    """Reads stopped at their limit (a backlog past it) never prove a copy made by leaving it
+    out, but what they did reach does: the oldest echoes, in origin order."""
+    a, b = user_in(1), user_in(2)
+    offers, limit = Offers(again_after=1.0), 10
+    for start in range(0, 1000, 5):  # each read: the 10 oldest still owed; 5 of them copied since the last
+        read = [Copy(msg(i, a, b), 1) for i in range(start, start + limit)]
+        offers.fresh(read, complete=False, now=float(start))
+        assert len(offers) <= limit
+    # a partial read that this partition no longer owns any of (all sent on) forgets nothing
+    assert offers.fresh([], complete=False, now=2000.0) == [] and len(offers) == limit
+
+
 def test_a_partial_read_forgets_nothing_it_did_not_reach():
     a, b = user_in(1), user_in(2)
     first, second = Copy(msg(7, a, b), 1), Copy(msg(8, a, b), 1)

@@ -14,34 +14,43 @@ import pymongo
 import websockets
 from sqlalchemy import create_engine, text
 
+from chat.partitions import SlotMap, collection_name, suffix
 from db import mongo
 from db.sql import make_engine
 from writer.message_writer import MessageWriter
-from harness.system import System
+from harness.system import Databases, System
 from tests.frame_contract import violations
 from tests.timing import PATIENCE, eventually
 
 
 @contextlib.asynccontextmanager
-async def running_writer(dbs, writer_class=MessageWriter, event_listeners: list | None = None, **options):
-    """A running writer with a MySQL engine and a Mongo client of its own, as
-    a writer process has; yields (writer, engine, Mongo database).
-    ``event_listeners``: pymongo listeners on that client (the commands it sends)."""
+async def writer_stores(dbs, event_listeners: list | None = None):
+    """A MySQL engine and a Mongo database of their own, as a writer process has; yields
+    (engine, Mongo database). ``event_listeners``: pymongo listeners on that client."""
     settings = dbs.settings()
     engine = make_engine(settings.stores.mysql_url.get_secret_value(), 5)
     client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), 5, event_listeners)
-    options = {"batch_max": 50, "window_ms": 2, "queue_max": 100, "timeout_seconds": 5,
-               "retention_seconds": 86_400, **options}
-    writer = writer_class(engine, client[settings.stores.mongo_db], **options)
-    task = asyncio.create_task(writer.run(repair_every=0.2))
     try:
-        yield writer, engine, client[settings.stores.mongo_db]
+        yield engine, client[settings.stores.mongo_db]
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        writer.close()
         engine.dispose()
         await client.close()
+
+
+@contextlib.asynccontextmanager
+async def running_writer(dbs, writer_class=MessageWriter, event_listeners: list | None = None, **options):
+    """A running writer on ``writer_stores``; yields (writer, engine, Mongo database)."""
+    options = {"batch_max": 50, "window_ms": 2, "queue_max": 100, "timeout_seconds": 5,
+               "retention_seconds": 86_400, **options}
+    async with writer_stores(dbs, event_listeners) as (engine, db):
+        writer = writer_class(engine, db, **options)
+        task = asyncio.create_task(writer.run(repair_every=0.2))
+        try:
+            yield writer, engine, db
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            writer.close()
 
 
 def count_calls(monkeypatch, owner, name: str) -> list:
@@ -115,20 +124,37 @@ async def nothing_more(system: System, ws, user: str, peer: str | None = None) -
 
 
 def mysql_rows(system: System, where: str, **params) -> list:
-    engine = create_engine(system.dbs.mariadb.url())
+    return partition_rows(system.dbs, 0, where, **params)
+
+
+def mongo_docs(system: System, query: dict) -> list[dict]:
+    return partition_docs(system.dbs, 0, query)
+
+
+def partition_rows(dbs: Databases, partition: int, where: str = "1", **params) -> list:
+    """The rows of ``partition``'s messages table that match ``where``, by id."""
+    engine = create_engine(dbs.mariadb.url())
     try:
         with engine.connect() as conn:
-            return conn.execute(text(f"SELECT * FROM messages WHERE {where} ORDER BY id"), params).all()
+            return conn.execute(text(f"SELECT * FROM messages{suffix(partition)} WHERE {where} ORDER BY id"),
+                                params).all()
     finally:
         engine.dispose()
 
 
-def mongo_docs(system: System, query: dict) -> list[dict]:
-    client = pymongo.MongoClient(system.dbs.ferretdb.url, tz_aware=True)
+def partition_docs(dbs: Databases, partition: int, query: dict) -> list[dict]:
+    """The documents of ``partition``'s collection that match ``query``, by id."""
+    client = pymongo.MongoClient(dbs.ferretdb.url, tz_aware=True)
     try:
-        return list(client["chat"]["messages"].find(query).sort("_id", 1))
+        return list(client["chat"][collection_name(partition)].find(query).sort("_id", 1))
     finally:
         client.close()
+
+
+def user_in(partition: int, name: str, slot_map: SlotMap) -> str:
+    """A fresh user id of ``partition`` under ``slot_map`` (its slot decides: chat.partitions.slot_of)."""
+    tag = uuid.uuid4().hex[:6]
+    return next(u for i in range(10_000) if slot_map.partition_of(u := f"{name}{i}-{tag}") == partition)
 
 
 async def mongo_docs_soon(system: System, query: dict, count: int, timeout: float = PATIENCE) -> list[dict]:

@@ -18,13 +18,12 @@ import httpx
 import orjson
 import pytest
 import websockets
-from sqlalchemy import create_engine, text
 from websockets.exceptions import InvalidStatus
 
-from chat.partitions import SlotMap, suffix
+from chat.partitions import SlotMap
 from chat.settings import Settings
 from tests import front_door
-from tests.e2e.helpers import connect, post, receive
+from tests.e2e.helpers import connect, partition_rows, post, receive
 from tests.e2e.test_chatctl import chatctl
 from harness.system import System, databases, running_system
 from tests.timing import PATIENCE, S, eventually
@@ -41,13 +40,7 @@ def user_in(partition: int, name: str, slot_map: SlotMap = TWO) -> str:
 
 def rows_of(system: System, partition: int, sender: str) -> list:
     """``sender``'s rows in ``partition``'s MySQL table, by id."""
-    engine = create_engine(system.dbs.mariadb.url())
-    try:
-        with engine.connect() as conn:
-            return conn.execute(text(f"SELECT * FROM messages{suffix(partition)} WHERE sender = :s ORDER BY id"),
-                                {"s": sender}).all()
-    finally:
-        engine.dispose()
+    return partition_rows(system.dbs, partition, "sender = :s", s=sender)
 
 
 @contextlib.contextmanager

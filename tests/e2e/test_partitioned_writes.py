@@ -6,7 +6,6 @@ recipient's; a partition whose writer is stalled holds back no other.
 """
 
 import asyncio
-import uuid
 
 import httpx
 import pymongo
@@ -14,30 +13,14 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 from chat.drafts import Draft
-from chat.partitions import SlotMap, collection_name, lock_name, suffix
-from tests.e2e.helpers import post, running_writer
+from chat.partitions import SlotMap, lock_name, suffix
+from tests.e2e.helpers import partition_docs, partition_rows, post, running_writer, user_in
 from harness.system import databases, running_system
 from tests.timing import PATIENCE, eventually
 from writer.message_writer import MessageWriter
 from writer.mysql_steps import MySQLSteps, next_lock_name
 
 FOUR = SlotMap.even(4)
-
-
-def user_in(partition: int, name: str) -> str:
-    """A fresh user id of ``partition`` (its slot decides: chat.partitions.slot_of)."""
-    tag = uuid.uuid4().hex[:6]
-    return next(u for i in range(10_000) if FOUR.partition_of(u := f"{name}{i}-{tag}") == partition)
-
-
-def rows(dbs, partition: int, where: str = "1", **params) -> list:
-    engine = create_engine(dbs.mariadb.url())
-    try:
-        with engine.connect() as conn:
-            return conn.execute(text(f"SELECT * FROM messages{suffix(partition)} WHERE {where} ORDER BY id"),
-                                params).all()
-    finally:
-        engine.dispose()
 
 
 def echoes(dbs) -> list:
@@ -47,14 +30,6 @@ def echoes(dbs) -> list:
             return conn.execute(text("SELECT * FROM echoes")).all()
     finally:
         engine.dispose()
-
-
-def docs(dbs, partition: int, query: dict) -> list[dict]:
-    client = pymongo.MongoClient(dbs.ferretdb.url, tz_aware=True)
-    try:
-        return list(client["chat"][collection_name(partition)].find(query).sort("_id", 1))
-    finally:
-        client.close()
 
 
 async def soon(check, what: str):
@@ -105,43 +80,44 @@ def test_db_init_lays_out_four_partitions_each_with_its_tables_and_collection(fo
 
 
 async def test_each_partition_numbers_its_own_messages_without_gaps(hosted):
-    senders = {k: user_in(k, "s") for k in range(4)}
+    senders = {k: user_in(k, "s", FOUR) for k in range(4)}
     async with httpx.AsyncClient(timeout=PATIENCE) as c:
-        replies = await asyncio.gather(*(post(hosted, senders[k], user_in(k, "r"), f"m{i}", client=c)
+        replies = await asyncio.gather(*(post(hosted, senders[k], user_in(k, "r", FOUR), f"m{i}", client=c)
                                          for k in range(4) for i in range(6)))
     assert [r.status_code for r in replies] == [201] * 24
     for k in range(4):
-        table = rows(hosted.dbs, k)
+        table = partition_rows(hosted.dbs, k)
         assert [r.id for r in table] == list(range(1, len(table) + 1))  # gap-free, from 1, in each partition
         mine = [r for r in table if r.sender == senders[k]]
         assert len(mine) == 6 and all(r.origin_part is None for r in mine)
         answered = {int(r.json()["id"]) for r in replies if r.json()["from"] == senders[k]}
         assert {r.id for r in mine} == answered
-        others = [rows(hosted.dbs, j, "sender = :s", s=senders[k]) for j in range(4) if j != k]
+        others = [partition_rows(hosted.dbs, j, "sender = :s", s=senders[k]) for j in range(4) if j != k]
         assert others == [[], [], []]  # no copy: every recipient was in the sender's partition
-        stored = await soon(lambda k=k: len(got := docs(hosted.dbs, k, {"from": senders[k]})) == 6 and got,
+        stored = await soon(lambda k=k: len(got := partition_docs(hosted.dbs, k, {"from": senders[k]})) == 6 and got,
                             f"partition {k}'s messages in its collection")
         assert sorted(d["_id"] for d in stored) == sorted(answered)
 
 
 async def test_a_message_to_another_partition_is_stored_once_in_each_even_when_retried(hosted):
-    alice, bob = user_in(1, "alice"), user_in(2, "bob")
+    alice, bob = user_in(1, "alice", FOUR), user_in(2, "bob", FOUR)
     first = await post(hosted, alice, bob, "hello bob", "k1")
     again = await post(hosted, alice, bob, "hello bob", "k1")
     assert (first.status_code, again.status_code) == (201, 200) and again.json() == first.json()
     original_id = int(first.json()["id"])
 
-    originals = rows(hosted.dbs, 1, "sender = :s", s=alice)
+    originals = partition_rows(hosted.dbs, 1, "sender = :s", s=alice)
     assert [(r.id, r.recipient, r.body, r.origin_part, r.origin_id) for r in originals] == \
         [(original_id, bob, "hello bob", None, None)]
-    copies = await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice), "the copy in bob's partition")
+    copies = await soon(lambda: partition_rows(hosted.dbs, 2, "sender = :s", s=alice), "the copy in bob's partition")
     assert [(r.recipient, r.body, r.client_msg_id, r.origin_part, r.origin_id) for r in copies] == \
         [(bob, "hello bob", "k1", 1, original_id)]
     assert copies[0].created_at == originals[0].created_at  # one message, one time, on both sides
-    assert rows(hosted.dbs, 0, "sender = :s", s=alice) == [] and rows(hosted.dbs, 3, "sender = :s", s=alice) == []
+    assert partition_rows(hosted.dbs, 0, "sender = :s", s=alice) == []
+    assert partition_rows(hosted.dbs, 3, "sender = :s", s=alice) == []
 
-    in_home = await soon(lambda: docs(hosted.dbs, 1, {"from": alice}), "the original in its collection")
-    in_theirs = await soon(lambda: docs(hosted.dbs, 2, {"from": alice}), "the copy in its collection")
+    in_home = await soon(lambda: partition_docs(hosted.dbs, 1, {"from": alice}), "the original in its collection")
+    in_theirs = await soon(lambda: partition_docs(hosted.dbs, 2, {"from": alice}), "the copy in its collection")
     assert [d["_id"] for d in in_home] == [original_id] and "origin_part" not in in_home[0]
     assert [(d["_id"], d["origin_part"], d["origin_id"]) for d in in_theirs] == [(copies[0].id, 1, original_id)]
     assert not [e for e in echoes(hosted.dbs) if (e.from_part, e.from_id) == (1, original_id)]
@@ -164,18 +140,18 @@ async def test_a_leftover_echo_becomes_exactly_one_copy(hosted):
     # when it is killed between its commit and the copy's: its commit leaves
     # the original and the echo row, and partition 2's writer, in the writer
     # process, drains the echo into one copy.
-    alice, bob = user_in(1, "alice"), user_in(2, "bob")
+    alice, bob = user_in(1, "alice", FOUR), user_in(2, "bob", FOUR)
     async with running_writer(hosted.dbs, partition=1, slot_map=FOUR) as (writer, _engine, _db):
         original, created = await writer.submit(Draft(alice, bob, "left over", "k9"))
     assert created
-    copies = await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice), "the echo made into a copy")
+    copies = await soon(lambda: partition_rows(hosted.dbs, 2, "sender = :s", s=alice), "the echo made into a copy")
     assert [(r.origin_part, r.origin_id, r.body) for r in copies] == [(1, original.id, "left over")]
     # Every turn of partition 2's writer drains what echoes are left before its
     # batch: once this message is answered, a turn has drained after the copy.
-    assert (await post(hosted, user_in(2, "carl"), bob, "a later turn")).status_code == 201
-    assert len(rows(hosted.dbs, 2, "sender = :s", s=alice)) == 1  # still one copy
+    assert (await post(hosted, user_in(2, "carl", FOUR), bob, "a later turn")).status_code == 201
+    assert len(partition_rows(hosted.dbs, 2, "sender = :s", s=alice)) == 1  # still one copy
     assert not [e for e in echoes(hosted.dbs) if (e.from_part, e.from_id) == (1, original.id)]
-    in_theirs = await soon(lambda: docs(hosted.dbs, 2, {"from": alice}), "the copy in its collection")
+    in_theirs = await soon(lambda: partition_docs(hosted.dbs, 2, {"from": alice}), "the copy in its collection")
     assert [d["_id"] for d in in_theirs] == [copies[0].id]
 
 
@@ -196,22 +172,23 @@ async def test_a_copy_handed_over_after_another_host_s_writer_made_it_is_not_wri
     # This host's writer of partition 1 commits alice -> bob and hands the copy to
     # this host's writer of partition 2. Before that one's turn, another host's
     # writer of partition 2 (the writer process) drains the echo into the copy.
-    alice, bob, carl = user_in(1, "alice"), user_in(2, "bob"), user_in(2, "carl")
+    alice, bob, carl = user_in(1, "alice", FOUR), user_in(2, "bob", FOUR), user_in(2, "carl", FOUR)
     handed = []
     async with running_writer(hosted.dbs, partition=1, slot_map=FOUR,
                               hand_over=lambda part, copy: handed.append((part, copy))) as (home, _engine, _db):
         original, _ = await home.submit(Draft(alice, bob, "made elsewhere", "k7"))
     assert [(part, copy.origin) for part, copy in handed] == [(2, (1, original.id))]
-    await soon(lambda: rows(hosted.dbs, 2, "sender = :s", s=alice), "the copy, made by the other host's writer")
+    await soon(lambda: partition_rows(hosted.dbs, 2, "sender = :s", s=alice),
+               "the copy, made by the other host's writer")
 
     _CountedLookUps.look_ups = 0
     async with running_writer(hosted.dbs, _LookUpsCounted, partition=2, slot_map=FOUR) as (theirs, _engine, _db):
         theirs.offer_copy(handed[0][1])
         later, created = await theirs.submit(Draft(carl, bob, "after it", "k8"))
     assert created
-    assert [(r.origin_id, r.body) for r in rows(hosted.dbs, 2, "sender = :s", s=alice)] == \
+    assert [(r.origin_id, r.body) for r in partition_rows(hosted.dbs, 2, "sender = :s", s=alice)] == \
         [(original.id, "made elsewhere")]
-    table = rows(hosted.dbs, 2)
+    table = partition_rows(hosted.dbs, 2)
     assert [r.id for r in table] == list(range(1, len(table) + 1)) and later.id in {r.id for r in table}
     # The copy was dropped before the batch: no INSERT of it was refused and looked up.
     assert _CountedLookUps.look_ups == 0
@@ -236,7 +213,7 @@ async def test_a_turn_takes_the_lock_and_reads_its_start_in_one_commit(four):
     # Every statement a turn runs between the lock and its first INSERT is one more
     # round trip that each other host's writer of the partition waits for.
     said: list[str] = []
-    carl, bob = user_in(2, "carl"), user_in(2, "bob")
+    carl, bob = user_in(2, "carl", FOUR), user_in(2, "bob", FOUR)
     async with running_writer(four, partition=2, slot_map=FOUR) as (writer, engine, _db):
         event.listen(engine, "before_cursor_execute", lambda _c, _cur, statement, *_: said.append(statement))
         event.listen(engine, "commit", lambda _c: said.append("COMMIT"))
@@ -249,7 +226,7 @@ async def test_a_turn_takes_the_lock_and_reads_its_start_in_one_commit(four):
 
 
 async def test_a_stalled_partition_holds_back_no_other_and_loses_nothing(hosted):
-    senders = {k: user_in(k, "s") for k in range(4)}
+    senders = {k: user_in(k, "s", FOUR) for k in range(4)}
     engine = create_engine(hosted.dbs.mariadb.url())
     holder = engine.connect()
     try:
@@ -260,26 +237,26 @@ async def test_a_stalled_partition_holds_back_no_other_and_loses_nothing(hosted)
         assert holder.execute(text("SELECT GET_LOCK(:n, 10)"), {"n": lock_name(3)}).scalar() == 1
         holder.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": next_lock_name(3)})
         async with httpx.AsyncClient(timeout=PATIENCE) as c:
-            stalled = asyncio.create_task(post(hosted, senders[3], user_in(3, "r"), "stalled", "st1", client=c))
+            stalled = asyncio.create_task(post(hosted, senders[3], user_in(3, "r", FOUR), "stalled", "st1", client=c))
             # partition 3's writer is in its turn's GET_LOCK, behind the holder
             await soon(lambda: waiting_for_lock(hosted.dbs, lock_name(3)), "partition 3's writer waiting for its lock")
             for k in (0, 1, 2):
-                reply = await post(hosted, senders[k], user_in(k, "r"), "free", client=c)
+                reply = await post(hosted, senders[k], user_in(k, "r", FOUR), "free", client=c)
                 # answered while partition 3's message still waits (it is refused only at the lock timeout)
                 assert reply.status_code == 201 and not stalled.done()
             refused = await stalled
         # at the lock timeout (CHAT_DB_TIMEOUT_SECONDS), named for what it waited for
         assert (refused.status_code, refused.json()["error"]) == (503, "partition_busy"), refused.text
-        assert rows(hosted.dbs, 3, "sender = :s", s=senders[3]) == []
+        assert partition_rows(hosted.dbs, 3, "sender = :s", s=senders[3]) == []
     finally:
         holder.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": lock_name(3)})
         holder.close()
         engine.dispose()
-    retried = await post(hosted, senders[3], user_in(3, "r"), "stalled", "st1")  # the client's retry
+    retried = await post(hosted, senders[3], user_in(3, "r", FOUR), "stalled", "st1")  # the client's retry
     assert retried.status_code == 201
-    assert [r.body for r in rows(hosted.dbs, 3, "sender = :s", s=senders[3])] == ["stalled"]
+    assert [r.body for r in partition_rows(hosted.dbs, 3, "sender = :s", s=senders[3])] == ["stalled"]
     for k in (0, 1, 2):
-        assert [r.body for r in rows(hosted.dbs, k, "sender = :s", s=senders[k])] == ["free"]
+        assert [r.body for r in partition_rows(hosted.dbs, k, "sender = :s", s=senders[k])] == ["free"]
 
 
 @pytest.fixture
@@ -293,7 +270,7 @@ def mongo_stops(tmp_path_factory):
 
 async def test_one_partition_s_outbox_is_repaired_into_its_own_collection(mongo_stops):
     system, dbs = mongo_stops, mongo_stops.dbs
-    carol, dave, erin = user_in(2, "carol"), user_in(2, "dave"), user_in(0, "erin")
+    carol, dave, erin = user_in(2, "carol", FOUR), user_in(2, "dave", FOUR), user_in(0, "erin", FOUR)
     dbs.ferretdb.stop()
     try:
         local = await post(system, carol, dave, "while mongo was down")
@@ -302,11 +279,12 @@ async def test_one_partition_s_outbox_is_repaired_into_its_own_collection(mongo_
     finally:
         dbs.ferretdb.start()
     ids = sorted(int(r.json()["id"]) for r in (local, across))
-    repaired = await soon(lambda: len(got := docs(dbs, 2, {"from": carol})) == 2 and got, "the outbox repaired")
+    repaired = await soon(lambda: len(got := partition_docs(dbs, 2, {"from": carol})) == 2 and got,
+                          "the outbox repaired")
     assert sorted(d["_id"] for d in repaired) == ids
-    copy = await soon(lambda: docs(dbs, 0, {"from": carol}), "the copy in partition 0's collection")
+    copy = await soon(lambda: partition_docs(dbs, 0, {"from": carol}), "the copy in partition 0's collection")
     assert [(d["to"], d["origin_part"], d["origin_id"]) for d in copy] == [(erin, 2, int(across.json()["id"]))]
-    assert docs(dbs, 1, {"from": carol}) == [] and docs(dbs, 3, {"from": carol}) == []
+    assert partition_docs(dbs, 1, {"from": carol}) == [] and partition_docs(dbs, 3, {"from": carol}) == []
     engine = create_engine(dbs.mariadb.url())
 
     def mirrored_upto() -> int:
@@ -323,9 +301,9 @@ async def test_an_api_process_that_writes_for_itself_writes_partitioned_too(four
     # No writer process (CHAT_WRITER_SOCKET empty): the API process runs a writer
     # per partition itself, beside the writer process of the other test system.
     with running_system(four, daemons=0, apis=1, CHAT_RATE_LIMIT_PER_SECOND="0") as alone:
-        fred, gina = user_in(3, "fred"), user_in(0, "gina")
+        fred, gina = user_in(3, "fred", FOUR), user_in(0, "gina", FOUR)
         reply = await post(alone, fred, gina, "from a self-writing API")
         assert reply.status_code == 201
-        assert [r.id for r in rows(four, 3, "sender = :s", s=fred)] == [int(reply.json()["id"])]
-        copies = await soon(lambda: rows(four, 0, "sender = :s", s=fred), "the copy in gina's partition")
+        assert [r.id for r in partition_rows(four, 3, "sender = :s", s=fred)] == [int(reply.json()["id"])]
+        copies = await soon(lambda: partition_rows(four, 0, "sender = :s", s=fred), "the copy in gina's partition")
         assert [(r.origin_part, r.origin_id) for r in copies] == [(3, int(reply.json()["id"]))]

@@ -9,19 +9,15 @@ drains the echoes here: the writers take no idle turn.
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections import Counter
 
-import pymongo
 import pytest
-from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from chat.drafts import Draft
-from chat.partitions import LiveMap, SlotMap, collection_name, suffix
-from db import mongo
-from db.sql import make_engine
+from chat.partitions import LiveMap, SlotMap
 from harness.system import databases
+from tests.e2e.helpers import partition_docs, partition_rows, user_in, writer_stores
 from tests.timing import eventually
 from writer.echo_watch import EchoWatch
 from writer.message_writer import MessageWriter
@@ -29,11 +25,6 @@ from writer.partitioned import PartitionedWriter
 
 FOUR = SlotMap.even(4)
 NO_IDLE_TURNS = 3600.0  # an idle turn drains echoes too: here only the watch may
-
-
-def user_in(partition: int, name: str) -> str:
-    tag = uuid.uuid4().hex[:6]
-    return next(u for i in range(10_000) if FOUR.partition_of(u := f"{name}{i}-{tag}") == partition)
 
 
 @pytest.fixture(scope="module")
@@ -45,57 +36,35 @@ def dbs(tmp_path_factory):
 @contextlib.asynccontextmanager
 async def running_host(dbs, name: str, led: frozenset[int], turns: Counter):
     """One host's writers of every partition, leading ``led``; each turn counted in ``turns[(name, partition)]``."""
-    settings = dbs.settings()
-    engine = make_engine(settings.stores.mysql_url.get_secret_value(), 5)
-    client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), 5)
+    async with writer_stores(dbs) as (engine, db):
+        def make(partition, live, hand_over, reroute, adopted):
+            def counted(waiting: float, holding: float) -> None:
+                turns[name, partition] += 1
+            return MessageWriter(engine, db, batch_max=50, window_ms=2, queue_max=100, timeout_seconds=5,
+                                 retention_seconds=86_400, partition=partition, slot_map=live, hand_over=hand_over,
+                                 reroute=reroute, adopted=adopted, observe_turn=counted,
+                                 watch_echoes_every=0.01 if partition in led else None)
 
-    def make(partition, live, hand_over, reroute, adopted):
-        def counted(waiting: float, holding: float) -> None:
-            turns[name, partition] += 1
-        return MessageWriter(engine, client[settings.stores.mongo_db], batch_max=50, window_ms=2, queue_max=100,
-                             timeout_seconds=5, retention_seconds=86_400, partition=partition, slot_map=live,
-                             hand_over=hand_over, reroute=reroute, adopted=adopted, observe_turn=counted,
-                             watch_echoes_every=0.01 if partition in led else None)
-
-    host = PartitionedWriter(FOUR, make, led)
-    task = asyncio.create_task(host.run(repair_every=NO_IDLE_TURNS))
-    try:
-        yield host
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        host.close()
-        engine.dispose()
-        await client.close()
-
-
-def copies_in(dbs, partition: int, sender: str) -> list:
-    engine = create_engine(dbs.mariadb.url())
-    try:
-        with engine.connect() as conn:
-            return conn.execute(text(f"SELECT * FROM messages{suffix(partition)} WHERE sender = :s ORDER BY id"),
-                                {"s": sender}).all()
-    finally:
-        engine.dispose()
-
-
-def docs(dbs, partition: int, query: dict) -> list[dict]:
-    client = pymongo.MongoClient(dbs.ferretdb.url, tz_aware=True)
-    try:
-        return list(client["chat"][collection_name(partition)].find(query).sort("_id", 1))
-    finally:
-        client.close()
+        host = PartitionedWriter(FOUR, make, led)
+        task = asyncio.create_task(host.run(repair_every=NO_IDLE_TURNS))
+        try:
+            yield host
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            host.close()
 
 
 async def test_a_copy_is_made_by_its_partition_s_leader_and_the_sender_s_host_never_takes_that_lock(dbs):
-    alice, bob = user_in(1, "alice"), user_in(2, "bob")
+    alice, bob = user_in(1, "alice", FOUR), user_in(2, "bob", FOUR)
     turns: Counter = Counter()
     async with running_host(dbs, "a", frozenset({1}), turns) as a, running_host(dbs, "b", frozenset({2}), turns):
         originals = [(await a.submit(Draft(alice, bob, f"led {i}", f"k{i}")))[0] for i in range(3)]
         copies = await eventually(lambda: asyncio.to_thread(
-            lambda: (rows := copies_in(dbs, 2, alice)) and len(rows) == 3 and rows), "the leader's copies")
+            lambda: len(rows := partition_rows(dbs, 2, "sender = :s", s=alice)) == 3 and rows),
+            "the leader's copies")
         in_store = await eventually(lambda: asyncio.to_thread(
-            lambda: (found := docs(dbs, 2, {"from": alice})) and len(found) == 3 and found), "the copies in Mongo")
+            lambda: len(found := partition_docs(dbs, 2, {"from": alice})) == 3 and found), "the copies in Mongo")
     assert [(r.origin_part, r.origin_id, r.body) for r in copies] == [(1, m.id, m.body) for m in originals]
     assert [d["_id"] for d in in_store] == [r.id for r in copies]
     # Host a committed the originals under partition 1's lock and never took partition 2's;
@@ -118,12 +87,11 @@ class _Refusing:
 
 
 async def test_a_watch_that_cannot_read_says_so_once_and_offers_what_is_owed_once_it_can(dbs, caplog):
-    alice, bob = user_in(1, "alice"), user_in(2, "bob")
+    alice, bob = user_in(1, "alice", FOUR), user_in(2, "bob", FOUR)
     turns: Counter = Counter()
     # another host commits an original owed to partition 2; nothing here makes its copy
     async with running_host(dbs, "a", frozenset({1}), turns) as a:
         original, _ = await a.submit(Draft(alice, bob, "while the link was down", "w1"))
-    engine = make_engine(dbs.settings().stores.mysql_url.get_secret_value(), 5)
     offered: list = []
     reads = 0
 
@@ -133,14 +101,14 @@ async def test_a_watch_that_cannot_read_says_so_once_and_offers_what_is_owed_onc
         if reads > 5:
             raise asyncio.CancelledError
 
-    watch = EchoWatch(_Refusing(engine, 3), partition=2, live=LiveMap(FOUR), offer=offered.append,
-                      interval=0.05, limit=10, sleep=next_read)
-    try:
-        with caplog.at_level(logging.WARNING, logger="chat.writer"), pytest.raises(asyncio.CancelledError):
-            await watch.run()
-    finally:
-        watch.close()
-        engine.dispose()
+    async with writer_stores(dbs) as (engine, _db):
+        watch = EchoWatch(_Refusing(engine, 3), partition=2, live=LiveMap(FOUR), offer=offered.append,
+                          interval=0.05, limit=10, sleep=next_read)
+        try:
+            with caplog.at_level(logging.WARNING, logger="chat.writer"), pytest.raises(asyncio.CancelledError):
+                await watch.run()
+        finally:
+            watch.close()
     events = [r.getMessage().split()[0] for r in caplog.records if "echo_watch" in r.getMessage()]
     assert events == ["event=echo_watch_failed", "event=echo_watch_resumed"]  # three failed reads, one line
     assert [copy.origin for copy in offered] == [(1, original.id)]  # offered once, though read twice since
