@@ -115,6 +115,22 @@ def test_a_users_catch_up_joins_the_live_stream_at_the_marker_and_a_stale_marker
     assert interest.subscribed(9, seen=30) == [] and interest.subscribed(11, seen=31) == ["u"]
 
 
+def test_a_marker_serves_every_user_asked_up_to_it_and_one_let_go_before_its_marker_waits_for_its_new_one():
+    interest = Interest()
+    for user, token in (("a", 1), ("b", 2), ("c", 3)):
+        assert interest.hold(user) is True
+        interest.asked(user, token)
+    assert sorted(interest.subscribed(2, seen=7)) == ["a", "b"]  # one marker for two subs
+    generation = interest.release("c")  # its only socket goes before its marker came
+    assert generation is not None and interest.expire("c", generation) is True
+    assert interest.subscribed(3, seen=8) == []  # the marker of the sub let go serves nobody
+    assert interest.hold("c") is True
+    interest.asked("c", 4)
+    assert interest.subscribed(3, seen=9) == [] and interest.covered_from("c") is None
+    assert interest.subscribed(4, seen=10) == ["c"] and interest.covered_from("c") == 10
+    assert interest.covered_from("a") == 7 and interest.covered_from("b") == 7
+
+
 def test_what_the_oplog_has_shown_is_what_the_fast_store_holds_and_a_fill_does_not_move_it():
     # Ids reach the fast store in id order: every id up to the highest the oplog showed
     # (a document or an id passed over) is there. Ids released from MySQL past it may not be.

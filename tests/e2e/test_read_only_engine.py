@@ -5,6 +5,7 @@ ROLLBACK and no ping (MariaDB counts a COM_PING in ``Com_admin_commands``); each
 committed before it (autocommit: no snapshot is kept from one read to the next); and a read whose
 pooled connection was killed is answered on a new one."""
 
+import asyncio
 import datetime
 from collections.abc import Iterator
 
@@ -91,6 +92,24 @@ async def test_each_read_is_one_select_with_no_rollback_nor_ping_and_sees_what_w
             commit_message(writes, 9_000 + n, "reads-alice", "reads-bob")
             assert await unread.total("reads-bob", 0, 5.0) == n  # the same pooled connection, a fresh read
         assert counted_since(reads, before) == {"Com_select": 3, "Com_rollback": 0, "Com_admin_commands": 0}
+    finally:
+        unread.close()
+
+
+async def test_users_asked_for_while_a_read_is_in_flight_are_answered_together_each_with_their_own_total(
+        reads, writes):
+    unread = UnreadTotals(reads)
+    users = [f"burst-{n}" for n in range(40)] + ["burst-o'brien"]  # a quote: the list is the driver's to escape
+    for n, user in enumerate(users[:5]):
+        for k in range(n + 1):
+            commit_message(writes, 9_100 + 10 * n + k, "burst-alice", user)
+    try:
+        before = session_counters(reads)
+        # a connect burst: the first is read alone, every other one joins the next read; one user
+        # asked for twice shares the answer
+        answers = await asyncio.gather(*(unread.total(u, 0, 5.0) for u in users + users[:2]))
+        assert answers == [1, 2, 3, 4, 5] + [0] * (len(users) - 5) + [1, 2]
+        assert counted_since(reads, before) == {"Com_select": 2, "Com_rollback": 0, "Com_admin_commands": 0}
     finally:
         unread.close()
 
