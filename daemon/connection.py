@@ -274,10 +274,16 @@ class Connection(asyncio.Protocol):
             if not keep_alive:
                 self.transport.close()
 
-    def upgrade(self, response: bytes, identify: bool = False) -> None:
+    def upgrade(self, response: bytes, identify: bool = False, with_hello: bool = False) -> None:
         """Switches to WebSocket: the 101 goes out, the HTTP state is dropped.
         ``identify``: the user is not known yet, and the first message will say
-        (``first_message``)."""
+        (``first_message``). ``with_hello``: the 101 is held and goes out with
+        the hello, in the same write (``send_text``), or before whatever else is
+        written first (a close, a ping): one system call per connect fewer, on
+        loopback a tenth of a connect's CPU. Nothing is corked behind it before
+        the hello: live frames wait in the subscriber until ``go_live``, typing
+        goes to live sockets only, and a client sends nothing (a presence watch)
+        before it has the 101."""
         if identify:
             self.first = asyncio.get_running_loop().create_future()
         http = self.http
@@ -290,7 +296,10 @@ class Connection(asyncio.Protocol):
         # alone never trips the slow-consumer close.
         limit = self.state.settings.daemon.send_buffer_max_bytes
         self.transport.set_write_buffer_limits(high=limit // 2, low=limit // 8)
-        self.transport.write(response)
+        if with_hello:
+            self.out = response
+        else:
+            self.transport.write(response)
         self.next_ping = time.monotonic() + self.state.settings.daemon.ping_interval_seconds
         self.transport.resume_reading()
         if rest:
@@ -298,11 +307,19 @@ class Connection(asyncio.Protocol):
 
     # --- WebSocket: frames out ------------------------------------------------
     def send_text(self, payload: bytes) -> None:
-        """One text frame, written now, after what is corked (the hello before a catch-up, an answer
-        to a client frame)."""
+        """One text frame, written now, in one write with what is corked before it (the hello
+        after its held 101, before a catch-up; an answer to a client frame)."""
+        frame = text_frame(payload)
+        out = self.out
+        if out is None:
+            if not self.closing and not self.transport.is_closing():
+                self.transport.write(frame)
+            return
+        if isinstance(out, list):
+            out.append(frame)
+        else:
+            self.out = [out, frame]
         self.flush()
-        if not self.transport.is_closing():
-            self.transport.write(text_frame(payload))
 
     # send and overflow: what its subscriber calls, as its ``daemon.hub.Sink``
     def send(self, msg_id: int, payload: bytes, frame: bytes | None) -> None:
@@ -414,6 +431,7 @@ class Connection(asyncio.Protocol):
                 return
             if type(event) is Control:
                 if event.opcode is Opcode.PING and not self.transport.is_closing():
+                    self.flush()  # never ahead of a held 101
                     self.transport.write(pong_frame(event.data))
             elif type(event) is DataMessage and event is not FRAGMENT:
                 self.on_message(event)
@@ -456,6 +474,7 @@ class Connection(asyncio.Protocol):
                 self.transport.abort()  # half-open: no close handshake is possible
         elif now >= self.next_ping:
             self.ping_sent, self.next_ping = now, now + settings.daemon.ping_interval_seconds
+            self.flush()  # never ahead of a held 101
             self.transport.write(PING)
 
     def close(self, code: int, reason: str) -> None:

@@ -86,7 +86,7 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
         unread = await daemon.unread(user, partition)
         if conn.closing:
             return True
-        conn.upgrade(response)
+        conn.upgrade(response, with_hello=True)
     if not daemon.still_serves(user, partition):
         # The user's slot moved while the unread count (or the auth frame) was awaited: the
         # hand-over has closed its other sockets, and this one goes the same way.

@@ -1,10 +1,12 @@
 """A connection given several messages before the loop's next turn writes them
 in one ``write()``: each its own WebSocket text frame, in order. Its close,
-its hello and a paged catch-up's wait see the corked frames out first, and a
+its hello and a paged catch-up's wait see the corked frames out first (the
+hello in the same write, with the 101 held for it), and a
 socket whose client does not read is still closed with 4008 after a gap-free
 prefix."""
 
 import asyncio
+import types
 
 import pytest
 
@@ -13,7 +15,7 @@ from chat.settings import DaemonSettings, Settings
 from daemon import connection
 from daemon.connection import Connection, ServerState
 from daemon.hub import Hub, Subscriber
-from daemon.wire import FrameReader, Opcode, close_frame, text_frame
+from daemon.wire import PING, FrameReader, Opcode, close_frame, text_frame
 from websockets.frames import Close
 from tests.timing import PATIENCE
 
@@ -156,10 +158,62 @@ async def test_a_text_frame_and_a_paged_catch_up_wait_see_the_corked_frames_out_
     conn = live(state, hub, "bob", bob)
     sent = dispatch(hub, 1, "a", "bob")
     conn.send_text(b'{"type":"error"}')
-    assert [payloads(w) for w in bob.writes] == [[sent], [b'{"type":"error"}']]
+    assert [payloads(w) for w in bob.writes] == [[sent, b'{"type":"error"}']]  # after them, in the same write
     conn.subscriber.send_page([(2, b'{"id":"2"}', None), (3, b'{"id":"3"}', None)])
     assert await conn.drained()  # the catch-up is paced by what the socket holds: its page is written now
-    assert payloads(bob.writes[2]) == [b'{"id":"2"}', b'{"id":"3"}']
+    assert payloads(bob.writes[1]) == [b'{"id":"2"}', b'{"id":"3"}']
+    await next_turn()
+    assert len(bob.writes) == 2, "the flush at the loop's turn finds nothing more"
+
+
+SWITCHING = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+
+
+class Upgrading(Recording):
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class Keeps:
+    def forget(self, conn: Connection) -> None:
+        pass
+
+
+def upgraded_with_hello(state: ServerState, transport: Upgrading) -> Connection:
+    """A connection in its HTTP phase, upgraded with its 101 held for the hello."""
+    conn = Connection(state, Keeps())  # type: ignore[arg-type]
+    conn.transport = transport  # type: ignore[assignment]
+    conn.http = types.SimpleNamespace(rest=b"")  # type: ignore[assignment]
+    conn.upgrade(SWITCHING, with_hello=True)
+    conn.subscriber = Subscriber(conn, "bob")
+    return conn
+
+
+async def test_a_101_held_for_the_hello_goes_out_with_it_in_one_write():
+    bob = Upgrading()
+    conn = upgraded_with_hello(ServerState(settings()), bob)
+    assert bob.writes == []
+    conn.send_text(b'{"type":"hello"}')
+    assert len(bob.writes) == 1 and bob.writes[0].startswith(SWITCHING)
+    assert payloads(bob.writes[0][len(SWITCHING):]) == [b'{"type":"hello"}']
+    await next_turn()
+    assert len(bob.writes) == 1
+
+
+async def test_a_close_or_a_ping_before_the_hello_writes_the_held_101_first():
+    closed = Upgrading()
+    conn = upgraded_with_hello(ServerState(settings()), closed)
+    conn.close(CloseCode.TRY_AGAIN, "behind")
+    assert closed.writes[0] == SWITCHING
+    assert Close.parse(FrameReader(None, mask=False).feed(closed.writes[1])[0].data).code == CloseCode.TRY_AGAIN
+    pinged = Upgrading()
+    conn = upgraded_with_hello(ServerState(settings()), pinged)
+    conn.expires = float("inf")
+    conn.heartbeat(conn.next_ping)
+    assert pinged.writes == [SWITCHING, PING]
 
 
 async def test_past_cork_max_connections_the_frames_go_out_without_waiting_for_the_loop(
