@@ -16,6 +16,8 @@ one that never competes with the tail for the same server.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from sqlalchemy import func, or_, select, text
@@ -35,6 +37,54 @@ class Confirmation(NamedTuple):
     digest: int  # chat.messages.shown_digest_of those rows
 
 
+class UserRange(NamedTuple):
+    """A user's messages (either side) with after < id <= upto, the oldest ``limit``."""
+
+    user: str
+    after: int
+    upto: int
+    limit: int
+
+
+# One read answers the users' ranges asked for meanwhile when together they span at most this
+# many ids (so it returns at most this many rows), up to READ_USERS_MOST of them.
+READ_SPAN_MOST = 5000
+READ_USERS_MOST = 500
+
+
+def one_read(asked: Sequence[UserRange], span: int = READ_SPAN_MOST, most: int = READ_USERS_MOST) -> list[int]:
+    """Which of ``asked`` (oldest first; their indexes) one read answers: the oldest, and
+    every later one that keeps the read within ``span`` ids, up to ``most``. A range longer
+    than ``span`` is read alone. Pure."""
+    low, high = asked[0].after, asked[0].upto
+    chosen = [0]
+    if high - low > span:
+        return chosen
+    for i in range(1, len(asked)):
+        if len(chosen) >= most:
+            break
+        lo, hi = min(low, asked[i].after), max(high, asked[i].upto)
+        if hi - lo <= span:
+            chosen.append(i)
+            low, high = lo, hi
+    return chosen
+
+
+def answers(docs: Sequence[dict], asked: Sequence[UserRange]) -> list[list[dict]]:
+    """Each range's documents out of one read's (oldest first, every row of the users
+    and of the ids asked): its user's, within its ids, at most its ``limit``. Pure."""
+    by_user: dict[str, list[dict]] = {ask.user: [] for ask in asked}
+    for doc in docs:
+        for user in (doc["from"], doc["to"]) if doc["from"] != doc["to"] else (doc["from"],):
+            if user in by_user:
+                by_user[user].append(doc)
+    found = []
+    for ask in asked:
+        mine = [doc for doc in by_user[ask.user] if ask.after < doc["_id"] <= ask.upto]
+        found.append(mine[:ask.limit])
+    return found
+
+
 class StreamRanges:
     """Reads ``after < id <= upto`` of ``partition``'s table as the documents its collection holds for them.
     ``engine``: made ``reads_only`` (``db.sql.make_engine``), each read one round trip."""
@@ -44,6 +94,8 @@ class StreamRanges:
         self.partition = partition
         self._messages = tables_of(partition).messages  # the partition's table: `messages` for 0
         self._threads = Threads(pool_size_of(engine), "ranges")
+        self._asked: list[tuple[UserRange, asyncio.Future[list[dict]]]] = []  # ``of_user``s not read yet
+        self._reading = 0  # their reads in flight
         self._head_sql = select(func.coalesce(func.max(self._messages.c.id), 0))
         # chat.messages.shown_digest, row by row, combined by XOR: the same text,
         # hashed the same way (utf8mb4 is UTF-8; CHAR_LENGTH counts code points, as len() does)
@@ -64,8 +116,54 @@ class StreamRanges:
         """The user's messages (either side) with after < id <= upto, oldest first, at most
         ``limit``: a range of the primary key, the user picked by MySQL, so only the user's
         rows cross the wire. For short ranges (a catch-up's last few seconds): every row of
-        the range is looked at. Raises SQLAlchemyError when MySQL fails."""
-        return await self._threads.run(self._read, after, upto, limit, user)
+        the range is looked at. Raises SQLAlchemyError when MySQL fails.
+
+        The users asked for while every thread reads are read together once one is free
+        (``one_read``): a restarted daemon's clients come back all at once, each first
+        socket with such a catch-up, and each read of its own looked at the same rows."""
+        answer: asyncio.Future[list[dict]] = asyncio.get_running_loop().create_future()
+        self._asked.append((UserRange(user, after, upto, limit), answer))
+        self._read_next()
+        return await answer
+
+    def _read_next(self) -> None:
+        while self._reading < self._threads.count:
+            self._asked = [(ask, answer) for ask, answer in self._asked if not answer.done()]  # gone: cancelled
+            if not self._asked:
+                return
+            chosen = one_read([ask for ask, _ in self._asked])
+            taken = [self._asked[i] for i in chosen]
+            left = set(chosen)
+            self._asked = [item for i, item in enumerate(self._asked) if i not in left]
+            self._reading += 1
+            asked = [ask for ask, _ in taken]
+            self._threads.run(self._read_users, asked).add_done_callback(
+                lambda done, taken=taken: self._answer(done, [answer for _, answer in taken]))
+
+    def _answer(self, done: asyncio.Future[list[list[dict]]], waiting: list[asyncio.Future[list[dict]]]) -> None:
+        self._reading -= 1
+        error = None if done.cancelled() else done.exception()
+        for i, answer in enumerate(waiting):
+            if answer.done():
+                continue
+            if done.cancelled():
+                answer.cancel()
+            elif error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(done.result()[i])
+        self._read_next()
+
+    def _read_users(self, asked: list[UserRange]) -> list[list[dict]]:
+        if len(asked) == 1:
+            ask = asked[0]
+            return [self._read(ask.after, ask.upto, ask.limit, ask.user)]
+        messages, users = self._messages, sorted({ask.user for ask in asked})
+        query = select(messages).where(
+            messages.c.id > min(ask.after for ask in asked), messages.c.id <= max(ask.upto for ask in asked),
+            or_(messages.c.sender.in_(users), messages.c.recipient.in_(users))).order_by(messages.c.id)
+        docs = read_retrying(self._engine, lambda conn: [Message.from_row(row).to_doc() for row in conn.execute(query)])
+        return answers(docs, asked)
 
     async def committed_head(self) -> int:
         """The highest id committed to MySQL (0 if none): one look-up of the

@@ -2,6 +2,7 @@
 against the real MariaDB and FerretDB: the frames are the bytes the collection
 would give, and when MySQL cannot say, the `messages` collection still does."""
 
+import asyncio
 import contextlib
 import uuid
 
@@ -230,3 +231,34 @@ async def test_in_order_documents_are_checked_with_one_read_per_batch_and_releas
             assert 1 <= len(confirms) <= 10  # batches that came while a read ran share the next one
             assert rows == []
         ranges.close()
+
+
+async def test_users_ranges_asked_while_a_read_is_in_flight_are_read_together_each_as_alone(dbs, monkeypatch):
+    # A restarted daemon's clients come back at once, each first socket with a catch-up by the user.
+    users = [f"back{n}" for n in range(12)]
+    msgs = [Message(i, users[i % 12], users[(i * 5 + 1) % 12], f"m{i}", now_ms(), None) for i in range(1, 301)]
+    asks = [(user, 10 * n, 250 + n, 3 if n == 4 else 5000) for n, user in enumerate(users)]
+    asks += [("nobody", 0, 300, 50), (users[1], 200, 300, 5000)]  # one with no rows; one user asked twice
+    reads: list[int] = []
+    real = StreamRanges._read_users
+
+    def counted(self, asked):
+        reads.append(len(asked))
+        return real(self, asked)
+
+    monkeypatch.setattr(StreamRanges, "_read_users", counted)
+    with mysql_database(dbs) as engine:
+        store_in_mysql(engine, msgs)
+        ranges = StreamRanges(engine)  # one pooled connection: one read in flight
+        try:
+            alone = [await ranges.of_user(*ask) for ask in asks]
+            assert reads == [1] * len(asks)
+            for (user, after, upto, limit), docs in zip(asks, alone, strict=True):
+                assert [d["_id"] for d in docs] == [m.id for m in msgs if user in (m.sender, m.recipient)
+                                                    and after < m.id <= upto][:limit]
+            reads.clear()
+            together = await asyncio.gather(*(ranges.of_user(*ask) for ask in asks))
+            assert together == alone
+            assert reads == [1, len(asks) - 1]  # the first alone, every other in the next read
+        finally:
+            ranges.close()
