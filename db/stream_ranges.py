@@ -17,6 +17,7 @@ one that never competes with the tail for the same server.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -138,7 +139,7 @@ class StreamRanges:
             self._reading += 1
             asked = [ask for ask, _ in taken]
             self._threads.run(self._read_users, asked).add_done_callback(
-                lambda done, taken=taken: self._answer(done, [answer for _, answer in taken]))
+                functools.partial(self._answer, waiting=[answer for _, answer in taken]))
 
     def _answer(self, done: asyncio.Future[list[list[dict]]], waiting: list[asyncio.Future[list[dict]]]) -> None:
         self._reading -= 1

@@ -83,7 +83,7 @@ def main(users: int = typer.Option(5000, min=2), span: int = typer.Option(2000, 
         _fill(url, users, span)
         assert dbs.mariadb.proc is not None
         pid = dbs.mariadb.proc.pid
-        answers = {}
+        answers: dict[str, list] = {}
         for _ in range(rounds):
             for name in runs:
                 server = _process_cpu(pid)
