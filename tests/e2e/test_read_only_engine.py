@@ -114,6 +114,22 @@ async def test_users_asked_for_while_a_read_is_in_flight_are_answered_together_e
         unread.close()
 
 
+async def test_past_read_most_users_the_ones_waiting_are_read_in_statements_of_at_most_that_many(
+        reads, writes, monkeypatch):
+    monkeypatch.setattr(UnreadTotals, "READ_MOST", 10)
+    unread = UnreadTotals(reads)
+    users = [f"most-{n}" for n in range(25)]
+    commit_message(writes, 9_300, "most-alice", users[-1])
+    try:
+        before = session_counters(reads)
+        answers = await asyncio.gather(*(unread.total(u, 0, 5.0) for u in users))
+        assert answers == [0] * 24 + [1]
+        # the first alone, then the 24 waiting in reads of 10, 10 and 4
+        assert counted_since(reads, before) == {"Com_select": 4, "Com_rollback": 0, "Com_admin_commands": 0}
+    finally:
+        unread.close()
+
+
 async def test_a_read_whose_pooled_connection_was_killed_connects_again_and_is_answered(dbs, reads):
     unread = UnreadTotals(reads)
     try:
