@@ -32,7 +32,6 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class _User:
     holds: int = 0  # sockets (and polls) of the user open, or waiting for the marker
-    token: int = 0  # the relay's number for the subscription asked for last
     since: int | None = None  # from past this id on, every entry of the user reaches this daemon
     generation: int = 0  # which release a delayed ``expire`` belongs to
 
@@ -63,7 +62,6 @@ class Interest:
 
     def asked(self, user: str, token: int) -> None:
         """The relay's number for the subscription of ``user`` just asked for."""
-        self._users[user].token = token
         self._waiting[user] = token
 
     def subscribed(self, token: int, seen: int) -> list[str]:
