@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -20,8 +21,11 @@ from sqlalchemy.sql.expression import TextClause
 
 from chat.messages import Kind
 from chat.partitions import suffix
+from db.batched_reads import BatchedReads
 from db.sql import retrying_dead_connections
 from db.threads import Threads
+
+log = logging.getLogger("chat.unread")
 
 
 @functools.cache
@@ -91,7 +95,7 @@ class UnreadTotals:
     never holds a read of the stream's truth back.
 
     One read per partition is in flight at a time, and it answers every user
-    asked for meanwhile (up to ``READ_MOST``) in one statement: a burst of
+    asked for meanwhile (up to ``READ_MOST``) in one statement (``db.batched_reads``): a burst of
     connects, as after a daemon's restart, costs one round trip and one
     thread hand-off per read, not per socket. A user alone waits for no one.
 
@@ -113,62 +117,49 @@ class UnreadTotals:
         self._engine = engine
         self._threads = Threads(threads, "unread")
         self._dbapi_error: Any = engine.dialect.loaded_dbapi.Error  # the driver's own class, as the dialect expects it
-        self._statements: dict[int, str] = {}  # per partition: the driver's SQL
-        self._asked: dict[int, dict[str, asyncio.Future[int | None]]] = {}  # per partition: users not read yet
-        self._reading: set[int] = set()  # partitions with a read in flight
-
-    def _statement(self, partition: int) -> str:
-        if partition not in self._statements:
-            # mysqlclient renders a tuple parameter as a parenthesised list: one %s for ``IN``
-            self._statements[partition] = _unread_totals_text(partition).compile(dialect=self._engine.dialect).string
-        return self._statements[partition]
+        self._reads: dict[int, BatchedReads[str, int | None]] = {}  # per partition: one read in flight
 
     async def total(self, user: str, partition: int, timeout: float) -> int | None:
         """The user's unread messages over every conversation; None if MySQL did not answer within ``timeout``."""
-        asked = self._asked.setdefault(partition, {})
-        answer = asked.get(user)
-        if answer is None:
-            answer = asked[user] = asyncio.get_running_loop().create_future()
-        if partition not in self._reading:
-            self._read_next(partition)
+        reads = self._reads.get(partition)
+        if reads is None:
+            reads = self._reads[partition] = BatchedReads(
+                self._threads, functools.partial(self._read, self._statement(partition)), self._choose, in_flight=1)
         try:
-            # shielded: a waiter that gives up leaves the answer to whoever else asked for the user
-            return await asyncio.wait_for(asyncio.shield(answer), timeout)
+            # shielded: a waiter that gives up leaves the read to the others it answers
+            return await asyncio.wait_for(asyncio.shield(reads.ask(user)), timeout)
         except TimeoutError:
             return None
 
-    def _read_next(self, partition: int) -> None:
-        asked = self._asked.get(partition)
-        if not asked:
-            self._reading.discard(partition)
-            return
-        users = list(itertools.islice(asked, self.READ_MOST))
-        answers = [asked.pop(user) for user in users]
-        self._reading.add(partition)
-        sql, params = self._statement(partition), (tuple(users),)
+    def _choose(self, waiting: Sequence[str]) -> list[int]:
+        return list(range(min(len(waiting), self.READ_MOST)))
 
-        def read() -> dict[str, int]:
-            raw = self._engine.raw_connection()
-            try:
-                cursor = raw.cursor()
-                cursor.execute(sql, params)
-                found = {user: int(n) for user, n in cursor.fetchall()}
-                cursor.close()
-                return found
-            except self._dbapi_error:
-                raw.invalidate()  # not handed to the next read
-                raise
-            finally:
-                raw.close()
+    def _statement(self, partition: int) -> str:
+        # mysqlclient renders a tuple parameter as a parenthesised list: one %s for ``IN``
+        return _unread_totals_text(partition).compile(dialect=self._engine.dialect).string
 
-        def answered(done: asyncio.Future[dict[str, int]]) -> None:
-            found = None if done.cancelled() or done.exception() is not None else done.result()
-            for user, answer in zip(users, answers, strict=True):
-                if not answer.done():
-                    answer.set_result(None if found is None else found.get(user, 0))
-            self._read_next(partition)
+    def _read(self, sql: str, users: list[str]) -> list[int | None]:
+        """Each user's total, in one statement; None for each if MySQL failed (the hello goes without)."""
+        try:
+            found = retrying_dead_connections(self._engine, functools.partial(self._select, sql, tuple(set(users))))
+        except Exception as exc:  # whatever stopped the read, the hellos go out, saying they do not know
+            log.warning("event=unread_read_failed users=%d error=%s detail=%s", len(users), exc.__class__.__name__, exc)
+            return [None] * len(users)
+        return [found.get(user, 0) for user in users]
 
-        self._threads.run(retrying_dead_connections, self._engine, read).add_done_callback(answered)
+    def _select(self, sql: str, users: tuple[str, ...]) -> dict[str, int]:
+        raw = self._engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute(sql, (users,))
+            found = {user: int(n) for user, n in cursor.fetchall()}
+            cursor.close()
+            return found
+        except self._dbapi_error:
+            raw.invalidate()  # not handed to the next read
+            raise
+        finally:
+            raw.close()
 
     def close(self) -> None:
         self._threads.close()

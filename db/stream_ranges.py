@@ -16,8 +16,6 @@ one that never competes with the tail for the same server.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -25,6 +23,7 @@ from sqlalchemy import func, or_, select, text
 from sqlalchemy.engine import Engine
 
 from chat.messages import Message
+from db.batched_reads import BatchedReads
 from db.partition_map import tables_of
 from db.sql import pool_size_of, read_retrying
 from db.threads import Threads
@@ -95,8 +94,8 @@ class StreamRanges:
         self.partition = partition
         self._messages = tables_of(partition).messages  # the partition's table: `messages` for 0
         self._threads = Threads(pool_size_of(engine), "ranges")
-        self._asked: list[tuple[UserRange, asyncio.Future[list[dict]]]] = []  # ``of_user``s not read yet
-        self._reading = 0  # their reads in flight
+        self._user_ranges: BatchedReads[UserRange, list[dict]] = BatchedReads(
+            self._threads, self._read_users, one_read, in_flight=self._threads.count)
         self._head_sql = select(func.coalesce(func.max(self._messages.c.id), 0))
         # chat.messages.shown_digest, row by row, combined by XOR: the same text,
         # hashed the same way (utf8mb4 is UTF-8; CHAR_LENGTH counts code points, as len() does)
@@ -120,40 +119,9 @@ class StreamRanges:
         the range is looked at. Raises SQLAlchemyError when MySQL fails.
 
         The users asked for while every thread reads are read together once one is free
-        (``one_read``): a restarted daemon's clients come back all at once, each first
+        (``one_read``, ``db.batched_reads``): a restarted daemon's clients come back all at once, each first
         socket with such a catch-up, and each read of its own looked at the same rows."""
-        answer: asyncio.Future[list[dict]] = asyncio.get_running_loop().create_future()
-        self._asked.append((UserRange(user, after, upto, limit), answer))
-        self._read_next()
-        return await answer
-
-    def _read_next(self) -> None:
-        while self._reading < self._threads.count:
-            self._asked = [(ask, answer) for ask, answer in self._asked if not answer.done()]  # gone: cancelled
-            if not self._asked:
-                return
-            chosen = one_read([ask for ask, _ in self._asked])
-            taken = [self._asked[i] for i in chosen]
-            left = set(chosen)
-            self._asked = [item for i, item in enumerate(self._asked) if i not in left]
-            self._reading += 1
-            asked = [ask for ask, _ in taken]
-            self._threads.run(self._read_users, asked).add_done_callback(
-                functools.partial(self._answer, waiting=[answer for _, answer in taken]))
-
-    def _answer(self, done: asyncio.Future[list[list[dict]]], waiting: list[asyncio.Future[list[dict]]]) -> None:
-        self._reading -= 1
-        error = None if done.cancelled() else done.exception()
-        for i, answer in enumerate(waiting):
-            if answer.done():
-                continue
-            if done.cancelled():
-                answer.cancel()
-            elif error is not None:
-                answer.set_exception(error)
-            else:
-                answer.set_result(done.result()[i])
-        self._read_next()
+        return await self._user_ranges.ask(UserRange(user, after, upto, limit))
 
     def _read_users(self, asked: list[UserRange]) -> list[list[dict]]:
         if len(asked) == 1:
