@@ -14,6 +14,14 @@ from typing import Protocol
 
 from bson import Timestamp
 
+# What a consumer reads of an oplog entry: op, ns and o (chat.messages.inserted_docs, an
+# applyOps entry's inner entries included) and ts (where it resumes). The tail asks the
+# server for these only (``oplog.tail.ENTRY_PROJECTION``) and the relay forwards these
+# only (``relay.protocol.slim``): an entry's other fields (FerretDB's ObjectId _id, the
+# `wall` datetime, MongoDB's ui, and a retryable write's lsid, txnNumber, stmtId and
+# prevOpTime) cost each reader their decode and read nothing.
+ENTRY_FIELDS = ("op", "ns", "o", "ts")
+
 
 @dataclass(frozen=True, slots=True)
 class Batch:

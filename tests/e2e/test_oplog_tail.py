@@ -21,13 +21,13 @@ from daemon.hub import Hub, Subscriber
 from daemon import tail_reader
 from daemon.stream import Stream
 from db import mongo
-from oplog.events import Batch, Restarted
+from oplog.events import ENTRY_FIELDS, Batch, Restarted
 from oplog.tail import OplogTail
 from tests.e2e.helpers import count_calls
 from tests.timing import PATIENCE, eventually
 
 
-async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTail, list[int], int]:
+async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTail, list[int], int, set[str]]:
     client = mongo.make_client(dbs.ferretdb.url, 5)
     db_name, coll_name = namespace.split(".")
     tail = OplogTail(client, namespace, await_ms=200, ferretdb_poll_seconds=0.02)
@@ -35,6 +35,7 @@ async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTa
         tail.poll_seconds = 0.0
     tail.last_ts = await tail.newest_ts()
     seen: list[int] = []
+    fields: set[str] = set()  # of every entry read
     restarts = -1  # the first open is announced too
     opened = asyncio.Event()
 
@@ -46,6 +47,7 @@ async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTa
                 opened.set()
                 continue
             seen.extend(e["o"]["_id"] for e in event.entries if e.get("op") == "i" and e.get("ns") == namespace)
+            fields.update(field for e in event.entries for field in e)
 
     reader = asyncio.create_task(read())
     try:
@@ -61,7 +63,7 @@ async def _tail_inserts(dbs, namespace: str, force_await: bool) -> tuple[OplogTa
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
         await client.close()
-    return tail, seen, restarts
+    return tail, seen, restarts, fields
 
 
 async def reach(stream: Stream, position: int) -> None:
@@ -72,9 +74,12 @@ async def reach(stream: Stream, position: int) -> None:
 @pytest.mark.parametrize("force_await", [False, True], ids=["ferretdb-poll", "awaitData"])
 async def test_the_tail_reads_every_insert(dbs, force_await):
     namespace = f"tail{uuid.uuid4().hex[:6]}.{'await' if force_await else 'poll'}"
-    tail, seen, restarts = await _tail_inserts(dbs, namespace, force_await)
+    tail, seen, restarts, fields = await _tail_inserts(dbs, namespace, force_await)
     assert tail.poll_seconds == (0.0 if force_await else 0.02)  # FerretDB was recognised
     assert set(seen) == set(range(30))
+    # the server sent what a consumer reads and nothing else (FerretDB's entries also hold
+    # an ObjectId _id, wall, t and v)
+    assert fields == set(ENTRY_FIELDS)
     if not restarts:
         # One cursor: oplog order. The entry it resumed from may come again
         # (the consumer drops repeats by id). After a re-open FerretDB may show
