@@ -39,9 +39,12 @@ class _User:
 class Interest:
     def __init__(self) -> None:
         self._users: dict[str, _User] = {}
-        # The users asked for and not served yet, with their numbers: a marker
-        # looks at these only. Scanning every user held made a ramp's connects
-        # quadratic (a tenth of a daemon's CPU at 15,000 sockets).
+        # The users asked for and not served yet, with their numbers, in the order
+        # of those numbers (``asked`` is called as each is given): a marker takes
+        # the ones up to its number from the front, and looks at no other. Scanning
+        # every user held made a ramp's connects quadratic (a tenth of a daemon's
+        # CPU at 15,000 sockets), and so did scanning every user waiting, when a
+        # restart's reconnects left thousands waiting, each sub with its marker.
         self._waiting: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -61,14 +64,20 @@ class Interest:
         return False
 
     def asked(self, user: str, token: int) -> None:
-        """The relay's number for the subscription of ``user`` just asked for."""
+        """The relay's number for the subscription of ``user`` just asked for:
+        higher than any number given before."""
+        self._waiting.pop(user, None)  # kept in the order of the numbers
         self._waiting[user] = token
 
     def subscribed(self, token: int, seen: int) -> list[str]:
         """The relay applies every subscription numbered up to ``token`` from
         this point of the stream, where the ids seen so far reach ``seen``:
         the users waiting for it are served past ``seen``. Returns them."""
-        served = [user for user, asked in self._waiting.items() if asked <= token]
+        served = []
+        for user, asked in self._waiting.items():
+            if asked > token:
+                break
+            served.append(user)
         for user in served:
             del self._waiting[user]
             self._users[user].since = seen

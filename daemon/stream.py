@@ -100,7 +100,10 @@ class Stream:
         self._relay = relay if relay is not None and relay.by_user else None
         self._linger = linger_seconds
         self.interest = Interest() if self._relay is not None else None
-        self._marked = asyncio.Event()  # set and replaced at each relay marker that serves a user
+        # Per user waiting for its relay marker: the marker that serves it wakes its sockets
+        # only. One event for all, set at every marker, woke every waiting socket at each: a
+        # restart's reconnects, thousands waiting at once, cost a wake-up per waiter per marker.
+        self._marked: dict[str, asyncio.Event] = {}
         if self.interest is not None:
             self.consumer.on_subscribed = self._subscribed
 
@@ -238,9 +241,10 @@ class Stream:
         return self.interest is not None
 
     def _subscribed(self, token: int, seen: int) -> None:
-        if self.interest is not None and self.interest.subscribed(token, seen):
-            marked, self._marked = self._marked, asyncio.Event()
-            marked.set()
+        if self.interest is not None:
+            for user in self.interest.subscribed(token, seen):
+                if (marked := self._marked.pop(user, None)) is not None:
+                    marked.set()
 
     async def hold(self, user: str, timeout: float) -> bool:
         """Holds ``user`` (asks the relay for it, on its first socket), and
@@ -257,7 +261,7 @@ class Stream:
         try:
             async with asyncio.timeout_at(deadline):
                 while interest.covered_from(user) is None:
-                    await self._marked.wait()
+                    await self._marked.setdefault(user, asyncio.Event()).wait()
         except TimeoutError:
             return False
         return True
@@ -301,6 +305,7 @@ class Stream:
 
     def _expire(self, user: str, generation: int) -> None:
         if self.interest is not None and self._relay is not None and self.interest.expire(user, generation):
+            self._marked.pop(user, None)  # its sockets that waited for a marker gave up (none holds it now)
             self._relay.drop(self._tail.namespace, user)
 
     def _cache_serves(self, user: str, since: int) -> bool:

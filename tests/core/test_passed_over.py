@@ -141,3 +141,18 @@ def test_what_the_oplog_has_shown_is_what_the_fast_store_holds_and_a_fill_does_n
     assert c.shown == 4
     c.release(c.seq.offer([doc(5, "s", "a"), doc(6, "s", "z")]), 0.0)  # as a fill from MySQL releases them
     assert c.position == 6 and c.shown == 4
+
+
+def test_a_marker_serves_the_users_asked_up_to_its_number_in_the_order_asked_and_looks_no_further():
+    interest = Interest()
+    for user, token in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+        assert interest.hold(user) is True
+        interest.asked(user, token)
+    generation = interest.release("a")
+    assert generation is not None and interest.expire("a", generation) is True
+    assert interest.hold("a") is True
+    interest.asked("a", 5)  # taken again: asked after every other one waiting
+    assert interest.subscribed(3, seen=10) == ["b", "c"]
+    assert interest.subscribed(4, seen=11) == ["d"]
+    assert interest.subscribed(5, seen=12) == ["a"]
+    assert [interest.covered_from(u) for u in "abcd"] == [12, 10, 10, 11]

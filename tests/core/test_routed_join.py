@@ -8,12 +8,14 @@ once and in order, because those ids are read back whole."""
 
 from __future__ import annotations
 
+import asyncio
 
 from daemon.hub import Hub, Subscriber
 from daemon.stream import Stream
 from daemon.tail_reader import FillRequest
 from oplog.events import Subscribed
 from tests.relay_frames import NS, Sink, batch, doc
+from tests.timing import PATIENCE, eventually
 
 
 class FakeRelay:
@@ -96,3 +98,37 @@ async def test_a_first_socket_with_nothing_held_below_the_marker_asks_for_no_rea
     stream.join("u")
     assert stream.position == 2 and not fill_requested(stream)
 
+
+
+async def test_a_marker_wakes_the_sockets_of_the_users_it_serves_and_no_other():
+    # A restart's reconnects leave thousands of first sockets waiting, each user with its
+    # own sub and marker: a marker that woke every waiting socket cost a wake-up per waiter.
+    stream, _hub = routed_stream()
+    interest = stream.interest
+    assert interest is not None
+    looked: list[str] = []  # whose coverage a waiting socket looked at, once woken
+    covered_from = interest.covered_from
+    interest.covered_from = lambda user: looked.append(user) or covered_from(user)  # type: ignore[method-assign]
+    waiting = {user: asyncio.create_task(stream.hold(user, PATIENCE)) for user in ("u", "v", "w")}
+    await eventually(lambda: looked == ["u", "v", "w"], "each first socket has asked, and waits")
+    assert stream._relay.subs == ["u", "v", "w"]  # type: ignore[union-attr]
+
+    stream.consumer._step(Subscribed(NS, 2), 0.0)  # the marker of u's and v's subs
+    assert await waiting["u"] is True and await waiting["v"] is True
+    assert looked[3:] == ["u", "v"] and not waiting["w"].done()  # w's socket slept on
+    stream.consumer._step(Subscribed(NS, 3), 0.0)
+    assert await waiting["w"] is True
+    assert looked[5:] == ["w"]
+
+
+async def test_a_user_let_go_after_its_socket_gave_up_on_its_marker_leaves_nothing_waiting():
+    stream, _hub = routed_stream()
+    interest = stream.interest
+    assert interest is not None
+    assert await stream.hold("x", 0) is False  # no marker within its wait: the socket goes
+    generation = interest.release("x")
+    assert generation is not None
+    stream._expire("x", generation)  # the linger is over: the relay is told, the wait forgotten
+    assert len(interest) == 0 and stream._marked == {}
+    stream.consumer._step(Subscribed(NS, 1), 0.0)  # its marker, late: it serves nobody
+    assert interest.covered_from("x") is None
