@@ -101,8 +101,8 @@ async def poll(daemon: Daemon, conn: Connection, request: Request, query: dict[s
             pages, cursor = await daemon.subscribe(sub, daemon.resume_point(query.get("since"), user), limit,
                                                    settings.daemon.send_buffer_max_bytes)
             catch = await first_page(pages)
-        except Behind:
-            metrics.REJECTS.labels("behind").inc()
+        except Behind as exc:
+            metrics.REJECTS.labels(exc.reason).inc()
             conn.respond(503, error_body("try_again_later", "this daemon is behind your since: retry"),
                          keep, headers | {"Retry-After": "1"})
             return

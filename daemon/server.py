@@ -48,8 +48,15 @@ def heartbeat_tick(settings: Settings) -> float:
 
 
 class Behind(ChatError):
-    """This daemon has not yet reached the client's ``since``: the client
-    retries (1013, or 503 to a poll), here or elsewhere."""
+    """This daemon cannot serve the client yet: the client retries (1013, or
+    503 to a poll), here or elsewhere. ``reason`` labels
+    ``chat_daemon_rejects_total``: ``behind``, the daemon has not reached the
+    client's ``since``; ``no_marker``, routed by user, the relay's marker for
+    the user's first socket did not come within ``HOLD_WAIT``."""
+
+    def __init__(self, reason: str = "behind"):
+        super().__init__(reason)
+        self.reason = reason
 
 
 POLL_SIGNALS_MAX = 100  # typing events one poll answer carries at most: past it, they are dropped
@@ -200,7 +207,7 @@ class Daemon:
                 return _one(CatchUp(False, [])), stream.position
             if not served:
                 self.unsubscribe(sub)
-                raise Behind()
+                raise Behind("no_marker")
             stream.join(sub.user)  # no await from here to the register
         position = stream.position
         sub.last_id = since if since is not None else position

@@ -102,8 +102,8 @@ async def handle_upgrade(daemon: Daemon, conn: Connection, request: Request) -> 
     metrics.WS_OPEN.inc()
     try:
         await serve_socket(daemon, conn, user, daemon.resume_point(query.get("since"), user), unread)
-    except Behind:
-        metrics.REJECTS.labels("behind").inc()
+    except Behind as exc:
+        metrics.REJECTS.labels(exc.reason).inc()
         conn.close(CloseCode.TRY_AGAIN, "this daemon is behind your since: retry")
     except STORE_ERRORS as exc:
         # A catch-up page the stores did not give in time: the client resumes from the last id it got.

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from chat.settings import Settings
+from daemon import server as server_module
 from daemon.hub import Hub, Subscriber
+from daemon.server import Behind, Daemon
 from daemon.stream import Stream
 from daemon.tail_reader import FillRequest
 from oplog.events import Subscribed
@@ -132,3 +137,14 @@ async def test_a_user_let_go_after_its_socket_gave_up_on_its_marker_leaves_nothi
     assert len(interest) == 0 and stream._marked == {}
     stream.consumer._step(Subscribed(NS, 1), 0.0)  # its marker, late: it serves nobody
     assert interest.covered_from("x") is None
+
+
+async def test_a_first_socket_whose_marker_does_not_come_in_time_is_told_to_retry_and_says_why(monkeypatch):
+    monkeypatch.setattr(server_module, "HOLD_WAIT", 0)
+    stream, hub = routed_stream()
+    daemon = Daemon(Settings(), hub, stream)
+    with pytest.raises(Behind) as refused:
+        await daemon.subscribe(Subscriber(Sink(), "u"), 0)
+    # 1013 to the socket; chat_daemon_rejects_total tells this from a daemon behind the since
+    assert refused.value.reason == "no_marker"
+    assert hub.count == 0 and stream.interest is not None and stream.interest.covered_from("u") is None

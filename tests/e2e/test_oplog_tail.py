@@ -302,8 +302,9 @@ async def test_a_since_past_a_lagging_meta_head_is_retried_not_reset(dbs, monkey
         await db[mongo.MESSAGES].insert_one(Message(1, "alice", "carol", "hi", now_ms()).to_doc())
         daemon = Daemon(Settings(), stream.consumer.hub, stream)
         registered = stream.consumer.hub.count
-        with pytest.raises(Behind):
+        with pytest.raises(Behind) as refused:
             await daemon.subscribe(_Recorder("carol", 0).subscriber, 1)
+        assert refused.value.reason == "behind"  # chat_daemon_rejects_total's label
         assert stream.consumer.hub.count == registered  # nothing left behind
         pages, cursor = await daemon.subscribe(_Recorder("carol", 0).subscriber, 7)
         assert [(p.recovered, p.frames, p.more) async for p in pages] == [(False, [], False)]
