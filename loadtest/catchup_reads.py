@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import typer
 
 from db.partition_map import tables_of
@@ -32,17 +32,6 @@ from loadtest.common import machine
 from loadtest.common.results import RESULTS
 
 app = typer.Typer(add_completion=False)
-CLOCK_TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _process_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _fill(url: str, users: int, span: int) -> None:
@@ -66,9 +55,10 @@ async def _burst(url: str, users: int, span: int, threads: int, together: bool) 
         else:  # one read per user, as every catch-up was
             def read(user: str) -> asyncio.Future:
                 return ranges._threads.run(ranges._read, 0, span, 5000, user)
-        cpu, wall = _cpu(), time.perf_counter()
+        cpu, wall = machine.own_cpu_seconds(), time.perf_counter()
         found = await asyncio.gather(*(read(f"u{n}") for n in range(users)))
-        return time.perf_counter() - wall, _cpu() - cpu, [[doc["_id"] for doc in docs] for docs in found]
+        wall, cpu = time.perf_counter() - wall, machine.own_cpu_seconds() - cpu
+        return wall, cpu, [[doc["_id"] for doc in docs] for docs in found]
     finally:
         ranges.close()
 
@@ -82,14 +72,14 @@ def main(users: int = typer.Option(5000, min=2), span: int = typer.Option(2000, 
         url = dbs.mariadb.url()
         _fill(url, users, span)
         assert dbs.mariadb.proc is not None
-        pid = dbs.mariadb.proc.pid
+        server_proc = psutil.Process(dbs.mariadb.proc.pid)
         answers: dict[str, list] = {}
         for _ in range(rounds):
             for name in runs:
-                server = _process_cpu(pid)
+                server = machine.cpu_seconds([server_proc])
                 wall, cpu, found = asyncio.run(_burst(url, users, span, threads, name == "together"))
                 runs[name].append({"wall_s": round(wall, 3), "client_cpu_s": round(cpu, 3),
-                                   "mariadb_cpu_s": round(_process_cpu(pid) - server, 2)})
+                                   "mariadb_cpu_s": round(machine.cpu_seconds([server_proc]) - server, 2)})
                 answers.setdefault(name, found)
                 print(f"{name}: {runs[name][-1]}")
     if answers["together"] != answers["one_read_each"]:

@@ -19,7 +19,6 @@ Writes loadtest/results/tail-read.json.
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import tempfile
 from pathlib import Path
@@ -43,16 +42,6 @@ RAW = CodecOptions(document_class=RawBSONDocument)
 DICTS: CodecOptions = CodecOptions()  # as the tail's client decodes
 
 
-def _own_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _server_cpu(server: psutil.Process) -> float:
-    times = server.cpu_times()
-    return times.user + times.system
-
-
 def read_oplog(client: MongoClient, projection: dict | None, codec: CodecOptions = DICTS) -> list:
     """Every entry of the namespaces, as the tail reads them (its find and getMores)."""
     local = client["local"]
@@ -70,9 +59,9 @@ def read_oplog(client: MongoClient, projection: dict | None, codec: CodecOptions
 
 
 def measure(client: MongoClient, server: psutil.Process, projection: dict | None) -> dict:
-    own, theirs = _own_cpu(), _server_cpu(server)
+    own, theirs = machine.own_cpu_seconds(), machine.cpu_seconds([server])
     entries = read_oplog(client, projection)
-    own, theirs = _own_cpu() - own, _server_cpu(server) - theirs
+    own, theirs = machine.own_cpu_seconds() - own, machine.cpu_seconds([server]) - theirs
     raw = read_oplog(client, projection, RAW)
     return {"entries": len(entries), "reader_cpu_us": own / len(entries) * 1e6,
             "server_cpu_us": theirs / len(entries) * 1e6,

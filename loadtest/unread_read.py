@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import resource
 import statistics
 import tempfile
 import time
@@ -31,11 +30,6 @@ from loadtest.common.results import RESULTS
 app = typer.Typer(add_completion=False)
 
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 async def _connection_path(url: str, reads: int) -> tuple[float, float]:
     """The read as it was: on the same kind of thread as ``UnreadTotals``, through a ``Connection``."""
     engine, threads = make_engine(url, 5.0, pool_size=1), Threads(1, "unread")
@@ -45,10 +39,10 @@ async def _connection_path(url: str, reads: int) -> tuple[float, float]:
             return sum(unread_by_peer(conn, 0, "reader").values())
 
     try:
-        cpu, wall = _cpu(), time.perf_counter()
+        cpu, wall = machine.own_cpu_seconds(), time.perf_counter()
         for _ in range(reads):
             await asyncio.wait_for(threads.run(run), 5.0)
-        return (_cpu() - cpu) / reads * 1e6, (time.perf_counter() - wall) / reads * 1e6
+        return (machine.own_cpu_seconds() - cpu) / reads * 1e6, (time.perf_counter() - wall) / reads * 1e6
     finally:
         threads.close()
         engine.dispose()
@@ -57,11 +51,11 @@ async def _connection_path(url: str, reads: int) -> tuple[float, float]:
 async def _unread_totals(url: str, reads: int) -> tuple[float, float]:
     unread = UnreadTotals(make_engine(url, 5.0, pool_size=1, reads_only=True), threads=1)
     try:
-        cpu, wall = _cpu(), time.perf_counter()
+        cpu, wall = machine.own_cpu_seconds(), time.perf_counter()
         for _ in range(reads):
             if await unread.total("reader", 0, 5.0) is None:
                 raise SystemExit("a read was not answered")
-        return (_cpu() - cpu) / reads * 1e6, (time.perf_counter() - wall) / reads * 1e6
+        return (machine.own_cpu_seconds() - cpu) / reads * 1e6, (time.perf_counter() - wall) / reads * 1e6
     finally:
         unread.close()
 

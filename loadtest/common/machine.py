@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import resource
 import subprocess
 import time
 from collections.abc import Iterable
@@ -54,6 +55,12 @@ def pid_of(proc: subprocess.Popen | None) -> int:
     if proc is None:
         raise RuntimeError("the server has not been started")
     return proc.pid
+
+
+def own_cpu_seconds() -> float:
+    """User and system CPU seconds this process (every thread of it) used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
