@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from typing import Literal
 
 from chat.errors import ChatError
 from chat.partitions import SlotMap
@@ -54,7 +55,7 @@ class Behind(ChatError):
     client's ``since``; ``no_marker``, routed by user, the relay's marker for
     the user's first socket did not come within ``HOLD_WAIT``."""
 
-    def __init__(self, reason: str = "behind"):
+    def __init__(self, reason: Literal["behind", "no_marker"] = "behind"):
         super().__init__(reason)
         self.reason = reason
 
