@@ -37,6 +37,7 @@ from chat.metrics_port import serve_metrics
 from chat.partitions import LiveMap, SlotMap, suffix
 from chat.settings import Settings
 from chat.signal_store import SignalStore, connect
+from chat.stopping import bounded
 from db import mongo
 from db.partition_map import load_slot_map, tables_of, watch_slot_map
 from db.retention import run_sweeper
@@ -44,6 +45,7 @@ from db.conversation_state import peer_markers, read_markers_of, unread_by_peer
 from db.sql import MAX_OVERFLOW, conversation_key, make_engine, pool_size_of
 from db.threads import Threads
 from oplog.wake import WakePublisher
+from writer.echo_wake import EchoWakes, listen_for_echo_wakes
 from writer.client import RemoteWriter
 from writer.partitioned import PartitionedWriter, build, engine_pool_size
 
@@ -296,11 +298,11 @@ def read_threads(engine: Engine) -> Threads:
     return Threads(pool_size_of(engine) + MAX_OVERFLOW, "reads")
 
 
-def _writer(settings: Settings, db: AsyncDatabase, slot_map: SlotMap,
-            on_stored: Callable[[], None]) -> tuple[PartitionedWriter | RemoteWriter, Engine | None]:
+def _writer(settings: Settings, db: AsyncDatabase, slot_map: SlotMap, on_stored: Callable[[], None],
+            echoes_owed: Callable[[int], None]) -> tuple[PartitionedWriter | RemoteWriter, Engine | None]:
     """The host's writer process if there is one (writer/), else writers of this process's own, one per
     partition (writer/partitioned.py), as the writer process runs them; ``on_stored``: their wake of the
-    FerretDB tails (``oplog.wake``)."""
+    FerretDB tails (``oplog.wake``); ``echoes_owed``: their wake of other hosts' echo watches (``writer.echo_wake``)."""
     if settings.writer.socket:
         # Its reply deadline is a last resort for a writer that hangs: the
         # writer's own MySQL and Mongo timeouts answer first.
@@ -309,7 +311,7 @@ def _writer(settings: Settings, db: AsyncDatabase, slot_map: SlotMap,
     # The writers' own connections: the reads cannot take them all from them.
     engine = make_engine(settings.stores.mysql_url.get_secret_value(), settings.stores.db_timeout_seconds,
                          pool_size=engine_pool_size(slot_map))
-    return build(settings, engine, db, slot_map, on_stored), engine
+    return build(settings, engine, db, slot_map, on_stored, echoes_owed), engine
 
 
 def create_app(settings: Settings) -> ASGIApp:
@@ -322,7 +324,9 @@ def create_app(settings: Settings) -> ASGIApp:
         redis_url = settings.stores.redis_url.get_secret_value()
         signal_store = SignalStore(connect(redis_url, settings.stores.db_timeout_seconds)) if redis_url else None
         on_stored = WakePublisher.on_redis(signal_store.client).wake if signal_store is not None else lambda: None
-        writer, writer_engine = _writer(settings, db, slot_map, on_stored)
+        echo_wakes = EchoWakes.on_redis(signal_store.client) if signal_store is not None else None
+        writer, writer_engine = _writer(settings, db, slot_map, on_stored,
+                                        echo_wakes.owed if echo_wakes is not None else lambda partition: None)
         reads = read_threads(engine)
         # The slot map's look-up once a second, one round trip each (no ping, no rollback): an idle API
         # process's main cost otherwise.
@@ -344,6 +348,10 @@ def create_app(settings: Settings) -> ASGIApp:
                                                     settings.daemon.gap_check_seconds), name="slot_map")]
         if isinstance(writer, PartitionedWriter):
             tasks.append(asyncio.create_task(writer.run(), name="writer"))
+            if redis_url and settings.writer.led() is not None:
+                tasks.append(asyncio.create_task(listen_for_echo_wakes(
+                    redis_url, writer.echoes_woken, connect_seconds=settings.stores.db_timeout_seconds),
+                    name="echo-wakes"))
         # What start-up made (modules, the app, the pools) lives as long as the
         # process: out of the cyclic GC's sight, so that its full passes walk
         # only what requests create (as in the daemon).
@@ -367,6 +375,8 @@ def create_app(settings: Settings) -> ASGIApp:
                 writer_engine.dispose()
             reads.close()
             engine.dispose()
+            if echo_wakes is not None:
+                await bounded("echo_wake_publish", echo_wakes.settled(), settings.stores.db_timeout_seconds, log)
             if signal_store is not None:
                 await signal_store.close()
 

@@ -186,6 +186,13 @@ class ApiSettings(_Section):
         return value or info.data.get("host", LOOPBACK)
 
 
+# How often a leading writer reads the echoes owed to its partitions, by default: with Redis the
+# commit that owes a copy wakes that read (writer/echo_wake.py), so the period bounds only a lost
+# wake's delay; without it, every copy between hosts waits half of it on average.
+ECHO_WATCH_MS_WOKEN = 1_000.0
+ECHO_WATCH_MS_UNWOKEN = 50.0
+
+
 class WriterSettings(_Section):
     """The host's writer process (`python -m writer`), and how API processes and daemons reach it."""
 
@@ -210,10 +217,12 @@ class WriterSettings(_Section):
         "with k mod 3 = 1, also those a grow adds); empty: all. This writer makes the copies owed to those, "
         "watching their echoes; the copies owed to the others are their leaders' to make.",
     )
-    echo_watch_ms: Annotated[float, Env("CHAT_WRITER_ECHO_WATCH_MS")] = Field(
-        50.0, gt=0, le=1000, description="With CHAT_WRITER_LEADS: how often a led partition's echoes (copies owed "
-        "to it by other hosts' commits) are read: a copy waits half of it on average; each read costs the writer "
-        "and MySQL a statement.",
+    echo_watch_ms: Annotated[float | None, Env("CHAT_WRITER_ECHO_WATCH_MS")] = Field(
+        None, gt=0, le=1000, description="With CHAT_WRITER_LEADS: how often a led partition's echoes (copies owed "
+        "to it by other hosts' commits) are read, each read a statement for the writer and MySQL. Unset: "
+        f"{ECHO_WATCH_MS_WOKEN:g} with Redis, where the commit that owes a copy wakes the leader's read through "
+        f"`chat:echoes`, so only a lost wake waits it out; {ECHO_WATCH_MS_UNWOKEN:g} without, where a copy waits "
+        "half of it on average.",
     )
     metrics_host: Annotated[str, Env("CHAT_WRITER_METRICS_HOST", "CHAT_METRICS_HOST")] = Field(
         LOOPBACK, description=f"{METRICS_HOST} Empty: {LOOPBACK} (the writer listens on a Unix socket only).")
@@ -488,6 +497,13 @@ class Settings(BaseSettings):
             return self.tail.ferretdb_idle_poll_ms / 1000
         woken = bool(self.stores.redis_url.get_secret_value())
         return (IDLE_POLL_MS_WOKEN if woken else IDLE_POLL_MS_UNWOKEN) / 1000
+
+    def echo_watch_seconds(self) -> float:
+        """``writer.echo_watch_ms`` in seconds, or its default for whether commits wake the watch."""
+        if self.writer.echo_watch_ms is not None:
+            return self.writer.echo_watch_ms / 1000
+        woken = bool(self.stores.redis_url.get_secret_value())
+        return (ECHO_WATCH_MS_WOKEN if woken else ECHO_WATCH_MS_UNWOKEN) / 1000
 
     @classmethod
     def field(cls, path: str) -> FieldInfo:

@@ -91,26 +91,34 @@ class WakePublisher:
 
 async def listen_for_wakes(url: str, wake: Callable[[], None], *, connect_seconds: float,
                            sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
-    """For the life of the process: ``wake()`` on each message on ``WAKE_CHANNEL``.
+    """For the life of the process: ``wake()`` on each message on ``WAKE_CHANNEL``."""
+    await listen(url, WAKE_CHANNEL, lambda _data: wake(), connect_seconds=connect_seconds, what="tail_backs_off_alone",
+                 sleep=sleep)
+
+
+async def listen(url: str, channel: str, on_data: Callable[[bytes], None], *, connect_seconds: float, what: str,
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+    """For the life of the process: ``on_data(data)`` for each message on ``channel``.
     Its own client (a subscribed connection does nothing else), whose reads have
-    no time-out of their own: an idle one waits ``LISTEN_SECONDS`` per read."""
+    no time-out of their own: an idle one waits ``LISTEN_SECONDS`` per read.
+    ``what``: what goes on meanwhile while Redis is away, for the log."""
     client = aioredis.from_url(url, socket_connect_timeout=connect_seconds, health_check_interval=LISTEN_SECONDS)
     away = False
 
     def subscribed() -> None:
         nonlocal away
         away = False
-        log.info("event=wake_listening channel=%s", WAKE_CHANNEL)
+        log.info("event=wake_listening channel=%s", channel)
 
     def lost(exc: BaseException) -> None:
         nonlocal away
         if not away:
             away = True
-            log.warning("event=wake_unreachable error=%s action=tail_backs_off_alone retry_in_s=%g",
-                        exc.__class__.__name__, RETRY_SECONDS)
+            log.warning("event=wake_unreachable channel=%s error=%s action=%s retry_in_s=%g", channel,
+                        exc.__class__.__name__, what, RETRY_SECONDS)
 
     try:
-        await subscribe_forever(client, [WAKE_CHANNEL], lambda _channel, _data: wake(), on_subscribed=subscribed,
+        await subscribe_forever(client, [channel], lambda _channel, data: on_data(data), on_subscribed=subscribed,
                                 on_away=lost, read_seconds=LISTEN_SECONDS, retry_seconds=RETRY_SECONDS, sleep=sleep)
     finally:
         await client.aclose()

@@ -9,7 +9,9 @@ each copy. The echo rows that those originals' commits write are the
 hand-over instead. The watch reads them every ``interval`` seconds, without
 the lock and writing nothing, and offers each new one to its writer's queue,
 as a copy committed on this host is offered: a lingering turn takes it with
-its next batch, an idle writer starts a turn for it. Whatever it misses (the
+its next batch, an idle writer starts a turn for it. A wake (``wake()``, the
+owing commit's message through Redis: ``writer.echo_wake``) cuts the pause
+short, so a copy waits a round trip rather than half the period. Whatever it misses (the
 leader away, its MySQL link cut) is drained by the next turn of any writer
 of the partition, at its start, an idle one's within a second.
 """
@@ -47,6 +49,7 @@ class EchoWatch:
         self._limit = limit
         self._clock, self._sleep = clock, sleep
         self._offers = Offers()
+        self._woken = asyncio.Event()
         self._conn: Connection | None = None  # kept open between reads: a checkout pings
         self._failing = False
         # A thread of its own: a read never waits behind a turn's statements, nor they behind it.
@@ -54,7 +57,7 @@ class EchoWatch:
 
     async def run(self) -> None:
         while True:
-            await self._sleep(self._interval)
+            await self._pause()
             slot_map = self._live.current
             if slot_map.partitions == 1:
                 continue  # one partition owes itself nothing
@@ -71,6 +74,28 @@ class EchoWatch:
                 self._failing = False
             for copy in self._offers.fresh(owed, complete, self._clock()):
                 self._offer(copy)
+
+    def wake(self) -> None:
+        """A commit elsewhere left echoes for this partition: read them now, not at the period's end."""
+        self._woken.set()
+
+    async def _pause(self) -> None:
+        """The period, or less if woken meanwhile; a wake during a read makes another read at once."""
+        if not self._woken.is_set():
+            period = asyncio.ensure_future(self._sleep(self._interval))
+            woken = asyncio.ensure_future(self._woken.wait())
+            try:
+                done, _ = await asyncio.wait((period, woken), return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # this task cancelled meanwhile
+                period.cancel()
+                woken.cancel()
+                raise
+            woken.cancel()
+            if period in done:
+                period.result()  # what the sleep itself raised, if anything (a test's end of the watch)
+            else:
+                period.cancel()
+        self._woken.clear()
 
     def _read(self, slot_map: SlotMap) -> tuple[list[Copy], bool]:
         try:

@@ -165,6 +165,11 @@ class MessageWriter:
         except asyncio.QueueFull:
             fail([pending], WriterOverloaded())
 
+    def wake_echo_watch(self) -> None:
+        """Another host's commit left echoes for this partition (``writer.echo_wake``)."""
+        if self._watch is not None:
+            self._watch.wake()
+
     def offer_copy(self, copy: Copy) -> None:
         """Queues a copy owed to this partition. Nobody waits for it: its echo row
         is committed, so a copy that is not made now (a full queue, a failed turn)

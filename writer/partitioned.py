@@ -40,11 +40,14 @@ WriterFactory = Callable[[int, LiveMap, Callable[[int, Copy], None], Callable[[P
 
 class PartitionedWriter:
     """``led``: the partitions this host leads (``CHAT_WRITER_LEADS``), whose copies its
-    writers make; None: all of them, with no leader elsewhere."""
+    writers make; None: all of them, with no leader elsewhere. ``echoes_owed(partition)``:
+    a commit here left echoes for a partition another host leads (``writer.echo_wake``)."""
 
-    def __init__(self, slot_map: SlotMap, make: WriterFactory, led: frozenset[int] | None = None):
+    def __init__(self, slot_map: SlotMap, make: WriterFactory, led: frozenset[int] | None = None,
+                 echoes_owed: Callable[[int], None] = lambda partition: None):
         self.live = LiveMap(slot_map)
         self._led = led
+        self._echoes_owed = echoes_owed
         self._make = make
         self.writers: list[MessageWriter] = []
         self._running: asyncio.TaskGroup | None = None
@@ -85,6 +88,14 @@ class PartitionedWriter:
         # Else its echo row waits: for that partition's leader, which watches it, or for a turn's drain.
         if partition < len(self.writers) and (self._led is None or partition in self._led):
             self.writers[partition].offer_copy(copy)
+        elif self._led is not None:
+            self._echoes_owed(partition)
+
+    def echoes_woken(self, partitions: list[int]) -> None:
+        """Another host's commit left echoes for ``partitions``: the watches of those led here read them now."""
+        for k in partitions:
+            if k < len(self.writers) and self._led is not None and k in self._led:
+                self.writers[k].wake_echo_watch()
 
     async def run(self, repair_every: float = 1.0) -> None:
         """Every partition's writer, until cancelled. One that fails ends them all,
@@ -120,9 +131,11 @@ def idle_turn_every(partition: int, led: frozenset[int] | None, repair_every: fl
 
 
 def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map: SlotMap,
-          on_stored: Callable[[], None] = lambda: None) -> PartitionedWriter:
+          on_stored: Callable[[], None] = lambda: None,
+          echoes_owed: Callable[[int], None] = lambda partition: None) -> PartitionedWriter:
     """The writers of every partition of ``slot_map``, with the settings' limits and the writer's metrics.
-    ``on_stored``: after each batch stored in the fast store (``oplog.wake``)."""
+    ``on_stored``: after each batch stored in the fast store (``oplog.wake``); ``echoes_owed``: after a
+    commit that left echoes for a partition another host leads (``writer.echo_wake``)."""
     # Imported here: registering the writer's metrics makes a process export
     # them, and only a process that writes has any.
     from writer import metrics
@@ -141,11 +154,11 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
                              partition=partition, slot_map=live, hand_over=hand_over, reroute=reroute,
                              adopted=adopted, edit_window_seconds=settings.writer.edit_window_seconds,
                              on_stored=on_stored,
-                             watch_echoes_every=settings.writer.echo_watch_ms / 1000
+                             watch_echoes_every=settings.echo_watch_seconds()
                              if led is not None and partition in led else None)
 
     led = settings.writer.led()
-    return PartitionedWriter(slot_map, make, led)
+    return PartitionedWriter(slot_map, make, led, echoes_owed)
 
 
 def engine_pool_size(slot_map: SlotMap) -> int:

@@ -37,6 +37,7 @@ from db.partition_map import load_slot_map
 from db.sql import make_engine
 from oplog.wake import WakePublisher
 from writer import metrics, protocol
+from writer.echo_wake import EchoWakes, listen_for_echo_wakes
 from writer.partitioned import PartitionedWriter, build, engine_pool_size
 from writer.protocol import BadFrame
 
@@ -129,15 +130,24 @@ async def run(settings: Settings) -> None:
         probe.dispose()
     engine = make_engine(url, settings.stores.db_timeout_seconds, pool_size=engine_pool_size(slot_map))
     client = mongo.make_client(settings.stores.mongo_url.get_secret_value(), settings.stores.db_timeout_seconds)
-    # After each batch in the fast store, a wake for the FerretDB tails that back off while idle (oplog.wake).
+    # After each batch in the fast store, a wake for the FerretDB tails that back off while idle (oplog.wake);
+    # after a commit that owes copies to a partition another host leads, a wake for that leader's echo watch
+    # (writer.echo_wake), to which this process listens for the partitions it leads.
     redis = None
     waker = None
+    echo_wakes = None
     if redis_url := settings.stores.redis_url.get_secret_value():
         redis = connect(redis_url, settings.stores.db_timeout_seconds)
         waker = WakePublisher.on_redis(redis)
+        echo_wakes = EchoWakes.on_redis(redis)
     writer = build(settings, engine, client[settings.stores.mongo_db], slot_map,
-                   on_stored=waker.wake if waker is not None else lambda: None)
+                   on_stored=waker.wake if waker is not None else lambda: None,
+                   echoes_owed=echo_wakes.owed if echo_wakes is not None else lambda partition: None)
     writing = asyncio.create_task(writer.run(), name="writer")
+    listening = None
+    if redis_url and settings.writer.led() is not None:
+        listening = asyncio.create_task(listen_for_echo_wakes(
+            redis_url, writer.echoes_woken, connect_seconds=settings.stores.db_timeout_seconds), name="echo-wakes")
     unanswered = Unanswered()
     frame_max = protocol.request_frame_max(settings.api.body_max_chars)
     links: dict[asyncio.Task, asyncio.StreamWriter] = {}
@@ -180,12 +190,18 @@ async def run(settings: Settings) -> None:
         for stream in streams:
             stream.close()
         writing.cancel()
+        if listening is not None:
+            listening.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await writing
+        if listening is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening
         await client.close()
         if redis is not None:
-            assert waker is not None
+            assert waker is not None and echo_wakes is not None
             await bounded("wake_publish", waker.settled(), settings.stores.db_timeout_seconds, log)
+            await bounded("echo_wake_publish", echo_wakes.settled(), settings.stores.db_timeout_seconds, log)
             await redis.aclose()
         writer.close()
         engine.dispose()

@@ -146,12 +146,14 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
     data = orjson.loads(Path(job.out).read_bytes())
     delivery = fig.check_delivery(sent, devices, data["received"], data["duplicates"])
     stored = sum(s.msg_id is not None for s in sent)
-    latencies = [lat for _, lat in data["arrivals"]]
+    latencies = [lat for _, lat, _, _ in data["arrivals"]]
     host_of_daemon = {d.name: d.host for d in cluster.daemons}
     result = {
         "msgs_per_s": round(stored / (sent_end - started), 1), "offered_per_s": traffic.rate, "asked": len(sent),
         "stored": stored, "delivery_p50_ms": fig.percentile(latencies, 0.5),
         "delivery_p99_ms": fig.percentile(latencies, 0.99),
+        "delivery_ms_by_path": fig.delivery_by_path(
+            data["arrivals"], devices, lambda user: partition_of(user, partitions) if partitioned else 0),
         # the stages before the tail: a POST's answer (the MySQL commit), and the writers' turns
         "post_ms": fig.post_answer_ms(sent), "writers": fig.writer_stage(w_before, w_after, busy_seconds),
         "cpu_us_per_msg": fig.cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after), stored),

@@ -75,6 +75,25 @@ def percentile(values: list[float], q: float, scale: float = 1000.0) -> float | 
     return round(v[min(len(v) - 1, int(q * len(v)))] * scale, 2)
 
 
+def delivery_by_path(arrivals: list[list], devices: list[ClientDevice],
+                     partition_of: Callable[[str], int]) -> dict[str, dict[str, float | int | None]]:
+    """Delivery p50/p99 ms by the path a frame took: to its sender's own devices
+    (the original, from the sender's partition), to its recipient's in the same
+    partition (the original), or to its recipient's in another partition (the
+    copy, which its partition's writer makes after the original's commit)."""
+    paths: dict[str, list[float]] = {"sender": [], "recipient_same_partition": [], "recipient_other_partition": []}
+    for _, latency, device, sender in arrivals:
+        user = devices[device].user
+        if user == sender:
+            paths["sender"].append(latency)
+        elif partition_of(user) == partition_of(sender):
+            paths["recipient_same_partition"].append(latency)
+        else:
+            paths["recipient_other_partition"].append(latency)
+    return {path: {"frames": len(lat), "p50": percentile(lat, 0.5), "p99": percentile(lat, 0.99)}
+            for path, lat in paths.items()}
+
+
 def answers(sent: list[Sent], start: float, end: float, keep: Callable[[Attempt], bool]) -> list[Attempt]:
     """Attempts sent in [start, end) that ``keep`` picks (a host's 503s, say)."""
     return [a for s in sent for a in s.attempts if start <= a.at < end and keep(a)]

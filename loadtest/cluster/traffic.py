@@ -65,7 +65,8 @@ def client_process(job: ClientJob, connected: Synchronized[int], frames: Synchro
 
 async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchronized[int], stop: Event) -> None:
     inboxes = [Inbox() for _ in job.devices]
-    arrivals: list[list[float]] = []  # [arrival time, latency s] of first arrivals
+    # first arrivals: [arrival time, latency s, the device's index, the message's sender]
+    arrivals: list[list[float | int | str]] = []
     reconnects = failures = counted = relearned = 0
     gate = asyncio.Semaphore(100)  # handshakes in flight
     clients: list[leanclient.LeanClient | None] = [None] * len(job.devices)
@@ -79,7 +80,7 @@ async def _devices(job: ClientJob, connected: Synchronized[int], frames: Synchro
     def on_frame(i: int, doc: dict, now: float) -> None:
         nonlocal counted
         keys[i].append(doc["client_msg_id"])
-        arrivals.append([now, now - float(doc["body"].split(" ", 1)[0])])
+        arrivals.append([now, now - float(doc["body"].split(" ", 1)[0]), i, doc["from"]])
         counted += 1
 
     async def device(i: int, d: ClientDevice) -> None:

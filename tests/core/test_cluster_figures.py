@@ -24,6 +24,19 @@ def test_every_device_of_both_users_must_get_each_message_once():
     assert (perfect.lost, perfect.duplicated) == (0, 0)
 
 
+def test_delivery_split_by_the_path_a_frame_took():
+    devices = [ClientDevice("a", 0, 0), ClientDevice("b", 0, 0), ClientDevice("c", 0, 1)]
+    partition = {"a": 0, "b": 0, "c": 1}.__getitem__
+    # [arrival time, latency s, device, sender]: a to b (same partition), then a to c (a copy in c's)
+    arrivals = [[1.0, 0.010, 0, "a"], [1.0, 0.020, 1, "a"], [2.0, 0.012, 0, "a"], [2.1, 0.090, 2, "a"]]
+    paths = fig.delivery_by_path(arrivals, devices, partition)
+    assert paths["sender"] == {"frames": 2, "p50": 12.0, "p99": 12.0}
+    assert paths["recipient_same_partition"] == {"frames": 1, "p50": 20.0, "p99": 20.0}
+    assert paths["recipient_other_partition"] == {"frames": 1, "p50": 90.0, "p99": 90.0}
+    unpartitioned = fig.delivery_by_path(arrivals, devices, lambda user: 0)
+    assert unpartitioned["recipient_other_partition"] == {"frames": 0, "p50": None, "p99": None}
+
+
 def test_accepted_rate_in_a_window_and_by_host():
     sent = [_sent("a", "b", i, 10.0 + i * 0.1, upstream=f"10.0.0.1{1 + i % 3}:8000") for i in range(30)]
     sent.append(_sent("a", "b", None, 11.0, status=503))

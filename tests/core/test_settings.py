@@ -209,7 +209,13 @@ def test_a_writer_leads_every_partition_unless_told_which_and_a_bad_rule_is_refu
 
 
 def test_the_echo_watch_reads_at_least_once_a_second_and_never_without_a_pause(clean_env):
-    assert Settings(_env_file=None).writer.echo_watch_ms == 50.0
+    # Unset, its period follows whether commits wake it through Redis (writer.echo_wake).
+    assert Settings(_env_file=None).writer.echo_watch_ms is None
+    assert Settings(_env_file=None).echo_watch_seconds() == 1.0  # Redis is there by default
+    clean_env.setenv("CHAT_REDIS_URL", "")
+    assert Settings(_env_file=None).echo_watch_seconds() == 0.05
+    clean_env.setenv("CHAT_WRITER_ECHO_WATCH_MS", "200")
+    assert Settings(_env_file=None).echo_watch_seconds() == 0.2
     for bad in ("0", "-5", "1001"):
         clean_env.setenv("CHAT_WRITER_ECHO_WATCH_MS", bad)
         with pytest.raises(ValidationError, match="echo_watch_ms"):

@@ -18,7 +18,9 @@ from chat.drafts import Draft
 from chat.partitions import LiveMap, SlotMap
 from harness.system import databases
 from tests.e2e.helpers import partition_docs, partition_rows, user_in, writer_stores
+from chat.signal_store import connect
 from tests.timing import eventually
+from writer.echo_wake import EchoWakes, listen_for_echo_wakes
 from writer.echo_watch import EchoWatch
 from writer.message_writer import MessageWriter
 from writer.partitioned import PartitionedWriter
@@ -34,8 +36,10 @@ def dbs(tmp_path_factory):
 
 
 @contextlib.asynccontextmanager
-async def running_host(dbs, name: str, led: frozenset[int], turns: Counter):
-    """One host's writers of every partition, leading ``led``; each turn counted in ``turns[(name, partition)]``."""
+async def running_host(dbs, name: str, led: frozenset[int], turns: Counter, watch_every: float = 0.01,
+                       echoes_owed=lambda partition: None):
+    """One host's writers of every partition, leading ``led``; each turn counted in ``turns[(name, partition)]``.
+    ``watch_every``: its led partitions' echo watches' period; ``echoes_owed``: its commits' echo wakes."""
     async with writer_stores(dbs) as (engine, db):
         def make(partition, live, hand_over, reroute, adopted):
             def counted(waiting: float, holding: float) -> None:
@@ -43,9 +47,9 @@ async def running_host(dbs, name: str, led: frozenset[int], turns: Counter):
             return MessageWriter(engine, db, batch_max=50, window_ms=2, queue_max=100, timeout_seconds=5,
                                  retention_seconds=86_400, partition=partition, slot_map=live, hand_over=hand_over,
                                  reroute=reroute, adopted=adopted, observe_turn=counted,
-                                 watch_echoes_every=0.01 if partition in led else None)
+                                 watch_echoes_every=watch_every if partition in led else None)
 
-        host = PartitionedWriter(FOUR, make, led)
+        host = PartitionedWriter(FOUR, make, led, echoes_owed)
         task = asyncio.create_task(host.run(repair_every=NO_IDLE_TURNS))
         try:
             yield host
@@ -71,6 +75,35 @@ async def test_a_copy_is_made_by_its_partition_s_leader_and_the_sender_s_host_ne
     # host b, partition 2's leader, made the copies and never took partition 1's.
     assert turns["a", 1] >= 1 and turns["b", 2] >= 1
     assert turns["a", 2] == 0 and turns["b", 1] == 0
+
+
+async def test_the_owing_commit_wakes_the_leader_s_watch_through_redis(dbs, caplog):
+    """The leader's watch would wait an hour; the wake its copy's original published brings the copy."""
+    alice, bob = user_in(1, "alice", FOUR), user_in(2, "bob", FOUR)
+    turns: Counter = Counter()
+    publisher = connect(dbs.redis.url, 5)
+    wakes = EchoWakes.on_redis(publisher)
+    try:
+        async with (running_host(dbs, "a", frozenset({1}), turns, echoes_owed=wakes.owed) as a,
+                    running_host(dbs, "b", frozenset({2}), turns, watch_every=3600.0) as b):
+            with caplog.at_level(logging.INFO, logger="chat.oplog"):
+                listening = asyncio.create_task(listen_for_echo_wakes(dbs.redis.url, b.echoes_woken,
+                                                                      connect_seconds=5))
+                try:
+                    await eventually(lambda: any("wake_listening channel=chat:echoes" in r.getMessage()
+                                                 for r in caplog.records), "host b listens for echo wakes")
+                    original, _ = await a.submit(Draft(alice, bob, "woken", "wk1"))
+                    copies = await eventually(lambda: asyncio.to_thread(
+                        lambda: partition_rows(dbs, 2, "sender = :s AND body = 'woken'", s=alice)), "the copy")
+                finally:
+                    listening.cancel()
+                    await asyncio.gather(listening, return_exceptions=True)
+        assert [(r.origin_part, r.origin_id) for r in copies] == [(1, original.id)]
+        assert wakes.published >= 1 and wakes.failed == 0
+        assert turns["b", 2] >= 1 and turns["a", 2] == 0  # made by partition 2's leader, host a never took its lock
+    finally:
+        await wakes.settled()
+        await publisher.aclose()
 
 
 class _Refusing:
