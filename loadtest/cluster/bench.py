@@ -81,6 +81,18 @@ def counters(cluster: Cluster) -> tuple[dict[str, float | None], dict[str, float
     return daemons, relays
 
 
+def daemon_stage(cluster: Cluster) -> tuple[float, float]:
+    """Every daemon's ``chat_daemon_oplog_to_socket_seconds`` (an entry in from the relay to its
+    frames written), summed over the daemons: (seconds, entries)."""
+    total, count = 0.0, 0.0
+    for d in cluster.daemons:
+        with contextlib.suppress(httpx.HTTPError):
+            page = httpx.get(f"http://{d.address}:{DAEMON_METRICS_BASE + d.index}/metrics", timeout=3).text
+            total += fig.prometheus_value(page, "chat_daemon_oplog_to_socket_seconds_sum")
+            count += fig.prometheus_value(page, "chat_daemon_oplog_to_socket_seconds_count")
+    return total, count
+
+
 def writer_samples(cluster: Cluster) -> dict[str, float]:
     """Every host's writer's samples of ``fig.WRITER_SAMPLES``, summed over the hosts (a host whose
     writer does not answer adds nothing)."""
@@ -125,7 +137,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         idle = procs.cpu_by_role(idle_before, procs.snapshot(cluster.host_pids()))
         idle_seconds = time.monotonic() - idle_at
         cpu_before, (d_before, r_before) = procs.snapshot(cluster.host_pids()), counters(cluster)
-        w_before = writer_samples(cluster)
+        w_before, stage_before = writer_samples(cluster), daemon_stage(cluster)
         started, busy_at = time.time(), time.monotonic()
         sent = asyncio.run(_send_with_fault(cluster, users, route, traffic, fault, fault_at, fault_for, frames))
         sent_end = time.time()
@@ -136,7 +148,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
             if frames.value != last:
                 last, still = frames.value, time.monotonic()
         cpu_after, (d_after, r_after) = procs.snapshot(cluster.host_pids()), counters(cluster)
-        w_after = writer_samples(cluster)
+        w_after, stage_after = writer_samples(cluster), daemon_stage(cluster)
         busy_seconds = time.monotonic() - busy_at
     finally:
         stop.set()
@@ -156,6 +168,8 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
             data["arrivals"], devices, lambda user: partition_of(user, partitions) if partitioned else 0),
         # the stages before the tail: a POST's answer (the MySQL commit), and the writers' turns
         "post_ms": fig.post_answer_ms(sent), "writers": fig.writer_stage(w_before, w_after, busy_seconds),
+        # the daemons' stage: an entry in from the relay to its frames written, mean over the run
+        "daemon_entry_to_socket_ms": fig.mean_between(stage_before, stage_after),
         "cpu_us_per_msg": fig.cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after), stored),
         "cpu_us_per_msg_past_idle": fig.marginal_cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after),
                                                                 busy_seconds, idle, idle_seconds, stored),

@@ -94,6 +94,12 @@ def delivery_by_path(arrivals: list[list], devices: list[ClientDevice],
             for path, lat in paths.items()}
 
 
+def mean_between(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """A histogram's mean over a run, in ms, from its (sum of seconds, count) before and after; None if nothing came."""
+    count = after[1] - before[1]
+    return round((after[0] - before[0]) / count * 1000, 2) if count > 0 else None
+
+
 def answers(sent: list[Sent], start: float, end: float, keep: Callable[[Attempt], bool]) -> list[Attempt]:
     """Attempts sent in [start, end) that ``keep`` picks (a host's 503s, say)."""
     return [a for s in sent for a in s.attempts if start <= a.at < end and keep(a)]

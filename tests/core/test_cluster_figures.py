@@ -37,6 +37,11 @@ def test_delivery_split_by_the_path_a_frame_took():
     assert unpartitioned["recipient_other_partition"] == {"frames": 0, "p50": None, "p99": None}
 
 
+def test_a_stage_s_mean_over_a_run_is_what_its_histogram_gained():
+    assert fig.mean_between((1.0, 100.0), (1.5, 150.0)) == 10.0  # 0.5 s over 50 entries
+    assert fig.mean_between((1.0, 100.0), (1.0, 100.0)) is None
+
+
 def test_accepted_rate_in_a_window_and_by_host():
     sent = [_sent("a", "b", i, 10.0 + i * 0.1, upstream=f"10.0.0.1{1 + i % 3}:8000") for i in range(30)]
     sent.append(_sent("a", "b", None, 11.0, status=503))
