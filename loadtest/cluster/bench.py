@@ -93,6 +93,17 @@ def daemon_stage(cluster: Cluster) -> tuple[float, float]:
     return total, count
 
 
+def relay_polls(cluster: Cluster) -> tuple[float, float]:
+    """Every relay's ``chat_oplog_tail_getmore_seconds``, summed over the hosts: (seconds, getMores)."""
+    total, count = 0.0, 0.0
+    for host in cluster.plan.hosts:
+        with contextlib.suppress(httpx.HTTPError):
+            page = httpx.get(f"http://{host.address}:{RELAY_METRICS_PORT}/metrics", timeout=3).text
+            total += fig.prometheus_value(page, "chat_oplog_tail_getmore_seconds_sum")
+            count += fig.prometheus_value(page, "chat_oplog_tail_getmore_seconds_count")
+    return total, count
+
+
 def writer_samples(cluster: Cluster) -> dict[str, float]:
     """Every host's writer's samples of ``fig.WRITER_SAMPLES``, summed over the hosts (a host whose
     writer does not answer adds nothing)."""
@@ -137,7 +148,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         idle = procs.cpu_by_role(idle_before, procs.snapshot(cluster.host_pids()))
         idle_seconds = time.monotonic() - idle_at
         cpu_before, (d_before, r_before) = procs.snapshot(cluster.host_pids()), counters(cluster)
-        w_before, stage_before = writer_samples(cluster), daemon_stage(cluster)
+        w_before, stage_before, polls_before = writer_samples(cluster), daemon_stage(cluster), relay_polls(cluster)
         started, busy_at = time.time(), time.monotonic()
         sent = asyncio.run(_send_with_fault(cluster, users, route, traffic, fault, fault_at, fault_for, frames))
         sent_end = time.time()
@@ -148,7 +159,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
             if frames.value != last:
                 last, still = frames.value, time.monotonic()
         cpu_after, (d_after, r_after) = procs.snapshot(cluster.host_pids()), counters(cluster)
-        w_after, stage_after = writer_samples(cluster), daemon_stage(cluster)
+        w_after, stage_after, polls_after = writer_samples(cluster), daemon_stage(cluster), relay_polls(cluster)
         busy_seconds = time.monotonic() - busy_at
     finally:
         stop.set()
@@ -170,6 +181,9 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         "post_ms": fig.post_answer_ms(sent), "writers": fig.writer_stage(w_before, w_after, busy_seconds),
         # the daemons' stage: an entry in from the relay to its frames written, mean over the run
         "daemon_entry_to_socket_ms": fig.mean_between(stage_before, stage_after),
+        # the relays' tails: how long a getMore took (on FerretDB, one poll), and how many a second, all relays
+        "relay_getmore_ms": fig.mean_between(polls_before, polls_after),
+        "relay_getmores_per_s": round((polls_after[1] - polls_before[1]) / busy_seconds, 1),
         "cpu_us_per_msg": fig.cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after), stored),
         "cpu_us_per_msg_past_idle": fig.marginal_cpu_us_per_msg(procs.cpu_by_role(cpu_before, cpu_after),
                                                                 busy_seconds, idle, idle_seconds, stored),
