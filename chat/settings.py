@@ -115,7 +115,9 @@ class StoresSettings(_Section):
         30.0, gt=0, le=60, description="Retention sweeper period where TTL indexes are missing (FerretDB)."
     )
     oplog_max_docs: Annotated[int, Env("CHAT_OPLOG_MAX_DOCS")] = Field(
-        200, ge=10, description="`max` of the capped local.oplog.rs that `db.init` creates (FerretDB only)."
+        100, ge=10, description="`max` of the capped local.oplog.rs that `db.init` creates (FerretDB only: each "
+        "poll of a tail re-reads all of it, so every entry kept costs each host's relay at every poll; MongoDB "
+        "keeps its own oplog).",
     )
     oplog_size_bytes: Annotated[int, Env("CHAT_OPLOG_SIZE_BYTES")] = Field(
         64 * 1024 * 1024, description="`size` of that capped oplog.")

@@ -54,7 +54,7 @@ OUT_DEFAULT = UNPUBLISHED / "idle.json"
 OUT_PUBLISHED = RESULTS / "idle-latest.json"
 GOAL_CORES = 0.05  # the idle stack, all processes
 GOAL_LATENCY_MS = 50.0  # first message after idle, against the same under traffic (medians)
-# Messages before the quiet: more than the 200 entries FerretDB's oplog keeps (CHAT_OPLOG_MAX_DOCS), so
+# Messages before the quiet: more than the entries FerretDB's oplog keeps (CHAT_OPLOG_MAX_DOCS, 100), so
 # that it is full, as on a stack that has run for a while: each FerretDB poll reads the whole of it.
 WARM_UP = 250
 WARM_UP_AT_ONCE = 10
