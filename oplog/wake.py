@@ -101,7 +101,7 @@ async def listen(url: str, channel: str, on_data: Callable[[bytes], None], *, co
     """For the life of the process: ``on_data(data)`` for each message on ``channel``.
     Its own client (a subscribed connection does nothing else), whose reads have
     no time-out of their own: an idle one waits ``LISTEN_SECONDS`` per read.
-    ``what``: what goes on meanwhile while Redis is away, for the log."""
+    ``what``: what goes on while Redis is away, for the log."""
     client = aioredis.from_url(url, socket_connect_timeout=connect_seconds, health_check_interval=LISTEN_SECONDS)
     away = False
 
