@@ -81,27 +81,25 @@ def counters(cluster: Cluster) -> tuple[dict[str, float | None], dict[str, float
     return daemons, relays
 
 
-def daemon_stage(cluster: Cluster) -> tuple[float, float]:
-    """Every daemon's ``chat_daemon_oplog_to_socket_seconds`` (an entry in from the relay to its
-    frames written), summed over the daemons: (seconds, entries)."""
+def histogram_totals(urls: list[str], name: str) -> tuple[float, float]:
+    """A histogram's (sum of seconds, count) over every /metrics page of ``urls`` (one that does
+    not answer adds nothing)."""
     total, count = 0.0, 0.0
-    for d in cluster.daemons:
+    for url in urls:
         with contextlib.suppress(httpx.HTTPError):
-            page = httpx.get(f"http://{d.address}:{DAEMON_METRICS_BASE + d.index}/metrics", timeout=3).text
-            total += fig.prometheus_value(page, "chat_daemon_oplog_to_socket_seconds_sum")
-            count += fig.prometheus_value(page, "chat_daemon_oplog_to_socket_seconds_count")
+            page = httpx.get(url, timeout=3).text
+            total += fig.prometheus_value(page, f"{name}_sum")
+            count += fig.prometheus_value(page, f"{name}_count")
     return total, count
 
 
-def relay_polls(cluster: Cluster) -> tuple[float, float]:
-    """Every relay's ``chat_oplog_tail_getmore_seconds``, summed over the hosts: (seconds, getMores)."""
-    total, count = 0.0, 0.0
-    for host in cluster.plan.hosts:
-        with contextlib.suppress(httpx.HTTPError):
-            page = httpx.get(f"http://{host.address}:{RELAY_METRICS_PORT}/metrics", timeout=3).text
-            total += fig.prometheus_value(page, "chat_oplog_tail_getmore_seconds_sum")
-            count += fig.prometheus_value(page, "chat_oplog_tail_getmore_seconds_count")
-    return total, count
+def stage_histograms(cluster: Cluster) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The daemons' ``chat_daemon_oplog_to_socket_seconds`` (an entry in from the relay to its frames
+    written) and the relays' ``chat_oplog_tail_getmore_seconds`` (a FerretDB poll), each summed."""
+    daemons = [f"http://{d.address}:{DAEMON_METRICS_BASE + d.index}/metrics" for d in cluster.daemons]
+    relays = [f"http://{h.address}:{RELAY_METRICS_PORT}/metrics" for h in cluster.plan.hosts]
+    return (histogram_totals(daemons, "chat_daemon_oplog_to_socket_seconds"),
+            histogram_totals(relays, "chat_oplog_tail_getmore_seconds"))
 
 
 def writer_samples(cluster: Cluster) -> dict[str, float]:
@@ -148,7 +146,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
         idle = procs.cpu_by_role(idle_before, procs.snapshot(cluster.host_pids()))
         idle_seconds = time.monotonic() - idle_at
         cpu_before, (d_before, r_before) = procs.snapshot(cluster.host_pids()), counters(cluster)
-        w_before, stage_before, polls_before = writer_samples(cluster), daemon_stage(cluster), relay_polls(cluster)
+        w_before, (stage_before, polls_before) = writer_samples(cluster), stage_histograms(cluster)
         started, busy_at = time.time(), time.monotonic()
         sent = asyncio.run(_send_with_fault(cluster, users, route, traffic, fault, fault_at, fault_for, frames))
         sent_end = time.time()
@@ -159,7 +157,7 @@ def run_traffic(cluster: Cluster, label: str, partitions: int, partitioned: bool
             if frames.value != last:
                 last, still = frames.value, time.monotonic()
         cpu_after, (d_after, r_after) = procs.snapshot(cluster.host_pids()), counters(cluster)
-        w_after, stage_after, polls_after = writer_samples(cluster), daemon_stage(cluster), relay_polls(cluster)
+        w_after, (stage_after, polls_after) = writer_samples(cluster), stage_histograms(cluster)
         busy_seconds = time.monotonic() - busy_at
     finally:
         stop.set()

@@ -28,15 +28,16 @@ def test_a_wake_names_partitions_and_anything_else_wakes_nobody():
 
 async def test_partitions_owed_while_a_publish_is_in_flight_go_in_the_next_one():
     sent: list[bytes] = []
-    gate = asyncio.Event()
+    gate, publishing = asyncio.Event(), asyncio.Event()
 
     async def publish(data: bytes) -> None:
         sent.append(data)
+        publishing.set()
         await gate.wait()
 
     wakes = EchoWakes(publish)
     wakes.owed(3)
-    await asyncio.sleep(0)  # the first publish is under way
+    await publishing.wait()  # the first publish is under way
     wakes.owed(2)
     wakes.owed(0)
     wakes.owed(2)
