@@ -12,6 +12,7 @@ import logging
 from collections import Counter
 
 import pytest
+from sqlalchemy import create_engine, event, select
 from sqlalchemy.exc import OperationalError
 
 from chat.drafts import Draft
@@ -19,7 +20,9 @@ from chat.partitions import LiveMap, SlotMap
 from harness.system import databases
 from tests.e2e.helpers import partition_docs, partition_rows, user_in, writer_stores
 from chat.signal_store import connect
+from db.sql import echoes
 from tests.timing import eventually
+from writer import echo_sql
 from writer.echo_wake import EchoWakes, listen_for_echo_wakes
 from writer.echo_watch import EchoWatch
 from writer.message_writer import MessageWriter
@@ -145,3 +148,54 @@ async def test_a_watch_that_cannot_read_says_so_once_and_offers_what_is_owed_onc
     events = [r.getMessage().split()[0] for r in caplog.records if "echo_watch" in r.getMessage()]
     assert events == ["event=echo_watch_failed", "event=echo_watch_resumed"]  # three failed reads, one line
     assert [copy.origin for copy in offered] == [(1, original.id)]  # offered once, though read twice since
+
+
+async def test_a_watch_reads_the_echoes_of_every_partition_and_their_originals_in_one_statement(dbs):
+    # Originals of partitions 1 and 2 owe copies to partition 3, whose leader is not running;
+    # an echo whose original is gone (its table emptied by hand) is owed too.
+    alice, bob, dave = user_in(1, "alice", FOUR), user_in(2, "bob", FOUR), user_in(3, "dave", FOUR)
+    async with running_host(dbs, "a", frozenset({1, 2}), Counter()) as a:
+        from_bob, _ = await a.submit(Draft(bob, dave, "from partition 2", "one-read-2"))
+        from_alice, _ = await a.submit(Draft(alice, dave, "from partition 1", "one-read-1"))
+    orphan = (1, 10**12)
+    engine = create_engine(dbs.mariadb.url())
+    try:
+        with engine.begin() as conn:
+            conn.execute(echoes.insert().values(to_part=3, from_part=orphan[0], from_id=orphan[1]))
+        owed_before = {(e.from_part, e.from_id) for e in _echoes_to(engine, 3)}
+        said: list[str] = []
+        event.listen(engine, "before_cursor_execute", lambda _c, _cur, statement, *_: said.append(statement))
+        offered: list = []
+
+        async def one_read(seconds: float) -> None:  # the watch's pause: the second ends the watch
+            if said:
+                raise asyncio.CancelledError
+
+        watch = EchoWatch(engine, partition=3, live=LiveMap(FOUR), offer=offered.append, interval=0.05,
+                          limit=1000, sleep=one_read)
+        watch.wake()  # the first read without a pause
+        try:
+            with pytest.raises(asyncio.CancelledError):
+                await watch.run()
+        finally:
+            watch.close()
+        assert len(said) == 1 and "UNION ALL" in said[0]
+        # each original as stored, by the partition it came from, then its id: none for the orphan
+        mine = [(copy.origin, copy.original.body) for copy in offered if copy.original.recipient == dave]
+        assert mine == [((1, from_alice.id), "from partition 1"), ((2, from_bob.id), "from partition 2")]
+        assert orphan not in {copy.origin for copy in offered}
+        assert {copy.origin for copy in offered} == owed_before - {orphan}
+        # A read stopped at its limit holds the oldest echoes, and says it is not all of them.
+        with engine.connect() as conn:
+            found, complete = echo_sql.owed_now(conn, 3, 1, FOUR)
+        assert [copy.origin for copy in found] == [min(owed_before)] and complete is False
+    finally:
+        with engine.begin() as conn:
+            conn.execute(echoes.delete().where(echoes.c.to_part == 3, echoes.c.from_part == orphan[0],
+                                               echoes.c.from_id == orphan[1]))
+        engine.dispose()
+
+
+def _echoes_to(engine, partition: int) -> list:
+    with engine.connect() as conn:
+        return conn.execute(select(echoes).where(echoes.c.to_part == partition)).all()
