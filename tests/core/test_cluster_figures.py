@@ -108,3 +108,22 @@ def test_the_writers_stage_from_two_scrapes_and_the_post_answers():
     # each stored message's storing attempt; a refused one has none
     sent = [_sent("a", "b", i, 0.0) for i in range(1, 100)] + [_sent("a", "b", None, 0.0, status=503)]
     assert fig.post_answer_ms(sent) == {"p50": 10.0, "p99": 10.0}
+
+
+def _bench(rate: float, global_p50: float, p4_p50: float, lost: int = 0) -> dict:
+    def run(mode: str, partitions: int, p50: float, lost: int) -> dict:
+        return {"mode": mode, "partitions": partitions, "delivery_p50_ms": p50, "lost": lost, "duplicated": 0,
+                "cpu_us_per_msg": {"writer": 1000.0 * partitions, "ferretdb": 7000.0, "redis": None}}
+    return {"traffic": {"offered_per_s": rate},
+            "runs": [run("global-lock", 1, global_p50, 0), run("partitioned", 4, p4_p50, lost)]}
+
+
+def test_a_load_sweep_pairs_each_bench_s_two_modes_by_offered_rate():
+    from loadtest.cluster.load_sweep import summarise
+    # rounds alternate the rates: 25, 100, then 25, 100 again
+    rows = summarise([_bench(25, 130, 104), _bench(100, 150, 240), _bench(25, 120, 120, lost=1),
+                      _bench(100, 140, 210)])
+    assert [(r["offered_per_s"], r["global_lock_p50_ms"], r["p4_p50_ms"], r["p4_over_global"]) for r in rows] == [
+        (25, [130, 120], [104, 120], [0.8, 1.0]), (100, [150, 140], [240, 210], [1.6, 1.5])]
+    assert [(r["global_lock_cpu_ms_per_msg"], r["p4_cpu_ms_per_msg"], r["lost"]) for r in rows] == [
+        (8.0, 11.0, 1), (8.0, 11.0, 0)]
