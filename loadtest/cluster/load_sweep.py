@@ -13,6 +13,7 @@ import json
 import statistics
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import typer
@@ -26,7 +27,8 @@ BENCH = ["-m", "loadtest.cluster.bench", "--partitions", "4", "--no-faults", "--
 
 def summarise(runs: list[dict]) -> list[dict]:
     """Per offered rate, from each bench result in ``runs``: its global-lock and P = 4 delivery
-    p50s, their ratios run by run, and the stages' CPU per message in each mode (medians)."""
+    p50s, their ratios run by run, and in each mode the stages' CPU per message and the cores
+    they kept busy (medians)."""
     by_rate: dict[float, list[dict]] = {}
     for result in runs:
         by_rate.setdefault(result["traffic"]["offered_per_s"], []).append(result)
@@ -40,6 +42,9 @@ def summarise(runs: list[dict]) -> list[dict]:
             "p4_over_global": [round(p["delivery_p50_ms"] / g["delivery_p50_ms"], 2) for g, p in pairs],
             "global_lock_cpu_ms_per_msg": round(statistics.median(_cpu_ms(g) for g, _ in pairs), 2),
             "p4_cpu_ms_per_msg": round(statistics.median(_cpu_ms(p) for _, p in pairs), 2),
+            # the cores those processes kept busy: what is left of two for the rest, and for waits
+            "global_lock_cores": round(statistics.median(_cpu_ms(g) * g["msgs_per_s"] for g, _ in pairs) / 1000, 2),
+            "p4_cores": round(statistics.median(_cpu_ms(p) * p["msgs_per_s"] for _, p in pairs) / 1000, 2),
             "lost": sum(g["lost"] + p["lost"] for g, p in pairs),
             "duplicated": sum(g["duplicated"] + p["duplicated"] for g, p in pairs),
         })
@@ -84,9 +89,15 @@ def plot(summary: list[dict], path: Path, where: str) -> Path:
     right.set_xlabel("messages/s offered")
     right.set_ylabel("P = 4 p50 ÷ global-lock p50, same bench")
     right.set_ylim(bottom=0)
-    right.legend(fontsize=8)
+    right.legend(loc="upper left", fontsize=8)
+    cores = right.twinx()
+    cores.plot(rates, [r["global_lock_cores"] for r in summary], ":", color="tab:blue", label="global lock")
+    cores.plot(rates, [r["p4_cores"] for r in summary], ":", color="tab:orange", label="P = 4")
+    cores.set_ylabel("cores the stages kept busy, of 2 (dotted)")
+    cores.set_ylim(0, 2)
+    cores.legend(loc="lower right", fontsize=8)
     right.set_title("P = 4 against the global lock")
-    fig.suptitle(f"3 hosts, +2 ms host-database round trip, 1,500 devices; {where}", fontsize=8)
+    fig.suptitle(textwrap.fill(f"3 hosts, +2 ms host-database round trip, 1,500 devices; {where}", 160), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -108,7 +119,8 @@ def main(rates: str = typer.Option("25,50,100", help="messages/s offered, run in
     for row in summary:
         print(f"{row['offered_per_s']:g} msg/s: global lock p50 {row['global_lock_p50_ms']} ms, P = 4 "
               f"{row['p4_p50_ms']} ms, P = 4 / global {row['p4_over_global']}; CPU per message "
-              f"{row['global_lock_cpu_ms_per_msg']} / {row['p4_cpu_ms_per_msg']} ms", flush=True)
+              f"{row['global_lock_cpu_ms_per_msg']} / {row['p4_cpu_ms_per_msg']} ms, cores busy "
+              f"{row['global_lock_cores']} / {row['p4_cores']}", flush=True)
     where = runs[0]["where"]
     out.write_text(json.dumps({
         "what": "the cluster bench's global lock and P = 4 (3 hosts, 2 ms RTT, 1,500 devices, 20 s) at each "

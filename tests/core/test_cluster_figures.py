@@ -113,6 +113,7 @@ def test_the_writers_stage_from_two_scrapes_and_the_post_answers():
 def _bench(rate: float, global_p50: float, p4_p50: float, lost: int = 0) -> dict:
     def run(mode: str, partitions: int, p50: float, lost: int) -> dict:
         return {"mode": mode, "partitions": partitions, "delivery_p50_ms": p50, "lost": lost, "duplicated": 0,
+                "msgs_per_s": rate,
                 "cpu_us_per_msg": {"writer": 1000.0 * partitions, "ferretdb": 7000.0, "redis": None}}
     return {"traffic": {"offered_per_s": rate},
             "runs": [run("global-lock", 1, global_p50, 0), run("partitioned", 4, p4_p50, lost)]}
@@ -127,3 +128,4 @@ def test_a_load_sweep_pairs_each_bench_s_two_modes_by_offered_rate():
         (25, [130, 120], [104, 120], [0.8, 1.0]), (100, [150, 140], [240, 210], [1.6, 1.5])]
     assert [(r["global_lock_cpu_ms_per_msg"], r["p4_cpu_ms_per_msg"], r["lost"]) for r in rows] == [
         (8.0, 11.0, 1), (8.0, 11.0, 0)]
+    assert [(r["global_lock_cores"], r["p4_cores"]) for r in rows] == [(0.2, 0.28), (0.8, 1.1)]
