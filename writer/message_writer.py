@@ -114,7 +114,7 @@ class MessageWriter:
                  observe_turn: Callable[[float, float], None] = lambda waiting, holding: None,
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
                  observe_outbox: Callable[[int, float], None] = lambda n, s: None,
-                 observe_copies: Callable[[int], None] = lambda n: None,
+                 observe_copies: Callable[[list[Message]], None] = lambda copies: None,
                  observe_strays: Callable[[int], None] = lambda n: None,
                  timing: Timing = DEFAULT_TIMING, partition: int = 0, slot_map: SlotMap | LiveMap = ONE_PARTITION,
                  hand_over: Callable[[int, Copy], None] = _no_hand_over, edit_window_seconds: int = 48 * 3600,

@@ -7,11 +7,13 @@ own ``chat_api_*``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from chat import gcpauses
+from chat.messages import Message
 from chat.loop_histogram import LoopHistogram
 
 BATCH_SIZE = Histogram("chat_writer_batch_messages", "Messages per group commit",
@@ -44,6 +46,13 @@ STRAYS = Counter("chat_writer_stray_documents", "Documents found at ids the part
                  "logged as event=stray_document source=writer", ["partition"])
 COPIES = Counter("chat_writer_copies", "Copies committed in the partition of their recipient, of messages sent "
                  "from another partition", ["partition"])
+# What a message between partitions waits, past its original, before its recipient's partition holds it:
+# the second commit of its path, which its recipient's devices wait for and its sender's do not.
+COPY_LAG = LoopHistogram("chat_writer_copy_lag_seconds", "Per copy, from its original's created_at stamp (taken by "
+                         "the original's writer just before its INSERT) to the copy's commit in its recipient's "
+                         "partition: the original's commit, the hand-over or the leader's wake and read of the "
+                         "echoes, its queue, turn and commit. Between hosts it includes their clocks' difference",
+                         buckets=(.005, .01, .02, .03, .04, .05, .075, .1, .15, .25, .5, 1, 2.5, 5, 10))
 GC_PAUSES = Histogram("chat_writer_gc_pause_seconds", "Cyclic garbage collector passes of the writer process, by "
                       "generation: no request is read or answered meanwhile", ["generation"], buckets=gcpauses.BUCKETS)
 
@@ -64,8 +73,19 @@ def outbox_observer(partition: int) -> Callable[[int, float], None]:
     return observe
 
 
-def copies_observer(partition: int) -> Callable[[int], None]:
-    return COPIES.labels(str(partition)).inc
+def copies_observer(partition: int, lag: LoopHistogram = COPY_LAG,
+                    clock: Callable[[], float] = time.time) -> Callable[[list[Message]], None]:
+    """The copies each commit of ``partition`` made: counted, and each one's lag behind its original's stamp."""
+    count = COPIES.labels(str(partition)).inc
+
+    def observe(copies: list[Message]) -> None:
+        if copies:
+            count(len(copies))
+            now = clock()
+            for copy in copies:
+                lag.observe(max(0.0, now - copy.created_at.timestamp()))
+
+    return observe
 
 
 def strays_observer(partition: int) -> Callable[[int], None]:

@@ -48,7 +48,7 @@ class Turn:
                  observe_turn: Callable[[float, float], None] = lambda waiting, holding: None,
                  observe_mongo_lag: Callable[[float, int], None] = lambda s, n: None,
                  observe_outbox: Callable[[int, float], None] = lambda n, s: None,
-                 observe_copies: Callable[[int], None] = lambda n: None):
+                 observe_copies: Callable[[list[Message]], None] = lambda copies: None):
         self._core = core
         self._sql = sql
         self._mongo = mongo_steps
@@ -65,7 +65,7 @@ class Turn:
         self._observe_turn = observe_turn  # (seconds waiting for the lock, seconds holding it), after each turn
         self._observe_mongo_lag = observe_mongo_lag
         self._observe_outbox = observe_outbox  # (messages, age of the oldest in seconds), after each turn
-        self._observe_copies = observe_copies  # copies committed in this partition, per batch
+        self._observe_copies = observe_copies  # the copies each commit of this partition made
         self.in_hand: list[Pending] = []  # the batch being written: the one to fail if the turn breaks
         self._handed = 0  # copies handed over to this partition so far (``offered``)
         self._owed: OwedRead | None = None  # the echoes this turn found owed (partitioned only)
@@ -211,7 +211,7 @@ class Turn:
         for partition, copy in owed:
             self._hand_over(partition, copy)
         if self._live.current.partitions > 1:
-            self._observe_copies(sum(1 for m in new if m.origin_part is not None))
+            self._observe_copies([m for m in new if m.origin_part is not None])
 
     async def _repair(self, conn: Connection, mirrored: int, last_id: int) -> tuple[int, bool]:
         """Copies outbox rows to Mongo, oldest first, a page at a time; returns

@@ -417,7 +417,9 @@ def _print_run(r: dict) -> None:
     print(f"    POST answered p50/p99 {r['post_ms']['p50']}/{r['post_ms']['p99']} ms; writers: {w['turns_per_s']} "
           f"turns/s, {w['rows_per_commit']} rows a commit, lock waited {w['lock_wait_ms']} ms and held "
           f"{w['lock_hold_ms']} ms a turn, Mongo insert {w['mongo_lag_ms']} ms after the commit "
-          f"({w['mongo_inserts_per_s']} inserts/s of {w['mongo_insert_ms']} ms)", flush=True)
+          f"({w['mongo_inserts_per_s']} inserts/s of {w['mongo_insert_ms']} ms)"
+          + (f", a copy committed {w['copy_lag_ms']} ms after its original's stamp" if w["copy_lag_ms"] else ""),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -148,13 +148,15 @@ WRITER_SAMPLES = (
     'chat_writer_turn_seconds_count{phase="holding"}', 'chat_writer_turn_seconds_sum{phase="holding"}',
     'chat_writer_turn_seconds_sum{phase="waiting"}',
     "chat_writer_mongo_lag_seconds_count", "chat_writer_mongo_lag_seconds_sum",
-    "chat_writer_mongo_insert_seconds_count", "chat_writer_mongo_insert_seconds_sum")
+    "chat_writer_mongo_insert_seconds_count", "chat_writer_mongo_insert_seconds_sum",
+    "chat_writer_copy_lag_seconds_count", "chat_writer_copy_lag_seconds_sum")
 
 
 def writer_stage(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float | None]:
     """What every host's writers did between two scrapes of ``WRITER_SAMPLES``: lock turns a second
     (all partitions), rows per group commit, and the means of a commit, of a turn's wait for its
-    partition's lock and of its hold of it, and of a message's wait for its Mongo insert, in ms."""
+    partition's lock and of its hold of it, of a message's wait for its Mongo insert, and of a copy's
+    commit behind its original's stamp (None with one partition: no copies), in ms."""
     d = {k: after[k] - before[k] for k in WRITER_SAMPLES}
 
     def mean_ms(total: str, count: str) -> float | None:
@@ -171,7 +173,8 @@ def writer_stage(before: dict[str, float], after: dict[str, float], seconds: flo
             "mongo_inserts_per_s": round(d["chat_writer_mongo_insert_seconds_count"] / seconds, 1)
             if seconds > 0 else None,
             "mongo_insert_ms": mean_ms("chat_writer_mongo_insert_seconds_sum",
-                                       "chat_writer_mongo_insert_seconds_count")}
+                                       "chat_writer_mongo_insert_seconds_count"),
+            "copy_lag_ms": mean_ms("chat_writer_copy_lag_seconds_sum", "chat_writer_copy_lag_seconds_count")}
 
 
 def post_answer_ms(sent: list[Sent]) -> dict[str, float | None]:

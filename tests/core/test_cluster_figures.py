@@ -98,11 +98,13 @@ def test_the_writers_stage_from_two_scrapes_and_the_post_answers():
              "chat_writer_batch_seconds_sum": 0.4, 'chat_writer_turn_seconds_count{phase="holding"}': 20,
              'chat_writer_turn_seconds_sum{phase="holding"}': 0.6, 'chat_writer_turn_seconds_sum{phase="waiting"}': 2.0,
              "chat_writer_mongo_lag_seconds_count": 100, "chat_writer_mongo_lag_seconds_sum": 3.0,
-             "chat_writer_mongo_insert_seconds_count": 30, "chat_writer_mongo_insert_seconds_sum": 0.6}
+             "chat_writer_mongo_insert_seconds_count": 30, "chat_writer_mongo_insert_seconds_sum": 0.6,
+             "chat_writer_copy_lag_seconds_count": 50, "chat_writer_copy_lag_seconds_sum": 2.5}
     assert fig.writer_stage(before, after, 10.0) == {
         "turns_per_s": 2.0, "rows_per_commit": 2.5, "commit_ms": 10.0, "lock_wait_ms": 100.0, "lock_hold_ms": 30.0,
-        "mongo_lag_ms": 30.0, "mongo_inserts_per_s": 3.0, "mongo_insert_ms": 20.0}
-    assert fig.writer_stage(before, before, 10.0)["lock_hold_ms"] is None  # no turn: no mean
+        "mongo_lag_ms": 30.0, "mongo_inserts_per_s": 3.0, "mongo_insert_ms": 20.0, "copy_lag_ms": 50.0}
+    nothing = fig.writer_stage(before, before, 10.0)
+    assert nothing["lock_hold_ms"] is None and nothing["copy_lag_ms"] is None  # no turn, no copy: no mean
     page = 'chat_writer_turn_seconds_count{phase="holding"} 7.0\nchat_writer_turn_seconds_count{phase="waiting"} 7.0\n'
     assert fig.prometheus_value(page, 'chat_writer_turn_seconds_count{phase="holding"}') == 7.0
     # each stored message's storing attempt; a refused one has none

@@ -125,3 +125,27 @@ def test_a_writer_of_a_partition_led_elsewhere_takes_an_idle_turn_every_few_seco
     assert idle_turn_every(1, frozenset({1, 4}), 1.0) == 1.0  # its own
     assert idle_turn_every(2, frozenset({1, 4}), 1.0) == NOT_LED_IDLE_TURN_SECONDS  # the leader's, elsewhere
     assert idle_turn_every(2, frozenset({1, 4}), 3600.0) == 3600.0  # never more often than asked
+
+
+def test_each_copy_committed_is_counted_with_its_lag_behind_its_original_s_stamp():
+    from prometheus_client import REGISTRY, CollectorRegistry
+
+    from chat.loop_histogram import LoopHistogram
+    from writer import metrics
+
+    lag = LoopHistogram("test_copy_lag_seconds", "copies' lag", buckets=(0.05, 0.1, 1.0), registry=CollectorRegistry())
+    observe = metrics.copies_observer(7, lag, clock=lambda: 1_000.120)
+    def counted() -> float:
+        return REGISTRY.get_sample_value("chat_writer_copies_total", {"partition": "7"}) or 0.0
+
+    before = counted()
+    stamp = datetime.fromtimestamp(1_000.0, UTC)
+    copies = [Message(5, "a", "b", "x", stamp, None, 1, 11), Message(6, "a", "b", "y", stamp, None, 2, 3)]
+    observe(copies)
+    observe([])  # a commit of originals only
+    (family,) = lag.collect()
+    samples = {s.name + s.labels.get("le", ""): s.value for s in family.samples}
+    assert samples["test_copy_lag_seconds_count"] == 2
+    assert samples["test_copy_lag_seconds_bucket0.1"] == 0 and samples["test_copy_lag_seconds_bucket1.0"] == 2
+    assert abs(samples["test_copy_lag_seconds_sum"] - 0.24) < 1e-6
+    assert counted() == before + 2
