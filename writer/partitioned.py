@@ -28,6 +28,7 @@ from chat.partitions import MAX_PARTITIONS, LiveMap, SlotMap
 from chat.settings import Settings
 from writer.batch import Pending
 from writer.copies import Copy, home_of
+from writer.core import timing_of
 from writer.message_writer import MessageWriter
 
 # How often the writer of a partition led by another host takes an idle turn (writer.echo_watch).
@@ -142,6 +143,7 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
 
     def make(partition: int, live: LiveMap, hand_over: Callable[[int, Copy], None],
              reroute: Callable[[Pending], None], adopted: Callable[[SlotMap], None]) -> MessageWriter:
+        leads = led is not None and partition in led
         return MessageWriter(engine, mongo_db, batch_max=settings.writer.batch_max,
                              window_ms=settings.writer.batch_window_ms,
                              queue_max=settings.writer.queue_max, timeout_seconds=settings.stores.db_timeout_seconds,
@@ -153,9 +155,8 @@ def build(settings: Settings, engine: Engine, mongo_db: AsyncDatabase, slot_map:
                              observe_strays=metrics.strays_observer(partition),
                              partition=partition, slot_map=live, hand_over=hand_over, reroute=reroute,
                              adopted=adopted, edit_window_seconds=settings.writer.edit_window_seconds,
-                             on_stored=on_stored,
-                             watch_echoes_every=settings.echo_watch_seconds()
-                             if led is not None and partition in led else None)
+                             on_stored=on_stored, timing=timing_of(leads),
+                             watch_echoes_every=settings.echo_watch_seconds() if leads else None)
 
     led = settings.writer.led()
     return PartitionedWriter(slot_map, make, led, echoes_owed)

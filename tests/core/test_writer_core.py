@@ -18,6 +18,7 @@ from writer.core import (
     Phase,
     Timing,
     WriterCore,
+    timing_of,
     batch_room,
     insert_gap,
     unsent_max,
@@ -128,6 +129,14 @@ def test_the_hand_over_check_rides_a_commit_at_most_every_handover_check_seconds
     assert asked == [100.0, 100.021, 100.045]
     every_commit = WriterCore(Timing(handover_check_seconds=0.0))
     assert all(every_commit.handover_check_due(t) for t in (1.0, 1.0, 1.0))
+
+
+def test_a_leader_asks_less_often_than_a_writer_that_shares_its_lock():
+    # commits every 40 ms, as a partition's at four partitions on three hosts
+    commits = [100.0 + 0.04 * i for i in range(10)]
+    shared, leader = WriterCore(timing_of(leads=False)), WriterCore(timing_of(leads=True))
+    assert sum(shared.handover_check_due(t) for t in commits) == 10
+    assert [t for t in commits if leader.handover_check_due(t)] == [commits[0], commits[3], commits[6], commits[9]]
 
 
 # --- Mongo waited on under the lock, and handed over -------------------------------------------
