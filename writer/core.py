@@ -103,13 +103,6 @@ HANDOVER_CHECK_SECONDS = 0.02
 # commit of every original and of every copy; every 100 ms it is one in three, and the rare
 # process queued behind a leader waits up to 80 ms more.
 LED_HANDOVER_CHECK_SECONDS = 0.1
-# How long a leader's turn, with nothing in hand and Mongo caught up, waits for a request before
-# it lets the lock go. A turn that ends at every lull pays at the next request for the lock
-# again: the next-lock, the lock, the state read and the drain, four round trips before its
-# INSERT, and the mark and the release before that. A leader is nearly always alone at its lock,
-# so the wait costs nobody, and a process queued behind it meanwhile waits no longer than for
-# the hand-over check.
-LED_IDLE_LINGER_SECONDS = LED_HANDOVER_CHECK_SECONDS
 # meta.head is only a hint for the daemons' gap check, and every write of it
 # is one more oplog entry: at most this often while busy (at once when idle).
 HEAD_EVERY_SECONDS = 1.0
@@ -195,7 +188,6 @@ class Timing:
     head_every_seconds: float = HEAD_EVERY_SECONDS
     handover_grace_seconds: float = HANDOVER_GRACE_SECONDS
     handover_grace_max_seconds: float = HANDOVER_GRACE_MAX_SECONDS
-    idle_linger_seconds: float = 0.0  # 0: a turn ends at its first lull
 
     def within_lock_wait(self, seconds: float) -> Timing:
         """This timing for a queued writer's lock wait of ``seconds``: the grace's cap lowered, if
@@ -204,7 +196,7 @@ class Timing:
 
 
 DEFAULT_TIMING = Timing()
-LED_TIMING = Timing(handover_check_seconds=LED_HANDOVER_CHECK_SECONDS, idle_linger_seconds=LED_IDLE_LINGER_SECONDS)
+LED_TIMING = Timing(handover_check_seconds=LED_HANDOVER_CHECK_SECONDS)
 
 
 def timing_of(leads: bool) -> Timing:
@@ -346,14 +338,6 @@ class WriterCore:
         if waited < grace:
             return grace - waited
         return None if self.queued else self.timing.handover_check_seconds
-
-    def idle_wait(self) -> float:
-        """How long a turn with nothing in hand and nothing on its way to Mongo waits for a
-        request before it ends; 0: not at all (another process is known to be queued, or Mongo
-        is failing and the outbox waits for a later turn)."""
-        if self.queued or self.phase is not Phase.MIRRORING:
-            return 0.0
-        return self.timing.idle_linger_seconds
 
     def grace(self) -> float:
         """How long a Mongo call is waited for while another process is queued: the

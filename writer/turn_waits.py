@@ -67,12 +67,11 @@ class TurnWaits:
             batch.append(self._queue.get_nowait())
         return batch
 
-    async def _request_or_done(self, inserting: asyncio.Future | None, timeout: float) -> list[Pending]:
-        """A batch as soon as a request comes, or [] once the insert (if any) is done or ``timeout`` has passed."""
+    async def _request_or_done(self, inserting: asyncio.Task, timeout: float) -> list[Pending]:
+        """A batch as soon as a request comes, or [] once the insert is done or ``timeout`` has passed."""
         getter = asyncio.ensure_future(self._queue.get())
         try:
-            await asyncio.wait((getter,) if inserting is None else (getter, inserting), timeout=timeout,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((getter, inserting), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             getter.cancel()  # no-op if it has a request already
         try:
@@ -89,9 +88,9 @@ class TurnWaits:
     async def linger(self, mirror: Mirror, conn: Connection) -> list[Pending]:
         """The next batch: the answered clients' next requests, taken as they
         come while Mongo works (each finished insert hands on what was committed
-        meanwhile), and for ``WriterCore.idle_wait`` after that; [] once Mongo has
-        everything and nobody else asks, or another process is queued for the lock
-        (past the grace, with the insert still in flight: it is left so, see ``under_lock``)."""
+        meanwhile); [] once Mongo has everything and nobody else asks, or
+        another process is queued for the lock (past the grace, with the insert
+        still in flight: it is left so, see ``under_lock``)."""
         core, started = self._core, time.monotonic()
         while True:
             batch = await self.next_batch(None)
@@ -108,13 +107,8 @@ class TurnWaits:
                 await mirror.settle()
             elif not core.queued:
                 core.others_asked(await self._sql.others_waiting(conn))
-        if batch:
+        if batch or await self._sql.others_waiting(conn):
             return batch
-        if idle := core.idle_wait():  # a leader: the next request, if it comes soon, joins this turn
-            if batch := await self._request_or_done(None, idle):
-                return batch
-        if await self._sql.others_waiting(conn):
-            return []
         return await self.next_batch(None)
 
     async def under_lock(self, conn: Connection, task: asyncio.Future) -> bool:

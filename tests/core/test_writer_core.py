@@ -8,7 +8,6 @@ from writer.core import (
     HANDOVER_GRACE_MAX_SECONDS,
     INSERT_GAP_BELOW,
     INSERT_GAP_SECONDS,
-    LED_IDLE_LINGER_SECONDS,
     REPAIR_PAGE_MIN,
     TRANSITIONS,
     UNSENT_BATCHES,
@@ -138,20 +137,6 @@ def test_a_leader_asks_less_often_than_a_writer_that_shares_its_lock():
     shared, leader = WriterCore(timing_of(leads=False)), WriterCore(timing_of(leads=True))
     assert sum(shared.handover_check_due(t) for t in commits) == 10
     assert [t for t in commits if leader.handover_check_due(t)] == [commits[0], commits[3], commits[6], commits[9]]
-
-
-def test_a_leader_s_turn_waits_out_a_lull_unless_someone_is_queued_or_mongo_is_failing():
-    leader, shared = WriterCore(timing_of(leads=True)), WriterCore(timing_of(leads=False))
-    for core in (leader, shared):
-        core.locked(mirrored=9, last_id=9, now=100.0)
-    assert leader.idle_wait() == LED_IDLE_LINGER_SECONDS > 0
-    assert shared.idle_wait() == 0.0  # a lock the hosts take turns at is let go at the first lull
-    leader.others_asked(True)
-    assert leader.idle_wait() == 0.0  # someone waits: the turn ends now
-    failing = WriterCore(timing_of(leads=True))
-    failing.locked(mirrored=9, last_id=9, now=100.0)
-    failing.mongo_failed(100.1)
-    assert failing.idle_wait() == 0.0  # nothing reaches Mongo in this turn: a later one repairs the outbox
 
 
 # --- Mongo waited on under the lock, and handed over -------------------------------------------

@@ -12,7 +12,7 @@ import asyncio
 import uuid
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from chat.drafts import Draft
 from db import mongo
@@ -183,35 +183,3 @@ async def test_requests_that_queue_while_the_writer_waits_for_the_lock_join_its_
     ids = [msg.id for msg, created in stored if created]
     assert len(ids) == queued + 1 and ids == list(range(ids[0], ids[0] + queued + 1))  # in the order they came
     assert batches == commits
-
-
-@pytest.mark.parametrize(("idle_linger", "turns"), [(3600.0, 1), (0.0, 2)])
-async def test_a_turn_that_waits_out_a_lull_takes_the_next_request_without_taking_the_lock_again(
-        own_dbs, idle_linger, turns):
-    # A leader's turn (idle_linger_seconds) waits for the next request once Mongo holds what it
-    # committed; a turn that does not ends at that lull, and the next request takes the lock
-    # again: the next-lock, the lock, the state read, before its INSERT.
-    ended = asyncio.Event()
-    writer = _writer(own_dbs, timing=Timing(idle_linger_seconds=idle_linger),
-                     observe_turn=lambda waiting, holding: ended.set())
-    said: list[str] = []
-    event.listen(writer._sql.engine, "before_cursor_execute", lambda _c, _cur, statement, *_: said.append(statement))
-    running = asyncio.create_task(writer.run(repair_every=3600.0))  # no idle turn meanwhile
-    tag = uuid.uuid4().hex[:8]
-    coll = writer._mongo.db[mongo.MESSAGES]
-    try:
-        first, _ = await writer.submit(Draft(f"a{tag}", "r", "before the lull"))
-        await eventually(lambda: coll.find_one({"_id": first.id}), "the first message in Mongo")
-        if not idle_linger:
-            await asyncio.wait_for(ended.wait(), PATIENCE)  # its turn let the lock go
-        second, created = await writer.submit(Draft(f"b{tag}", "r", "after the lull"))
-        assert created and second.id == first.id + 1
-        locks_taken = sum("GET_LOCK(" in s.upper() for s in said) // 2  # the next-lock, then the lock
-        assert locks_taken == turns
-        assert ended.is_set() == (not idle_linger)
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        writer.close()
-        writer._sql.engine.dispose()
-        await writer._mongo.db.client.close()
