@@ -19,9 +19,7 @@ from pathlib import Path
 import typer
 
 from loadtest.common.machine import describe
-
-RESULTS = Path(__file__).resolve().parents[1] / "results"
-SCRATCH = Path(__file__).resolve().parents[2] / "var" / "bench"
+from loadtest.common.results import RESULTS, UNPUBLISHED
 BENCH = ["-m", "loadtest.cluster.bench", "--partitions", "4", "--no-faults", "--grow-to", "0"]
 
 
@@ -107,11 +105,11 @@ def plot(summary: list[dict], path: Path, where: str) -> Path:
 def main(rates: str = typer.Option("25,50,100", help="messages/s offered, run in this order each round"),
          rounds: int = typer.Option(2, min=1),
          out: Path = typer.Option(RESULTS / "cluster-load.json")) -> None:
-    SCRATCH.mkdir(parents=True, exist_ok=True)
+    UNPUBLISHED.mkdir(parents=True, exist_ok=True)
     runs = []
     for round_ in range(1, rounds + 1):
         for rate in [float(r) for r in rates.split(",")]:
-            path = SCRATCH / f"cluster-load-{rate:g}-{round_}.json"
+            path = UNPUBLISHED / f"cluster-load-{rate:g}-{round_}.json"
             print(f"round {round_}, {rate:g} msg/s", flush=True)
             subprocess.run([sys.executable, *BENCH, "--rate", str(rate), "--out", str(path)], check=True)
             runs.append(json.loads(path.read_text()))

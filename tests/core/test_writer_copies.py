@@ -135,6 +135,7 @@ def test_each_copy_committed_is_counted_with_its_lag_behind_its_original_s_stamp
 
     lag = LoopHistogram("test_copy_lag_seconds", "copies' lag", buckets=(0.05, 0.1, 1.0), registry=CollectorRegistry())
     observe = metrics.copies_observer(7, lag, clock=lambda: 1_000.120)
+
     def counted() -> float:
         return REGISTRY.get_sample_value("chat_writer_copies_total", {"partition": "7"}) or 0.0
 
