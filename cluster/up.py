@@ -38,7 +38,7 @@ from cluster.plan import (
 )
 from cluster.toxiproxy import Toxiproxy
 from db.partition_map import load_slot_map
-from harness.servers import FERRETDB, FERRETDB_GC, ferretdb_command, wait_port
+from harness.servers import FERRETDB, FERRETDB_GC, ferretdb_command, wait_port, wait_unix_socket
 
 log = logging.getLogger("chat.cluster")
 
@@ -140,6 +140,7 @@ class Cluster:
         toxi = self._spawn("toxiproxy", self.plan.db.namespace,
                            [str(TOXIPROXY), "-host", db, "-port", str(TOXIPROXY_API_PORT)])
         wait_port(MYSQL_PORT, 60, mariadb, host=db)
+        wait_unix_socket(socket_path, 60, mariadb)  # root connects through it, below
         wait_port(MONGO_PORT, 30, ferret, host=db)
         wait_port(REDIS_PORT, 20, redis, host=db)
         wait_port(TOXIPROXY_API_PORT, 15, toxi, host=db)

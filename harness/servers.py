@@ -62,6 +62,22 @@ def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None, h
     eventually_sync(listening, f"something listens on {host}:{port}", timeout * FACTOR)
 
 
+def wait_unix_socket(path: Path, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Until a connection to the Unix socket at ``path`` is taken. mariadbd listens on its TCP
+    port before it binds and listens on its socket, so a client that connects through the socket
+    as soon as the port answers can be refused (errno 111): the cluster's start was, once."""
+    def listening() -> bool:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {path}")
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.2)
+            sock.connect(str(path))
+            return True
+        return False
+
+    eventually_sync(listening, f"something listens on {path}", timeout * FACTOR)
+
+
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
     if proc.poll() is None:
         proc.send_signal(sig)
@@ -109,6 +125,7 @@ class MariaDB:
              "--innodb-buffer-pool-size=128M", "--max-connections=500", f"--pid-file={self.dir / 'mariadb.pid'}"],
             stdout=log, stderr=log)
         wait_port(self.port, 60, self.proc)
+        wait_unix_socket(self.socket, 60, self.proc)  # root connects through it
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc:
