@@ -1,7 +1,7 @@
 """The ``echoes`` table's statements: copies owed between partitions (writer/copies.py).
 
-Run in the writer's thread, inside the transaction of the batch they belong
-to, or (``leftover_copies``) at the start of a turn under the partition's lock;
+Added to the trip of the batch they belong to (``settle_echoes``), or run in
+the writer's thread at the start of a turn under the partition's lock (``leftover_copies``);
 ``owed_now`` is a leader's watch's read, without the lock.
 """
 
@@ -11,37 +11,36 @@ import logging
 from collections.abc import Sequence
 from functools import cache
 
-from sqlalchemy import CompoundSelect, Delete, bindparam, select, tuple_, union_all
+from sqlalchemy import CompoundSelect, bindparam, select, union_all
 from sqlalchemy.engine import Connection, Row
 
 from chat.messages import Message
 from chat.partitions import SlotMap
 from db.partition_map import tables_of
 from db.sql import echoes
+from writer.commit_trip import Trip, insert_rows
 from writer.copies import Copy, OwedRead, echo_rows
 
 log = logging.getLogger("chat.writer")
 
 
-def settle_echoes(conn: Connection, partition: int, owed: list[tuple[int, Copy]], new: list[Message],
+def settle_echoes(trip: Trip, partition: int, owed: list[tuple[int, Copy]], new: list[Message],
                   copied_before: Sequence[tuple[int, int]] = ()) -> None:
-    """In a batch's transaction: records the copies its originals owe, and clears
-    the debts its copies pay (each copy's echo row, by its whole primary key), and
-    those of copies found made already (``copied_before``: their origins)."""
+    """Adds to a batch's ``trip`` (writer/commit_trip.py), in its transaction: the
+    copies its originals owe, recorded, and the debts its copies pay cleared (each
+    copy's echo row, by its whole primary key), with those of copies found made
+    already (``copied_before``: their origins)."""
     if owed:
-        conn.execute(echoes.insert(), [{"to_part": e.to_part, "from_part": e.from_part, "from_id": e.from_id}
-                                       for e in echo_rows(owed)])
+        trip.add(*insert_rows(ECHOES, ("to_part", "from_part", "from_id"),
+                              ((e.to_part, e.from_part, e.from_id) for e in echo_rows(owed))))
     paid = [(m.origin_part, m.origin_id) for m in new if m.origin_part is not None] + list(copied_before)
     if paid:
-        conn.execute(_PAY, {"to_part": partition, "paid": paid})
+        pairs = ", ".join(["(%s, %s)"] * len(paid))
+        trip.add(f"DELETE FROM {ECHOES} WHERE to_part = %s AND (from_part, from_id) IN ({pairs})",
+                 [partition, *(v for pair in paid for v in pair)])
 
 
-# Built once: a statement built per call costs its construction and its cache
-# key each time. With the state read's, that was about a third of the writer's
-# CPU at four partitions, much of it under the lock. The list is an expanding parameter.
-_PAY: Delete = echoes.delete().where(
-    echoes.c.to_part == bindparam("to_part"),
-    tuple_(echoes.c.from_part, echoes.c.from_id).in_(bindparam("paid", expanding=True)))
+ECHOES = echoes.name
 
 
 def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: SlotMap,

@@ -27,8 +27,9 @@ from chat.write_errors import CopyDeferred, EventRefused, PartitionBusy, WriteUn
 from db.partition_map import read_slot_map, tables_of
 from db.sql import conversation_key, is_deadlock, partition_map
 from db.threads import Threads
-from writer import echo_sql, event_sql
+from writer import commit_trip, echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
+from writer.commit_trip import Trip, TripAnswer, insert_rows
 from writer.copies import Copy, Known, OwedRead, copy_message, copy_plan, owed_copies
 from writer.events import (
     Facts,
@@ -63,6 +64,16 @@ def next_lock_name(partition: int) -> str:
 
 
 NEXT_LOCK_NAME = next_lock_name(0)
+
+# A messages row's columns, in the order ``_row`` gives its values.
+MESSAGE_COLUMNS = ("id", "sender", "recipient", "conversation", "body", "client_msg_id", "created_at", "origin_part",
+                   "origin_id", "kind", "ref_id", "edited_at", "deleted")
+
+
+def _row(m: Message) -> tuple:
+    return (m.id, m.sender, m.recipient, conversation_key(m.sender, m.recipient), m.body, m.client_msg_id,
+            m.created_at.replace(tzinfo=None), m.origin_part, m.origin_id, int(m.kind), m.ref_id,
+            None if m.edited_at is None else m.edited_at.replace(tzinfo=None), m.deleted)
 DEADLOCK_RETRIES = 3  # InnoDB's victim of a deadlock, rolled back: written again this many times at most
 
 
@@ -304,29 +315,39 @@ class MySQLSteps:
                     last_id += 1
                     new.append(Message(last_id, user, peer, "", created_at, None, kind=Kind.DELIVERED, ref_id=upto))
         owed = owed_copies(new, self._partition, self._live.current)
+        # The rows, the echoes and the COMMIT in one round trip (writer/commit_trip.py). An
+        # event batch read its facts through SQLAlchemy, whose transaction it is: its effects
+        # follow the trip (an edit's copy may name a copy in the trip's rows) the same way,
+        # and SQLAlchemy commits.
+        trip = Trip()
+        if new:
+            trip.add(*insert_rows(self._messages.name, MESSAGE_COLUMNS, (_row(m) for m in new)))
+        if new or copied_before:
+            echo_sql.settle_echoes(trip, self._partition, owed, new, copied_before)
+        if ask_others:
+            trip.ask("SELECT IS_USED_LOCK(%s)", (self._next_lock,))
+        # SQLAlchemy's transaction (an event batch's facts, a retry's look-up) is SQLAlchemy's to end.
+        committed_by_trip = not conn.in_transaction()
+        if committed_by_trip:
+            trip.commit()
         try:
-            if new:
-                conn.execute(self._messages.insert(), [
-                    {"id": m.id, "sender": m.sender, "recipient": m.recipient,
-                     "conversation": conversation_key(m.sender, m.recipient), "body": m.body,
-                     "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None),
-                     "origin_part": m.origin_part, "origin_id": m.origin_id, "kind": int(m.kind),
-                     "ref_id": m.ref_id, "edited_at": None if m.edited_at is None else m.edited_at.replace(tzinfo=None),
-                     "deleted": m.deleted}
-                    for m in new])
-            if new or copied_before:
-                echo_sql.settle_echoes(conn, self._partition, owed, new, copied_before)
+            sent = self._send(conn, trip) if trip.statements else TripAnswer(None)
             if events:
                 event_sql.write_effects(conn, self._messages, new, devices)
         except SQLAlchemyError:
             conn.rollback()
             raise
-        try:
-            waiting = self._commit(conn, ask_others)
-        except SQLAlchemyError:
-            with contextlib.suppress(SQLAlchemyError):
-                conn.rollback()  # on a live connection, never commit this later by accident
+        except commit_trip.CommitUnknown:
+            commit_trip.roll_back(conn)  # on a live connection, never commit this later by accident
             raise CommitFailed(Committed(new, answers, started, stamped, False, owed, refused)) from None
+        if not committed_by_trip:
+            try:
+                conn.commit()
+            except SQLAlchemyError:
+                with contextlib.suppress(SQLAlchemyError):
+                    conn.rollback()  # on a live connection, never commit this later by accident
+                raise CommitFailed(Committed(new, answers, started, stamped, False, owed, refused)) from None
+        waiting = ask_others and sent.asked is not None
         return Committed(new, answers, started, stamped, waiting, owed, refused), last_id
 
     def _judge(self, d: Draft, facts: Facts, next_id: int, created_at: datetime) -> Message:
@@ -373,12 +394,8 @@ class MySQLSteps:
             facts.acked[user] = upto
         return sorted(moved)
 
-    def _commit(self, conn: Connection, ask_others: bool) -> bool:
-        """Commits a batch; returns whether another process is queued for the
-        writer lock, asked in the same transaction if ``ask_others``."""
-        waiting = ask_others and self._others_waiting(conn)
-        conn.commit()
-        return waiting
+    def _send(self, conn: Connection, trip: Trip) -> TripAnswer:
+        return commit_trip.send(conn, trip)
 
     def _others_waiting(self, conn: Connection, commit: bool = False) -> bool:
         """Another process is queued for the writer lock (it holds the next-lock)."""
@@ -433,10 +450,13 @@ class MySQLSteps:
             conn.close()
 
     def _outbox_page(self, conn: Connection, after: int, limit: int) -> list[Row]:
-        """The next ``limit`` rows of the outbox past ``after``, oldest first (by primary key)."""
+        """The next ``limit`` rows of the outbox past ``after``, oldest first (by primary key).
+        Committed, so that the turn's next batch commits in its own trip (``_write_batch``)."""
         messages = self._messages
-        return list(conn.execute(select(messages).where(messages.c.id > after)
+        rows = list(conn.execute(select(messages).where(messages.c.id > after)
                                  .order_by(messages.c.id).limit(limit)).all())
+        conn.commit()
+        return rows
 
     def _rows_present(self, new: list[Message]) -> bool:
         """Whether a batch whose COMMIT failed is stored after all, read on a fresh connection."""

@@ -18,6 +18,7 @@ from chat.partitions import SlotMap, lock_name, suffix
 from tests.e2e.helpers import partition_docs, partition_rows, post, running_writer, user_in
 from harness.system import databases, running_system
 from tests.timing import PATIENCE, eventually
+from writer import commit_trip
 from writer.message_writer import MessageWriter
 from writer.mysql_steps import MySQLSteps, next_lock_name
 
@@ -201,17 +202,17 @@ def _statement_kind(statement: str) -> str:
         return "get_lock"
     if "stream_state" in s and "release_lock(" in s:
         return "state and next-lock let go"
-    if "from echoes" in s:
-        return "echoes"
     if s.startswith("insert into messages"):
         return "insert"
+    if "from echoes" in s:
+        return "echoes"
     if s.startswith("select") and "from messages" in s:
         # the outbox's repair reads a page after mirrored_upto; any other read is of originals
         return "outbox page" if re.search(r"\.id > ", s) else "originals"
     return s.split()[0]
 
 
-async def test_a_turn_takes_the_lock_and_reads_its_start_in_one_commit(four):
+async def test_a_turn_takes_the_lock_and_reads_its_start_in_one_commit(four, monkeypatch):
     # Every statement a turn runs between the lock and its first INSERT is one more
     # round trip that each other host's writer of the partition waits for.
     said: list[str] = []
@@ -223,13 +224,21 @@ async def test_a_turn_takes_the_lock_and_reads_its_start_in_one_commit(four):
     async with running_writer(four, partition=2, slot_map=FOUR) as (writer, engine, _db):
         event.listen(engine, "before_cursor_execute", lambda _c, _cur, statement, *_: said.append(statement))
         event.listen(engine, "commit", lambda _c: said.append("COMMIT"))
+        sending = commit_trip.send
+        # a batch's trip (its statements and COMMIT, one query) goes to the driver past SQLAlchemy
+        monkeypatch.setattr(commit_trip, "send", lambda conn, trip: (said.append(trip.sql), sending(conn, trip))[1])
         await writer.submit(Draft(carl, bob, "one turn", None))
     kinds = [_statement_kind(s) for s in said]
     insert = kinds.index("insert")
     start = max(i for i, kind in enumerate(kinds[:insert]) if kind == "get_lock") - 1
-    # An outbox that an earlier test's writer left is repaired page by page before the first INSERT.
-    turn = [kind for kind in kinds[start:insert + 1] if kind != "outbox page"]
+    # An outbox an earlier test's writer left is repaired page by page (each read committed) before the INSERT.
+    turn = [kind for i, kind in enumerate(kinds[:insert + 1]) if i >= start and kind != "outbox page" and not (
+        kind == "commit" and kinds[i - 1] == "outbox page")]
     assert turn == ["get_lock", "get_lock", "state and next-lock let go", "echoes", "commit", "insert"], said[start:]
+    # and the first batch, with the drained copy in it, is one query: its rows, the copy's echo
+    # paid, and its COMMIT (and the question whether another process is queued, when due)
+    assert [part.split()[0].lower() for part in said[insert].split(";\n") if "IS_USED_LOCK" not in part] == \
+        ["insert", "delete", "commit"], said[insert]
 
 
 async def test_a_stalled_partition_holds_back_no_other_and_loses_nothing(hosted):

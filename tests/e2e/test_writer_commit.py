@@ -1,17 +1,19 @@
 """A COMMIT that fails is answered by what MySQL holds, never by a guess.
 
-The failure is injected at the batch's COMMIT (``MySQLSteps._commit``), against the real MariaDB and
-FerretDB: once after the commit took (its answer lost on the way back, as
-with a read time-out on a slow MySQL), once before it was sent.
+The failure is injected at the batch's trip (its statements and COMMIT in one
+round trip, ``MySQLSteps._send``), against the real MariaDB and FerretDB: once
+after the commit took (its answer lost on the way back, as with a read
+time-out on a slow MySQL), once before it was sent.
 """
 
 import asyncio
 import threading
 import uuid
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from api.app import read_threads
 from chat.drafts import Draft
@@ -22,24 +24,27 @@ from db.threads import Threads
 from tests.e2e.helpers import running_writer
 from harness.system import databases
 from tests.timing import PATIENCE, eventually
+from writer.commit_trip import CommitUnknown, Trip, send
 from writer.message_writer import MessageWriter
 from writer.mysql_steps import DEADLOCK_RETRIES, MySQLSteps
 
 
 class _CommitLost(MySQLSteps):
-    """Loses the answer of one COMMIT once armed: ``took`` says whether that commit took."""
+    """Loses the answer of one batch's trip (its statements and COMMIT, one round trip) once
+    armed: ``took`` says whether its COMMIT took, or only the statements before it ran."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.took, self.armed = None, False
 
-    def _commit(self, conn, ask_others):
-        if self.armed:
+    def _send(self, conn, trip):
+        if self.armed and trip.commits:
             self.armed = False
-            if self.took:
-                super()._commit(conn, ask_others)  # committed; the answer is what goes missing
-            raise OperationalError("COMMIT", {}, Exception("Lost connection to server during query"))
-        return super()._commit(conn, ask_others)
+            if not self.took:  # the rows went in, in a transaction the lost COMMIT would have ended
+                trip = replace(trip, statements=trip.statements[:-1], commits=False)
+            super()._send(conn, trip)
+            raise CommitUnknown("Lost connection to server during query")
+        return super()._send(conn, trip)
 
 
 class _LosesOneCommit(MessageWriter):
@@ -296,3 +301,59 @@ async def test_a_deadlock_past_the_retries_is_a_503_and_nothing_is_stored(own_db
         assert _bodies(engine, sender) == []
         msg, created = await writer.submit(Draft(sender, "r", "lost to deadlocks", "c1"))  # the client's retry
         assert created and _bodies(engine, sender) == ["lost to deadlocks"]
+
+
+class _StatementFails(MySQLSteps):
+    """One batch's trip gets a statement that the server refuses, last before its COMMIT (a turn
+    that read through SQLAlchemy first has SQLAlchemy commit, after the trip)."""
+
+    def _send(self, conn, trip):
+        if any("refused-once" in str(p) for p in trip.params):
+            ending = trip.statements[-1:] if trip.commits else []
+            kept = trip.statements[:len(trip.statements) - len(ending)]
+            trip = replace(trip, statements=[*kept, "SELECT no_such_column FROM messages", *ending])
+        return super()._send(conn, trip)
+
+
+class _RefusesOneStatement(MessageWriter):
+    mysql_steps = _StatementFails
+
+
+async def test_a_statement_the_server_refuses_stops_the_trip_before_its_commit_and_nothing_is_stored(own_dbs):
+    # The batch's rows, echoes and COMMIT go as one query; MySQL stops at the first
+    # statement that fails, so the COMMIT after it never runs, and the rows before
+    # it are rolled back rather than left for the next commit on that connection.
+    sender = f"s{uuid.uuid4().hex[:8]}"
+    async with running_writer(own_dbs, _RefusesOneStatement) as (writer, engine, _db):
+        with pytest.raises(WriteUnavailable, match="OperationalError 1054"):  # unknown column
+            await writer.submit(Draft(sender, "r", "refused-once", "c1"))
+        assert _bodies(engine, sender) == []
+        after, created = await writer.submit(Draft(sender, "r", "next", "c2"))
+        assert created and _bodies(engine, sender) == ["next"]  # and not the refused one with it
+
+
+def test_a_trip_answers_its_question_and_commits_only_if_every_statement_ran(own_dbs):
+    engine = make_engine(own_dbs.settings().stores.mysql_url.get_secret_value(), 5)
+    table = f"trip_{uuid.uuid4().hex[:8]}"
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f"CREATE TABLE {table} (id INT PRIMARY KEY)"))
+            ok = Trip()
+            ok.add(f"INSERT INTO {table} (id) VALUES (%s), (%s)", (1, 2))
+            ok.ask(f"SELECT COUNT(*) FROM {table}")
+            ok.commit()
+            assert send(conn, ok).asked == 2
+            refused = Trip()
+            refused.add(f"INSERT INTO {table} (id) VALUES (%s)", (3,))
+            refused.add(f"INSERT INTO {table} (id) VALUES (%s)", (1,))  # the primary key refuses it
+            refused.commit()
+            with pytest.raises(IntegrityError):
+                send(conn, refused)
+            # neither committed by the trip nor left open for the next commit on the session
+            conn.execute(text("COMMIT"))
+        with engine.connect() as other:
+            assert [r[0] for r in other.execute(text(f"SELECT id FROM {table} ORDER BY id"))] == [1, 2]
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text(f"DROP TABLE {table}"))
+        engine.dispose()
