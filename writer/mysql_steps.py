@@ -1,7 +1,7 @@
 """The writer's MySQL statements, each run in the writer's one thread.
 
 ``MySQLSteps`` is the part of a ``MessageWriter`` that speaks SQL: the lock,
-the stream state, a batch's INSERT and COMMIT, the checkpoint and the
+the stream state, a batch's trip (its INSERT, echoes and COMMIT as one query), the checkpoint and the
 release, all on the tables and lock of the writer's partition. The decisions
 (when to ask for a hand-over, which copies a batch owes) are the core's and
 ``writer.copies``'; the turn (writer/turn.py) passes them in.

@@ -24,6 +24,7 @@ from db.threads import Threads
 from tests.e2e.helpers import running_writer
 from harness.system import databases
 from tests.timing import PATIENCE, eventually
+from writer import commit_trip
 from writer.commit_trip import CommitUnknown, Trip, send
 from writer.message_writer import MessageWriter
 from writer.mysql_steps import DEADLOCK_RETRIES, MySQLSteps
@@ -357,3 +358,30 @@ def test_a_trip_answers_its_question_and_commits_only_if_every_statement_ran(own
         with engine.connect() as conn:
             conn.execute(text(f"DROP TABLE {table}"))
         engine.dispose()
+
+
+async def test_a_full_batch_of_the_longest_bodies_goes_in_one_trip_each_body_stored_as_sent(own_dbs, monkeypatch):
+    # The largest trip a writer sends: CHAT_BATCH_MAX (500) messages of CHAT_BODY_MAX_CHARS (4,000)
+    # characters of four bytes each, 8 MB of values in one query, under MariaDB's max_allowed_packet
+    # (16 MB). Each value is escaped by the driver, so a body that reads as SQL or as a format is
+    # stored as it was sent.
+    settings = own_dbs.settings()
+    batch_max, longest = settings.writer.batch_max, settings.api.body_max_chars
+    hostile = "%s %% %(x)s '; DELETE FROM messages; -- \\' \" ;\n COMMIT"
+    bodies = [hostile if i % 50 == 0 else chr(0x1F600 + i % 50) * longest for i in range(batch_max)]
+    sender = f"s{uuid.uuid4().hex[:8]}"
+    trips: list[int] = []
+    sending = commit_trip.send
+
+    def counted(conn, trip):
+        trips.append(sum(1 for p in trip.params if p == sender))
+        return sending(conn, trip)
+
+    monkeypatch.setattr(commit_trip, "send", counted)
+    async with running_writer(own_dbs, batch_max=batch_max, queue_max=2 * batch_max) as (writer, engine, db):
+        stored = await asyncio.gather(*(writer.submit(Draft(sender, "r", body, f"c{i}"))
+                                        for i, body in enumerate(bodies)))
+        assert all(created for _msg, created in stored)
+        assert _bodies(engine, sender) == bodies
+        assert await _ids_in_mongo(db, sender, batch_max) == sorted(msg.id for msg, _ in stored)
+    assert max(trips) == batch_max  # every row in one query (the sender is in each of its rows)
