@@ -19,13 +19,18 @@ What a failure means, by where it happened:
   its statement, and the rows before it must not ride on the next commit),
   and the error is raised as SQLAlchemy's, as a statement's would be
   (``IntegrityError`` for a retry's unique key, a deadlock's ``OperationalError``);
-- the link failed (a client error, 2000-2999) once a trip that commits was
-  sent, or the COMMIT itself failed: the server may have committed it all,
-  so the outcome is unknown (``CommitUnknown``), and the caller asks MySQL
-  on a fresh connection, as it did when a lone COMMIT failed.
+- the link failed (a client error, 2000-2999) on a trip that commits, or the
+  COMMIT itself failed: the server may have committed it all, so the outcome
+  is unknown (``CommitUnknown``), and the caller asks MySQL on a fresh
+  connection, as it did when a lone COMMIT failed. A link that was already
+  gone before the send reads the same (its rows are then not found);
+- a rollback that fails, or a link that is gone, invalidates the connection:
+  MySQL ends its session and rolls back whatever it held.
 
 The statements use mysqlclient's own escaping (``%s``, one value each), as
-SQLAlchemy's executions on this driver do.
+SQLAlchemy's executions on this driver do. A batch whose values would not fit
+one query (``TRIP_VALUES_MAX_BYTES``) sends its first rows ahead, in the same
+transaction, and its last trip commits them all.
 """
 
 from __future__ import annotations
@@ -90,6 +95,32 @@ def insert_rows(table: str, columns: Sequence[str], rows: Iterable[Sequence[obje
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES " + ", ".join([one] * count), values
 
 
+# What one query carries in values at most, counting four bytes a character (UTF-8's most):
+# half of MariaDB's default max_allowed_packet (16 MiB), so that what the driver escapes (a
+# quote or a backslash doubled) still fits. A batch of 500 bodies of 4,000 characters
+# (CHAT_BATCH_MAX, CHAT_BODY_MAX_CHARS) is 8 MB by that count; a turn's first batch may
+# carry as many drained copies again.
+TRIP_VALUES_MAX_BYTES = 8 * 1024 * 1024
+
+
+def in_runs(rows: Iterable[Sequence[object]], budget: int = TRIP_VALUES_MAX_BYTES) -> list[list[Sequence[object]]]:
+    """``rows`` cut, in order, into runs whose values come to ``budget`` bytes at most by
+    the count above (a row larger than that on its own is a run of its own)."""
+    runs: list[list[Sequence[object]]] = []
+    run: list[Sequence[object]] = []
+    size = 0
+    for row in rows:
+        weight = sum(4 * len(v) if isinstance(v, str) else 8 for v in row)
+        if run and size + weight > budget:
+            runs.append(run)
+            run, size = [], 0
+        run.append(row)
+        size += weight
+    if run:
+        runs.append(run)
+    return runs
+
+
 def send(conn: Connection, trip: Trip) -> TripAnswer:
     """Sends ``trip`` on ``conn``'s session, in one round trip, and reads every answer.
     Raises a statement's error (nothing committed, rolled back) or ``CommitUnknown``."""
@@ -107,14 +138,23 @@ def send(conn: Connection, trip: Trip) -> TripAnswer:
             if reading == len(trip.statements):
                 break
             if not cursor.nextset():
-                raise AssertionError(f"{len(trip.statements)} statements sent, {reading} answered")
+                raise CommitUnknown(f"{len(trip.statements)} statements sent, {reading} answered")
     except MySQLdb.Error as exc:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-        roll_back(conn)
+        if conn.dialect.is_disconnect(exc, raw, cursor):  # type: ignore[arg-type]  # the driver's Error
+            conn.invalidate()  # the session, its transaction and the writer lock with it, are gone
+        else:
+            roll_back(conn)
         if trip.commits and (code in _CLIENT_ERRORS or reading == len(trip.statements) - 1):
+            # sent or not, its answer is lost: it may all have run (an error before the send
+            # reads the same, and is then looked for, and not found, like one that did not take)
             raise CommitUnknown(f"statement {reading + 1} of {len(trip.statements)}: {exc}") from exc
         raise DBAPIError.instance(trip.statements[reading] if reading < len(trip.statements) else trip.sql,
                                   None, exc, MySQLdb.Error) from None
+    except BaseException:
+        # not the server's refusal (a cancel, a bug): whatever ran must not ride on a later commit
+        roll_back(conn)
+        raise
     finally:
         with contextlib.suppress(MySQLdb.Error):
             cursor.close()
@@ -122,9 +162,15 @@ def send(conn: Connection, trip: Trip) -> TripAnswer:
 
 
 def roll_back(conn: Connection) -> None:
-    """Rolls back the session's transaction, which SQLAlchemy may not know it has
-    (a trip's statements bypass it); a link already gone has nothing left to roll back."""
+    """Rolls back the session's transaction, which SQLAlchemy may not know it has (a
+    trip's statements bypass it). If the rollback fails, the connection is invalidated:
+    its session ends, and MySQL rolls the transaction back with it."""
+    if conn.invalidated:
+        return  # its session is gone, and its transaction with it
     raw = conn.connection.dbapi_connection
-    with contextlib.suppress(MySQLdb.Error):
-        if raw is not None:
-            raw.rollback()
+    if raw is None:
+        return
+    try:
+        raw.rollback()
+    except MySQLdb.Error:
+        conn.invalidate()

@@ -319,9 +319,10 @@ class MySQLSteps:
         # event batch read its facts through SQLAlchemy, whose transaction it is: its effects
         # follow the trip (an edit's copy may name a copy in the trip's rows) the same way,
         # and SQLAlchemy commits.
+        runs = commit_trip.in_runs(_row(m) for m in new)
         trip = Trip()
-        if new:
-            trip.add(*insert_rows(self._messages.name, MESSAGE_COLUMNS, (_row(m) for m in new)))
+        if runs:
+            trip.add(*insert_rows(self._messages.name, MESSAGE_COLUMNS, runs[-1]))
         if new or copied_before:
             echo_sql.settle_echoes(trip, self._partition, owed, new, copied_before)
         if ask_others:
@@ -331,6 +332,10 @@ class MySQLSteps:
         if committed_by_trip:
             trip.commit()
         try:
+            for run in runs[:-1]:  # too much for one query: the first rows go ahead, in the transaction
+                ahead = Trip()
+                ahead.add(*insert_rows(self._messages.name, MESSAGE_COLUMNS, run))
+                self._send(conn, ahead)
             sent = self._send(conn, trip) if trip.statements else TripAnswer(None)
             if events:
                 event_sql.write_effects(conn, self._messages, new, devices)

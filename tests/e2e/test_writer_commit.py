@@ -23,7 +23,7 @@ from db.sql import make_engine
 from db.threads import Threads
 from tests.e2e.helpers import running_writer
 from harness.system import databases
-from tests.timing import PATIENCE, eventually
+from tests.timing import PATIENCE, eventually, eventually_sync
 from writer import commit_trip
 from writer.commit_trip import CommitUnknown, Trip, send
 from writer.message_writer import MessageWriter
@@ -360,28 +360,94 @@ def test_a_trip_answers_its_question_and_commits_only_if_every_statement_ran(own
         engine.dispose()
 
 
-async def test_a_full_batch_of_the_longest_bodies_goes_in_one_trip_each_body_stored_as_sent(own_dbs, monkeypatch):
-    # The largest trip a writer sends: CHAT_BATCH_MAX (500) messages of CHAT_BODY_MAX_CHARS (4,000)
-    # characters of four bytes each, 8 MB of values in one query, under MariaDB's max_allowed_packet
-    # (16 MB). Each value is escaped by the driver, so a body that reads as SQL or as a format is
-    # stored as it was sent.
-    settings = own_dbs.settings()
-    batch_max, longest = settings.writer.batch_max, settings.api.body_max_chars
+async def test_a_batch_too_large_for_one_query_goes_in_several_all_committed_by_the_last(own_dbs, monkeypatch):
+    # A turn's first batch may carry CHAT_BATCH_MAX drained copies besides CHAT_BATCH_MAX
+    # requests: 1,000 bodies of CHAT_BODY_MAX_CHARS four-byte characters, 16 MB of values,
+    # past MariaDB's max_allowed_packet (16 MiB) in one query. The rows go in runs under
+    # TRIP_VALUES_MAX_BYTES, in one transaction; each value is escaped by the driver, so a
+    # body that reads as SQL or as a format string is stored as it was sent.
+    longest = own_dbs.settings().api.body_max_chars
+    rows = 2 * own_dbs.settings().writer.batch_max
     hostile = "%s %% %(x)s '; DELETE FROM messages; -- \\' \" ;\n COMMIT"
-    bodies = [hostile if i % 50 == 0 else chr(0x1F600 + i % 50) * longest for i in range(batch_max)]
+    bodies = [hostile if i % 100 == 0 else chr(0x1F600 + i % 50) * longest for i in range(rows)]
     sender = f"s{uuid.uuid4().hex[:8]}"
-    trips: list[int] = []
+    trips: list[tuple[int, int]] = []  # (the sender's rows, the values' weight) of each query sent
     sending = commit_trip.send
 
     def counted(conn, trip):
-        trips.append(sum(1 for p in trip.params if p == sender))
+        trips.append((sum(1 for p in trip.params if p == sender),
+                      sum(4 * len(p) if isinstance(p, str) else 8 for p in trip.params)))
         return sending(conn, trip)
 
     monkeypatch.setattr(commit_trip, "send", counted)
-    async with running_writer(own_dbs, batch_max=batch_max, queue_max=2 * batch_max) as (writer, engine, db):
+    async with running_writer(own_dbs, batch_max=rows, queue_max=2 * rows) as (writer, engine, db):
         stored = await asyncio.gather(*(writer.submit(Draft(sender, "r", body, f"c{i}"))
                                         for i, body in enumerate(bodies)))
         assert all(created for _msg, created in stored)
         assert _bodies(engine, sender) == bodies
-        assert await _ids_in_mongo(db, sender, batch_max) == sorted(msg.id for msg, _ in stored)
-    assert max(trips) == batch_max  # every row in one query (the sender is in each of its rows)
+        assert await _ids_in_mongo(db, sender, rows) == sorted(msg.id for msg, _ in stored)
+    mine = [t for t in trips if t[0]]
+    assert sum(n for n, _ in mine) == rows and len(mine) >= 2
+    assert max(weight for _, weight in mine) <= commit_trip.TRIP_VALUES_MAX_BYTES
+
+
+async def test_the_rows_sent_ahead_of_a_refused_last_query_are_not_stored(own_dbs):
+    # The same batch, its last query refused by the server: the rows that went ahead
+    # in the batch's transaction are rolled back with it.
+    longest = own_dbs.settings().api.body_max_chars
+    rows = 2 * own_dbs.settings().writer.batch_max
+    bodies = [chr(0x1F600 + i % 50) * longest for i in range(rows - 1)] + ["refused-once"]
+    sender = f"s{uuid.uuid4().hex[:8]}"
+    async with running_writer(own_dbs, _RefusesOneStatement, batch_max=rows, queue_max=2 * rows) as (
+            writer, engine, _db):
+        answers = await asyncio.gather(*(writer.submit(Draft(sender, "r", body, f"c{i}"))
+                                         for i, body in enumerate(bodies)), return_exceptions=True)
+        assert all(isinstance(a, WriteUnavailable) for a in answers), {type(a) for a in answers}
+        assert _bodies(engine, sender) == []
+
+
+def test_a_trip_whose_session_is_lost_before_its_commit_may_have_taken_and_stored_nothing(own_dbs):
+    # The link lost while the trip runs (its session killed during a statement before the
+    # COMMIT): the client cannot know how far the server got, so the outcome is unknown
+    # (the writer then looks for the rows on a fresh connection), the connection is
+    # dropped from the pool, and MySQL rolled the transaction back with the session.
+    engine = make_engine(own_dbs.settings().stores.mysql_url.get_secret_value(), 5)
+    table = f"trip_{uuid.uuid4().hex[:8]}"
+    try:
+        with engine.connect() as killer:
+            killer.execute(text(f"CREATE TABLE {table} (id INT PRIMARY KEY)"))
+            with engine.connect() as conn:
+                session = conn.execute(text("SELECT CONNECTION_ID()")).scalar()
+                conn.commit()
+                trip = Trip()
+                trip.add(f"INSERT INTO {table} (id) VALUES (%s)", (1,))
+                trip.add("SET STATEMENT max_statement_time=0 FOR SELECT SLEEP(%s)", (10 * PATIENCE,))
+                trip.commit()
+                outcome: list = []
+                sending = threading.Thread(target=lambda: outcome.append(_raised(send, conn, trip)))
+                sending.start()
+
+                def sleeping():
+                    killer.commit()  # a fresh snapshot of the process list
+                    return killer.execute(text("SELECT 1 FROM information_schema.processlist WHERE id = :id "
+                                               "AND info LIKE 'SET STATEMENT%SLEEP%'"), {"id": session}).first()
+
+                eventually_sync(sleeping, "the trip's session in its SLEEP")
+                killer.execute(text(f"KILL {session}"))
+                sending.join()
+                assert isinstance(outcome[0], CommitUnknown), outcome
+                assert conn.invalidated
+            killer.commit()
+            assert killer.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar() == 0
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text(f"DROP TABLE {table}"))
+        engine.dispose()
+
+
+def _raised(fn, *args) -> BaseException | None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # the test's thread hands back what it raised
+        return exc
+    return None
