@@ -131,3 +131,27 @@ def test_a_load_sweep_pairs_each_bench_s_two_modes_by_offered_rate():
     assert [(r["global_lock_cpu_ms_per_msg"], r["p4_cpu_ms_per_msg"], r["lost"]) for r in rows] == [
         (8.0, 11.0, 1), (8.0, 11.0, 0)]
     assert [(r["global_lock_cores"], r["p4_cores"]) for r in rows] == [(0.2, 0.28), (0.8, 1.1)]
+
+
+def _ab_bench(global_p50: float, p4_p50: float, lost: int = 0) -> dict:
+    def run(mode: str, p50: float, post: float, commit: float, lost: int) -> dict:
+        return {"mode": mode, "delivery_p50_ms": p50, "lost": lost, "duplicated": 0,
+                "post_ms": {"p50": post, "p99": 3 * post},
+                "writers": {"commit_ms": commit, "copy_lag_ms": 40.0 if mode == "partitioned" else None,
+                            "mongo_insert_ms": 30.0},
+                "delivery_ms_by_path": {"sender": {"p50": p50 - 10}, "recipient_other_partition": {"p50": p50 + 20}},
+                "cpu_us_per_msg": {"writer": 3500.0, "mysql": 1900.0, "toxiproxy": 1800.0}}
+    return {"runs": [run("global-lock", global_p50, 70.0, 5.0, 0), run("partitioned", p4_p50, 15.0, 8.0, lost)]}
+
+
+def test_an_ab_run_is_summarised_by_its_side_and_round():
+    from loadtest.cluster.ab import summary_row
+    row = summary_row("after", 2, _ab_bench(120.0, 150.0, lost=1))
+    assert (row["side"], row["round"], row["global_lock_p50_ms"], row["p4_p50_ms"], row["p4_over_global"]) == (
+        "after", 2, 120.0, 150.0, 1.25)
+    assert (row["global_post_p50_ms"], row["p4_post_p50_ms"], row["global_commit_ms"], row["p4_commit_ms"]) == (
+        70.0, 15.0, 5.0, 8.0)
+    assert (row["p4_copy_lag_ms"], row["p4_copy_minus_sender_ms"], row["lost"], row["duplicated"]) == (40.0, 30.0, 1, 0)
+    no_copies = _ab_bench(120.0, 150.0)
+    no_copies["runs"][1]["delivery_ms_by_path"]["recipient_other_partition"] = {"p50": None}
+    assert summary_row("before", 1, no_copies)["p4_copy_minus_sender_ms"] is None
