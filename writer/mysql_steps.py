@@ -327,8 +327,9 @@ class MySQLSteps:
             echo_sql.settle_echoes(trip, self._partition, owed, new, copied_before)
         if ask_others:
             trip.ask("SELECT IS_USED_LOCK(%s)", (self._next_lock,))
-        # SQLAlchemy's transaction (an event batch's facts, a retry's look-up) is SQLAlchemy's to end.
-        committed_by_trip = not conn.in_transaction()
+        # SQLAlchemy's transaction (an event batch's facts, a retry's look-up) is SQLAlchemy's to
+        # end; so is an event batch's always, for its effects come after the trip.
+        committed_by_trip = not events and not conn.in_transaction()
         if committed_by_trip:
             trip.commit()
         try:
