@@ -43,7 +43,7 @@ from chat.moves import MovePlan, Progress, copy_targets, origin_of
 from chat.partitions import MOVER_MARK, SLOTS, SlotMap, collection_name, lock_name
 from db.mongo import expired_before
 from db.partition_map import read_slot_map, tables_of, write_slot_map
-from db.sql import conversation_key, device_acks, echoes, is_deadlock, partition_map, read_markers
+from db.sql import device_acks, echoes, is_deadlock, message_row, partition_map, read_markers
 
 log = logging.getLogger("chat.mover")
 
@@ -299,7 +299,7 @@ class Mover:
                 taken_keys.add((msg.sender, key))
             if msg.kind in (Kind.EDIT, Kind.DELETE) and ref is not None:
                 revisions.append((ref, msg))
-            rows.append(_row_of(copy))
+            rows.append(message_row(copy))
             if copy.created_at >= cutoff:
                 docs.append(copy.to_doc())
         if rows:
@@ -385,14 +385,6 @@ class Mover:
         conn.execute(partition_map.delete().where(partition_map.c.id == MOVE_ROW))
         conn.commit()
         return moved, markers, acks, echoed
-
-
-def _row_of(m: Message) -> dict:
-    return {"id": m.id, "sender": m.sender, "recipient": m.recipient,
-            "conversation": conversation_key(m.sender, m.recipient), "body": m.body,
-            "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None),
-            "origin_part": m.origin_part, "origin_id": m.origin_id, "kind": int(m.kind), "ref_id": m.ref_id,
-            "edited_at": None if m.edited_at is None else m.edited_at.replace(tzinfo=None), "deleted": m.deleted}
 
 
 def _copies_held(conn: Connection, target: int, origins: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:

@@ -6,7 +6,7 @@ Migrations in db/migrations create exactly these tables; a test compares them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -26,6 +26,9 @@ from sqlalchemy.dialects.mysql import DATETIME
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.pool import QueuePool
+
+if TYPE_CHECKING:
+    from chat.messages import Message
 
 T = TypeVar("T")
 
@@ -203,6 +206,16 @@ push_outbox = Table(
 
 def conversation_key(a: str, b: str) -> str:
     return f"{a}\x00{b}" if a <= b else f"{b}\x00{a}"
+
+
+def message_row(m: Message) -> dict:
+    """A message as a row of a partition's `messages` table, its columns in the table's
+    order (``Message.from_row`` reads one back); times in UTC without a zone."""
+    return {"id": m.id, "sender": m.sender, "recipient": m.recipient,
+            "conversation": conversation_key(m.sender, m.recipient), "body": m.body,
+            "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None),
+            "origin_part": m.origin_part, "origin_id": m.origin_id, "kind": int(m.kind), "ref_id": m.ref_id,
+            "edited_at": None if m.edited_at is None else m.edited_at.replace(tzinfo=None), "deleted": m.deleted}
 
 
 MAX_OVERFLOW = 2  # connections an engine may open past its pool_size, under a burst

@@ -25,7 +25,7 @@ from chat.messages import Kind, Message, now_ms
 from chat.partitions import MOVER_MARK, LiveMap, SlotMap, lock_name
 from chat.write_errors import CopyDeferred, EventRefused, PartitionBusy, WriteUnavailable
 from db.partition_map import read_slot_map, tables_of
-from db.sql import conversation_key, is_deadlock, partition_map
+from db.sql import is_deadlock, message_row, partition_map
 from db.threads import Threads
 from writer import commit_trip, echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
@@ -65,15 +65,6 @@ def next_lock_name(partition: int) -> str:
 
 NEXT_LOCK_NAME = next_lock_name(0)
 
-# A messages row's columns, in the order ``_row`` gives its values.
-MESSAGE_COLUMNS = ("id", "sender", "recipient", "conversation", "body", "client_msg_id", "created_at", "origin_part",
-                   "origin_id", "kind", "ref_id", "edited_at", "deleted")
-
-
-def _row(m: Message) -> tuple:
-    return (m.id, m.sender, m.recipient, conversation_key(m.sender, m.recipient), m.body, m.client_msg_id,
-            m.created_at.replace(tzinfo=None), m.origin_part, m.origin_id, int(m.kind), m.ref_id,
-            None if m.edited_at is None else m.edited_at.replace(tzinfo=None), m.deleted)
 DEADLOCK_RETRIES = 3  # InnoDB's victim of a deadlock, rolled back: written again this many times at most
 
 
@@ -319,10 +310,12 @@ class MySQLSteps:
         # event batch read its facts through SQLAlchemy, whose transaction it is: its effects
         # follow the trip (an edit's copy may name a copy in the trip's rows) the same way,
         # and SQLAlchemy commits.
-        runs = commit_trip.in_runs(_row(m) for m in new)
+        rows = [message_row(m) for m in new]
+        columns = list(rows[0]) if rows else []
+        runs = commit_trip.in_runs(tuple(row.values()) for row in rows)
         trip = Trip()
         if runs:
-            trip.add(*insert_rows(self._messages.name, MESSAGE_COLUMNS, runs[-1]))
+            trip.add(*insert_rows(self._messages.name, columns, runs[-1]))
         if new or copied_before:
             echo_sql.settle_echoes(trip, self._partition, owed, new, copied_before)
         if ask_others:
@@ -335,7 +328,7 @@ class MySQLSteps:
         try:
             for run in runs[:-1]:  # too much for one query: the first rows go ahead, in the transaction
                 ahead = Trip()
-                ahead.add(*insert_rows(self._messages.name, MESSAGE_COLUMNS, run))
+                ahead.add(*insert_rows(self._messages.name, columns, run))
                 self._send(conn, ahead)
             sent = self._send(conn, trip) if trip.statements else TripAnswer(None)
             if events:

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import typer
 
+from loadtest.cluster.load_sweep import BENCH, mode_run
 from loadtest.common.machine import describe
 from loadtest.common.results import RESULTS, UNPUBLISHED
 
-BENCH = ["-m", "loadtest.cluster.bench", "--partitions", "4", "--no-faults", "--grow-to", "0"]
 SIDES = ("after", "before")
 
 
@@ -35,7 +35,7 @@ def summary_row(side: str, round_: int, result: dict) -> dict:
     """One bench run's figures beside its side and round: delivery and POST p50 in both modes,
     P = 4 against the global lock, the commits, the copies, and the CPU per message of the
     writer, MySQL and Toxiproxy at P = 4."""
-    glob, p4 = _run(result, "global-lock"), _run(result, "partitioned")
+    glob, p4 = mode_run(result, "global-lock"), mode_run(result, "partitioned")
     by_path = p4.get("delivery_ms_by_path") or {}
     copy, sender = (by_path.get("recipient_other_partition") or {}).get("p50"), (by_path.get("sender") or {}).get("p50")
     return {
@@ -52,11 +52,6 @@ def summary_row(side: str, round_: int, result: dict) -> dict:
         "p4_toxiproxy_cpu_us_per_msg": p4["cpu_us_per_msg"].get("toxiproxy"),
         "lost": sum(r["lost"] for r in result["runs"]), "duplicated": sum(r["duplicated"] for r in result["runs"]),
     }
-
-
-def _run(result: dict, mode: str) -> dict:
-    (run,) = [r for r in result["runs"] if r["mode"] == mode]
-    return run
 
 
 # What the plot shows, one panel each: (summary field, axis label).

@@ -32,7 +32,7 @@ def summarise(runs: list[dict]) -> list[dict]:
         by_rate.setdefault(result["traffic"]["offered_per_s"], []).append(result)
     rows = []
     for rate, results in sorted(by_rate.items()):
-        pairs = [(_run(r, "global-lock"), _run(r, "partitioned")) for r in results]
+        pairs = [(mode_run(r, "global-lock"), mode_run(r, "partitioned")) for r in results]
         rows.append({
             "offered_per_s": rate,
             "global_lock_p50_ms": [g["delivery_p50_ms"] for g, _ in pairs],
@@ -49,7 +49,8 @@ def summarise(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def _run(result: dict, mode: str) -> dict:
+def mode_run(result: dict, mode: str) -> dict:
+    """The run of ``mode`` (global-lock, partitioned) in one bench result."""
     (run,) = [r for r in result["runs"] if r["mode"] == mode]
     return run
 

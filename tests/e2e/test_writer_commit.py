@@ -7,6 +7,7 @@ time-out on a slow MySQL), once before it was sent.
 """
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from dataclasses import replace
@@ -333,12 +334,24 @@ async def test_a_statement_the_server_refuses_stops_the_trip_before_its_commit_a
         assert created and _bodies(engine, sender) == ["next"]  # and not the refused one with it
 
 
-def test_a_trip_answers_its_question_and_commits_only_if_every_statement_ran(own_dbs):
-    engine = make_engine(own_dbs.settings().stores.mysql_url.get_secret_value(), 5)
+@contextlib.contextmanager
+def _scratch_table(dbs):
+    """(an engine, the name of a table of its own: an INT primary key ``id``), dropped after."""
+    engine = make_engine(dbs.settings().stores.mysql_url.get_secret_value(), 5)
     table = f"trip_{uuid.uuid4().hex[:8]}"
     try:
         with engine.connect() as conn:
             conn.execute(text(f"CREATE TABLE {table} (id INT PRIMARY KEY)"))
+        yield engine, table
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+        engine.dispose()
+
+
+def test_a_trip_answers_its_question_and_commits_only_if_every_statement_ran(own_dbs):
+    with _scratch_table(own_dbs) as (engine, table):
+        with engine.connect() as conn:
             ok = Trip()
             ok.add(f"INSERT INTO {table} (id) VALUES (%s), (%s)", (1, 2))
             ok.ask(f"SELECT COUNT(*) FROM {table}")
@@ -354,10 +367,6 @@ def test_a_trip_answers_its_question_and_commits_only_if_every_statement_ran(own
             conn.execute(text("COMMIT"))
         with engine.connect() as other:
             assert [r[0] for r in other.execute(text(f"SELECT id FROM {table} ORDER BY id"))] == [1, 2]
-    finally:
-        with engine.connect() as conn:
-            conn.execute(text(f"DROP TABLE {table}"))
-        engine.dispose()
 
 
 async def test_a_batch_too_large_for_one_query_goes_in_several_all_committed_by_the_last(own_dbs, monkeypatch):
@@ -411,11 +420,8 @@ def test_a_trip_whose_session_is_lost_before_its_commit_may_have_taken_and_store
     # COMMIT): the client cannot know how far the server got, so the outcome is unknown
     # (the writer then looks for the rows on a fresh connection), the connection is
     # dropped from the pool, and MySQL rolled the transaction back with the session.
-    engine = make_engine(own_dbs.settings().stores.mysql_url.get_secret_value(), 5)
-    table = f"trip_{uuid.uuid4().hex[:8]}"
-    try:
+    with _scratch_table(own_dbs) as (engine, table):
         with engine.connect() as killer:
-            killer.execute(text(f"CREATE TABLE {table} (id INT PRIMARY KEY)"))
             with engine.connect() as conn:
                 session = conn.execute(text("SELECT CONNECTION_ID()")).scalar()
                 conn.commit()
@@ -439,10 +445,6 @@ def test_a_trip_whose_session_is_lost_before_its_commit_may_have_taken_and_store
                 assert conn.invalidated
             killer.commit()
             assert killer.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar() == 0
-    finally:
-        with engine.connect() as conn:
-            conn.execute(text(f"DROP TABLE {table}"))
-        engine.dispose()
 
 
 def _raised(fn, *args) -> BaseException | None:
