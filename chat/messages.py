@@ -222,6 +222,7 @@ def _is_event_shape(doc: dict) -> bool:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)  # pymongo's default datetimes are naive, in UTC
 _MS = timedelta(milliseconds=1)
 
 
@@ -233,10 +234,11 @@ def shown_digest(doc: dict) -> int:
     alike); a daemon compares the two to trust the oplog's documents without
     reading every row. The lengths keep fields apart whatever they contain."""
     created = doc["created_at"]
-    if created.tzinfo is None:  # pymongo's default: naive datetimes, in UTC
-        created = created.replace(tzinfo=UTC)
+    # A naive one less the naive epoch: a replace(tzinfo=UTC) first took half the digest's time
+    # (0.9 of 2.6 us), and the relay makes one for every message.
+    millis = (created - (_EPOCH_NAIVE if created.tzinfo is None else _EPOCH)) // _MS
     sender, recipient = doc["from"], doc["to"]
-    text = (f"{int(doc['_id'])}\x1f{(created - _EPOCH) // _MS}\x1f{doc.get('client_msg_id') or ''}\x1f"
+    text = (f"{int(doc['_id'])}\x1f{millis}\x1f{doc.get('client_msg_id') or ''}\x1f"
             f"{len(sender)}\x1f{sender}\x1f{len(recipient)}\x1f{recipient}\x1f{doc['body']}")
     if kind := doc.get("kind"):  # an event: what it is and what it names are shown too
         text += f"\x1f{int(kind)}\x1f{doc['ref']}"

@@ -182,8 +182,9 @@ class ScheduledFeed:
                 doc = {**self._entries[msg_id % len(self._entries)]["o"], "_id": msg_id,
                        "from": f"x{msg_id % 997}", "to": f"{self._prefix}{self._to[msg_id - 1]}",
                        "body": f"{wall:.6f} feed", "created_at": now}
-                batch.append({**self._entries[0], "ns": self.namespace, "o": doc,
-                              "ts": Timestamp(seconds, msg_id % 2**31), "wall": now})
+                # As the relay's tail reads an entry: its projection (oplog.tail.ENTRY_PROJECTION)
+                # leaves the server's other fields (_id, wall, ...) out of the reply.
+                batch.append({"op": "i", "ns": self.namespace, "o": doc, "ts": Timestamp(seconds, msg_id % 2**31)})
             made.put_nowait(batch)
         made.put_nowait(None)
 
