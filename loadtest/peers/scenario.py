@@ -68,9 +68,9 @@ if TYPE_CHECKING:
 # (loadtest/results/peers-two-daemons.json).
 OUR_DAEMONS = 2
 CLIENTS_PER_PROC = 5_000  # enough processes to spread the parsing over both cores
-DEFAULT_STEPS = "5000x4,10000x4,15000x4,20000x4,25000x4,30000x4,40000x4"
+DEFAULT_STEPS = "5000x4,10000x4,15000x4,20000x4,25000x4,30000x4,35000x4,40000x4"
 # Messages/s with 50 devices per user (50 frames each), the last steps past the knee and longer.
-OVERLOAD_STEPS = "200x4,400x4,600x4,800x4,1200x8,1800x8"
+OVERLOAD_STEPS = "200x4,400x4,600x4,800x4,1200x8,1800x8,2400x8,3000x8"
 # Who holds the connections: "go", the compiled client (loadtest/clients/go), whose CPU per frame
 # is a third to a half of either server's here; "python", loadtest.clients.peers, which costs
 # about what the server does on the same cores (and so measured both servers near the same rate).
