@@ -12,9 +12,10 @@ connected over its real Unix socket, each holding its share of
 time is the event loop thread's CPU alone (``time.thread_time``): the
 relay's Python and its ``write()`` calls.
 
-Each daemon's bytes are read back afterwards: every message must reach the
-daemon holding its recipient whole and in order, and every other daemon as
-its id and digest (``chat.messages.shown_digest``), in order, or the run fails.
+Each daemon's bytes are read back afterwards: every entry must reach the
+daemons holding its recipient or its sender as the oplog had it, in order,
+and every other daemon as its id and digest (``chat.messages.shown_digest``),
+in order, or the run fails.
 
     python -m loadtest.relay_path                          # 200,000 entries, 2 daemons, 3 rounds
     python -m loadtest.relay_path --daemons 6 --out relay.json
@@ -30,8 +31,8 @@ import tempfile
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import bson
 import orjson
@@ -50,18 +51,19 @@ CODEC: CodecOptions = CodecOptions()  # pymongo's default: naive datetimes, dict
 LENGTH = struct.Struct("<i")
 
 
-def oplog_replies(clients: int, count: int, batch: int, seed: int = 7) -> tuple[list[bytes], list[str]]:
-    """Getmore-shaped batches as the relay's tail asks for them (the entry fields only), BSON-encoded,
-    and each message's recipient; the sender is offline (one frame per message)."""
+def oplog_replies(clients: int, count: int, batch: int, seed: int = 7) -> list[bytes]:
+    """Getmore-shaped batches as the relay's tail asks for them (the entry fields only), BSON-encoded.
+    Each message goes to one of the ``clients`` users (``r0``...); one in ten comes from one of them
+    too, the others from a sender with no connection (one frame per message, as the peers run)."""
     rng, now = random.Random(seed), datetime.now(UTC).replace(tzinfo=None)
-    recipients = [f"r{rng.randrange(clients)}" for _ in range(count)]
     replies = []
     for start in range(0, count, batch):
         entries = [{"op": "i", "ns": NAMESPACE, "ts": Timestamp(1_700_000_000 + i // 1000, i % 1000 + 1), "o": {
-            "_id": i + 1, "from": f"x{i % 997}", "to": recipients[i], "body": f"{time.time():.6f} relayed",
-            "created_at": now, "client_msg_id": None}} for i in range(start, min(start + batch, count))]
+            "_id": i + 1, "from": f"r{rng.randrange(clients)}" if i % 10 == 0 else f"x{i % 997}",
+            "to": f"r{rng.randrange(clients)}", "body": f"{time.time():.6f} relayed {i}", "created_at": now,
+            "client_msg_id": None}} for i in range(start, min(start + batch, count))]
         replies.append(bson.encode({"nextBatch": entries}))
-    return replies, recipients
+    return replies
 
 
 class RecordedTail:
@@ -127,45 +129,54 @@ class DaemonEnd(threading.Thread):
         return frames
 
 
-def check(name: str, frames: list[dict], held: set[str], replies: list[bytes], recipients: list[str]) -> None:
-    """Raises unless the batch frames a daemon holding ``held`` got carry every entry of its users
-    whole and every other id with its digest, each in order."""
-    docs = [e["o"] for reply in replies for e in bson.decode(reply, codec_options=CODEC)["nextBatch"]]
+def check(name: str, frames: list[dict], held: set[str], replies: list[bytes]) -> None:
+    """Raises unless the batch frames a daemon holding ``held`` got carry every entry to or from its
+    users, each as the oplog had it, and every other id with its digest, each in order."""
+    entries = [e for reply in replies for e in bson.decode(reply, codec_options=CODEC)["nextBatch"]]
     got, passed = [], []
     for frame in frames:
-        got += [e["o"]["_id"] for e in frame["b"]]
+        got += frame["b"]
         passed += unpack_passed(frame["p"])
-    want = [d["_id"] for d, to in zip(docs, recipients, strict=True) if to in held]
+    want = [e for e in entries if e["o"]["to"] in held or e["o"]["from"] in held]
     if got != want:
-        raise SystemExit(f"relay_path: {name} got {len(got)} entries of its users' {len(want)}, or out of order")
-    digests = {d["_id"]: shown_digest(d) for d, to in zip(docs, recipients, strict=True) if to not in held}
-    if [i for i, _ in passed] != list(digests) or any(digests[i] != digest for i, digest in passed):
+        raise SystemExit(f"relay_path: {name} got {len(got)} entries for its users against {len(want)}, "
+                         "or not as the oplog had them, or out of order")
+    sent = {e["o"]["_id"] for e in want}
+    others = {e["o"]["_id"]: shown_digest(e["o"]) for e in entries if e["o"]["_id"] not in sent}
+    if [i for i, _ in passed] != list(others) or any(others[i] != digest for i, digest in passed):
         raise SystemExit(f"relay_path: {name} was not passed every other id in order with its digest")
 
 
 async def one_round(clients: int, count: int, batch: int, daemons: int) -> dict:
-    replies, recipients = oplog_replies(clients, count, batch)
+    replies = oplog_replies(clients, count, batch)
     tail = RecordedTail(replies)
     relay = Relay(tail, CODEC)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "relay.sock"
         server = await asyncio.start_unix_server(relay.serve, path=str(path))
         running = asyncio.create_task(relay.run())
-        await relay.ready.wait()
-        users = [[f"r{u}" for u in range(clients) if u % daemons == k] for k in range(daemons)]
-        peers = [await asyncio.to_thread(DaemonEnd, path, users[k], f"d{k}") for k in range(daemons)]
-        for peer in peers:
-            peer.start()
-        tail.go.set()
-        await tail.done.wait()
-        relay.close()
-        server.close()
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+        finished = asyncio.ensure_future(tail.done.wait())
+        try:
+            await relay.ready.wait()
+            users = [[f"r{u}" for u in range(clients) if u % daemons == k] for k in range(daemons)]
+            peers = [await asyncio.to_thread(DaemonEnd, path, users[k], f"d{k}") for k in range(daemons)]
+            for peer in peers:
+                peer.start()
+            tail.go.set()
+            await asyncio.wait([finished, running], return_when=asyncio.FIRST_COMPLETED)
+            if running.done():  # the relay's loop ended before the last batch: its error is the run's
+                running.result()
+                raise SystemExit("relay_path: the relay stopped before the last batch")
+        finally:
+            relay.close()  # the daemons' ends read to the end of their streams
+            server.close()
+            for task in (running, finished):
+                task.cancel()
+            await asyncio.gather(running, finished, return_exceptions=True)
     for peer in peers:
         await asyncio.to_thread(peer.join)
     for k, peer in enumerate(peers):
-        check(peer.name, peer.frames()[1:], set(users[k]), replies, recipients)  # after the hello's answer
+        check(peer.name, peer.frames()[1:], set(users[k]), replies)  # after the hello's answer
     sent = sum(len(c) for peer in peers for c in peer.chunks)
     return {"us_per_entry": round(tail.cpu_seconds / count * 1e6, 3), "bytes_per_entry": round(sent / count, 1)}
 

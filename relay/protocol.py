@@ -62,7 +62,8 @@ def slim(entry: dict) -> dict:
     left out of the frames: FerretDB's ObjectId _id and the `wall` datetime alone took two
     thirds of a daemon's BSON decode of an entry (6.3 against 18.2 us, measured), in every
     daemon. The relay's own tail asks for those fields only, and such an entry is returned as
-    it is (a copy of each was a twentieth of the relay's CPU per entry); another source may not."""
+    it is: a copy of each would cost about a twentieth of the relay's CPU per entry. Another
+    source may not ask."""
     if entry.keys() <= _ENTRY_KEYS:
         return entry
     return {k: entry[k] for k in ENTRY_FIELDS if k in entry}

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import bson
 from bson import Binary, Timestamp
@@ -55,13 +55,13 @@ class Part:
     last_ts: Timestamp
     encoded: list[bytes]  # each entry as a daemon gets it (``relay.protocol.slim``), BSON, in oplog order
     keys: list[Key]  # how each entry is routed
-    _whole: bytes | None = None
+    _whole: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def whole(self) -> bytes:
         """The frame of the whole part, for a daemon that takes whole namespaces: made the first
-        time one asks (with every daemon routed by user, never; it was a tenth of the relay's
-        CPU per entry), then kept with the part."""
+        time one asks, then kept with the part. With every daemon routed by user none asks, and
+        making it for every part would cost about a tenth of the relay's CPU per entry."""
         if self._whole is None:
             self._whole = whole_frame(self.encoded)
         return self._whole

@@ -175,7 +175,7 @@ class ScheduledFeed:
     async def _make(self, made: asyncio.Queue) -> None:
         seconds = int(time.time())
         async for first, n in schedule(self._steps, self._gap, self.marks):
-            wall, now = time.time(), datetime.now(UTC)
+            wall, now = time.time(), datetime.now(UTC).replace(tzinfo=None)  # as pymongo decodes a date: naive, UTC
             seconds = max(seconds, int(wall))
             batch = []
             for msg_id in range(first, first + n):

@@ -63,9 +63,9 @@ if TYPE_CHECKING:
     from harness.system import Databases
 
 # Two daemon processes, as supervisord.conf runs them on this 2-core box, the relay routing by
-# user so that each decodes its share (docs/decisions/relay-by-user.md), as the published run
-# had them. Before the routing each decoded every message, and two sustained less than one
-# (loadtest/results/peers-two-daemons.json).
+# user so that each decodes its share (docs/decisions/relay-by-user.md). Without the routing
+# each would decode every message (loadtest/results/peers-two-daemons.json: two sustained
+# less than one).
 OUR_DAEMONS = 2
 CLIENTS_PER_PROC = 5_000  # enough processes to spread the parsing over both cores
 DEFAULT_STEPS = "5000x4,10000x4,15000x4,20000x4,25000x4,30000x4,35000x4,40000x4"
