@@ -12,6 +12,7 @@ keeps a blank in its place (``BLANK``), which no user's catch-up matches.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from operator import itemgetter
 
 from chat.messages import Encoded, shown_digest
 from relay.routing import PASSED
@@ -30,8 +31,19 @@ class Passed(dict):
 
 
 def passed_over(packed: bytes) -> list[Passed]:
-    """The ``Passed`` of a batch's packed (id, digest) pairs, in order."""
-    return [Passed(msg_id, digest) for msg_id, digest in PASSED.iter_unpack(packed)]
+    """The ``Passed`` of a batch's packed (id, digest) pairs, in order.
+
+    Each daemon makes one for every message of its partitions that none of its users
+    is in: at six daemons a host, five per message. So each is made and filled in place,
+    not through ``__init__``, a Python call that took 0.36 µs an id against 0.16."""
+    out: list[Passed] = []
+    append, new = out.append, dict.__new__
+    for msg_id, digest in PASSED.iter_unpack(packed):
+        passed = new(Passed)
+        passed["_id"] = msg_id
+        passed.digest = digest
+        append(passed)
+    return out
 
 
 def merged(docs: list[dict], passed: list[Passed]) -> list[dict]:
@@ -40,11 +52,10 @@ def merged(docs: list[dict], passed: list[Passed]) -> list[dict]:
         return passed  # type: ignore[return-value]  # a Passed is a dict
     if not passed:
         return docs
-    return sorted([*docs, *passed], key=_id)
+    return sorted([*docs, *passed], key=_ID)
 
 
-def _id(doc: dict) -> int:
-    return doc["_id"]
+_ID = itemgetter("_id")  # the sort's key in C: half the cost of a Python function per element
 
 
 def digest(doc: dict) -> int:
