@@ -208,14 +208,21 @@ def conversation_key(a: str, b: str) -> str:
     return f"{a}\x00{b}" if a <= b else f"{b}\x00{a}"
 
 
+MESSAGE_COLUMNS = tuple(c.name for c in messages.columns)  # every partition's table has these, in this order
+
+
+def message_values(m: Message) -> tuple:
+    """A message as a row of a partition's `messages` table, in ``MESSAGE_COLUMNS``' order
+    (``Message.from_row`` reads one back); times in UTC without a zone. A tuple: the writer
+    sends it as one row of its batch's INSERT, once per message."""
+    return (m.id, m.sender, m.recipient, conversation_key(m.sender, m.recipient), m.body, m.client_msg_id,
+            m.created_at.replace(tzinfo=None), m.origin_part, m.origin_id, int(m.kind), m.ref_id,
+            None if m.edited_at is None else m.edited_at.replace(tzinfo=None), m.deleted)
+
+
 def message_row(m: Message) -> dict:
-    """A message as a row of a partition's `messages` table, its columns in the table's
-    order (``Message.from_row`` reads one back); times in UTC without a zone."""
-    return {"id": m.id, "sender": m.sender, "recipient": m.recipient,
-            "conversation": conversation_key(m.sender, m.recipient), "body": m.body,
-            "client_msg_id": m.client_msg_id, "created_at": m.created_at.replace(tzinfo=None),
-            "origin_part": m.origin_part, "origin_id": m.origin_id, "kind": int(m.kind), "ref_id": m.ref_id,
-            "edited_at": None if m.edited_at is None else m.edited_at.replace(tzinfo=None), "deleted": m.deleted}
+    """The same row by column name, for SQLAlchemy's inserts (the mover's copies)."""
+    return dict(zip(MESSAGE_COLUMNS, message_values(m), strict=True))
 
 
 MAX_OVERFLOW = 2  # connections an engine may open past its pool_size, under a burst

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import struct
 import tempfile
 import threading
 import time
@@ -43,12 +42,12 @@ from bson.codec_options import CodecOptions
 
 from chat.messages import shown_digest
 from oplog.events import Batch, OplogEvent, Restarted
+from relay.protocol import LENGTH, frame
 from relay.routing import unpack_passed
 from relay.server import Relay
 
 NAMESPACE = "chat.messages"
 CODEC: CodecOptions = CodecOptions()  # pymongo's default: naive datetimes, dict documents
-LENGTH = struct.Struct("<i")
 
 
 def oplog_replies(clients: int, count: int, batch: int, seed: int = 7) -> list[bytes]:
@@ -108,7 +107,7 @@ class DaemonEnd(threading.Thread):
         super().__init__(daemon=True, name=name)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(str(path))
-        self.sock.sendall(bson.encode({"since": None, "ns": [NAMESPACE], "users": {NAMESPACE: users}, "name": name}))
+        self.sock.sendall(frame({"since": None, "ns": [NAMESPACE], "users": {NAMESPACE: users}, "name": name}))
         self.chunks: list[bytes] = []
         while not self.chunks or len(got := b"".join(self.chunks)) < 4 or len(got) < LENGTH.unpack_from(got)[0]:
             if not (data := self.sock.recv(1 << 16)):
@@ -134,9 +133,9 @@ def check(name: str, frames: list[dict], held: set[str], replies: list[bytes]) -
     users, each as the oplog had it, and every other id with its digest, each in order."""
     entries = [e for reply in replies for e in bson.decode(reply, codec_options=CODEC)["nextBatch"]]
     got, passed = [], []
-    for frame in frames:
-        got += frame["b"]
-        passed += unpack_passed(frame["p"])
+    for batch in frames:
+        got += batch["b"]
+        passed += unpack_passed(batch["p"])
     want = [e for e in entries if e["o"]["to"] in held or e["o"]["from"] in held]
     if got != want:
         raise SystemExit(f"relay_path: {name} got {len(got)} entries for its users against {len(want)}, "

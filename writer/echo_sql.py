@@ -23,6 +23,8 @@ from writer.copies import Copy, OwedRead, echo_rows
 
 log = logging.getLogger("chat.writer")
 
+ECHOES = echoes.name
+
 
 def settle_echoes(trip: Trip, partition: int, owed: list[tuple[int, Copy]], new: list[Message],
                   copied_before: Sequence[tuple[int, int]] = ()) -> None:
@@ -39,8 +41,6 @@ def settle_echoes(trip: Trip, partition: int, owed: list[tuple[int, Copy]], new:
         trip.add(f"DELETE FROM {ECHOES} WHERE to_part = %s AND (from_part, from_id) IN ({pairs})",
                  [partition, *(v for pair in paid for v in pair)])
 
-
-ECHOES = echoes.name
 
 
 def leftover_copies(conn: Connection, partition: int, limit: int, slot_map: SlotMap,

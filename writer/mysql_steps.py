@@ -25,7 +25,7 @@ from chat.messages import Kind, Message, now_ms
 from chat.partitions import MOVER_MARK, LiveMap, SlotMap, lock_name
 from chat.write_errors import CopyDeferred, EventRefused, PartitionBusy, WriteUnavailable
 from db.partition_map import read_slot_map, tables_of
-from db.sql import is_deadlock, message_row, partition_map
+from db.sql import MESSAGE_COLUMNS, is_deadlock, message_values, partition_map
 from db.threads import Threads
 from writer import commit_trip, echo_sql, event_sql
 from writer.batch import CommitFailed, Committed, Pending
@@ -310,12 +310,10 @@ class MySQLSteps:
         # event batch read its facts through SQLAlchemy, whose transaction it is: its effects
         # follow the trip (an edit's copy may name a copy in the trip's rows) the same way,
         # and SQLAlchemy commits.
-        rows = [message_row(m) for m in new]
-        columns = list(rows[0]) if rows else []
-        runs = commit_trip.in_runs(tuple(row.values()) for row in rows)
+        runs = commit_trip.in_runs(message_values(m) for m in new)
         trip = Trip()
         if runs:
-            trip.add(*insert_rows(self._messages.name, columns, runs[-1]))
+            trip.add(*insert_rows(self._messages.name, MESSAGE_COLUMNS, runs[-1]))
         if new or copied_before:
             echo_sql.settle_echoes(trip, self._partition, owed, new, copied_before)
         if ask_others:
@@ -328,7 +326,7 @@ class MySQLSteps:
         try:
             for run in runs[:-1]:  # too much for one query: the first rows go ahead, in the transaction
                 ahead = Trip()
-                ahead.add(*insert_rows(self._messages.name, columns, run))
+                ahead.add(*insert_rows(self._messages.name, MESSAGE_COLUMNS, run))
                 self._send(conn, ahead)
             sent = self._send(conn, trip) if trip.statements else TripAnswer(None)
             if events:

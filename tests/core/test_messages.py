@@ -1,10 +1,13 @@
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import orjson
 
 from bson.int64 import Int64
 
 from chat.messages import Kind, Message, encode_doc, inserted_docs, rfc3339, shown_digest, shown_digest_of
+from db.partition_map import tables_of
+from db.sql import MESSAGE_COLUMNS, message_row, message_values
 
 NS = "chat.messages"
 
@@ -117,3 +120,15 @@ def test_digests_combine_in_any_order():
     docs = [Message(i, "a", "b", f"m{i}", at).to_doc() for i in range(1, 5)]
     assert shown_digest_of(docs) == shown_digest_of(docs[::-1]) != shown_digest_of(docs[:3])
     assert shown_digest_of([]) == 0
+
+
+def test_a_message_row_is_every_partitions_columns_in_order_and_reads_back_as_the_message():
+    for partition in (0, 1, 7):
+        assert MESSAGE_COLUMNS == tuple(c.name for c in tables_of(partition).messages.columns)
+    at = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    m = Message(9, "bob", "alice", "hi", at, "c9", origin_part=2, origin_id=5, kind=Kind.EDIT, ref_id=3,
+                edited_at=at, deleted=False)
+    assert len(message_values(m)) == len(MESSAGE_COLUMNS)
+    row = message_row(m)
+    assert row["conversation"] == "alice\x00bob" and row["created_at"].tzinfo is None
+    assert Message.from_row(SimpleNamespace(**row)) == m
